@@ -1,0 +1,119 @@
+"""The one place that knows which transformers release is installed.
+
+Everything version-specific lives here: the cache keyword of `forward`, how a
+DynamicCache is built and cropped, how HF `generate()` is asked for plain greedy
+decoding and for assisted generation. Supported: transformers 5.17 (the GPU
+image's) up to the newest 5.x.
+
+  - 5.17 takes `past_key_values=`; 5.24 renamed it `cache=` and warns on the old name.
+  - `DynamicCache.crop(n)`: 5.17 reads a positive n as the length to keep (deprecated),
+    5.24 raises on it. A negative n (tokens to remove) means the same in both, so we
+    only ever pass a negative n.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+
+import torch
+from transformers import DynamicCache, GenerationConfig
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_kwarg(model_class: type) -> str:
+    params = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def new_cache(model) -> DynamicCache:
+    return DynamicCache(config=model.config)
+
+
+def cache_len(cache: DynamicCache) -> int:
+    return cache.get_seq_length()
+
+
+def crop(cache: DynamicCache, keep: int) -> None:
+    """Drop every cached position from `keep` on (the rejected draft tokens)."""
+    surplus = cache.get_seq_length() - keep
+    if surplus > 0:
+        cache.crop(-surplus)
+
+
+def forward(model, ids: torch.Tensor, cache: DynamicCache, keep: int = 0) -> torch.Tensor:
+    """Run `ids` (1-D) through `model` on top of `cache`; return logits [n, vocab].
+
+    `keep` > 0 computes the LM head on the last `keep` positions only (a long
+    prompt's prefill needs just its last row)."""
+    out = model(input_ids=ids[None], use_cache=True, logits_to_keep=keep,
+                **{_cache_kwarg(type(model)): cache})
+    return out.logits[0]
+
+
+def vocab_rows(model) -> int:
+    """Rows of the input embedding: the ids this model can be fed."""
+    return model.get_input_embeddings().num_embeddings
+
+
+def logit_width(model) -> int:
+    """Width of the LM head's output (Pythia pads it beyond the tokenizer)."""
+    return model.get_output_embeddings().weight.shape[0]
+
+
+def _greedy_config(model, max_new_tokens: int, eos_token_id) -> GenerationConfig:
+    # A fresh config rather than kwargs: with eos_token_id=None, kwargs would fall
+    # back to the model's own EOS, and we want "no EOS" to mean exactly that.
+    cfg = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
+                           num_beams=1)
+    cfg.pad_token_id = eos_token_id if eos_token_id is not None else 0
+    return cfg
+
+
+@torch.inference_mode()
+def hf_greedy(model, prompt: torch.Tensor, max_new_tokens: int, eos_token_id=None) -> list[int]:
+    """New tokens of `model.generate(do_sample=False)`: the reference oracle."""
+    ids = prompt.reshape(1, -1).to(model.device)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids),
+                         generation_config=_greedy_config(model, max_new_tokens, eos_token_id))
+    return out[0, ids.shape[1]:].tolist()
+
+
+def assistant_for(target, draft):
+    """The draft as HF assisted generation will take it.
+
+    HF refuses a pair whose logit widths differ (pythia-12b 50688 vs pythia-410m
+    50304). We widen a copy of the draft's head with zero rows: a zero logit never
+    beats a trained model's top logit in practice, and HF's output is the target's
+    greedy output whatever the draft proposes, so exactness does not depend on it."""
+    width = logit_width(target)
+    if logit_width(draft) == width:
+        return draft
+    if logit_width(draft) > width:
+        raise ValueError(f"draft: logit width {logit_width(draft)} exceeds the target's {width}")
+    wide = copy.deepcopy(draft)
+    rows = vocab_rows(wide)
+    # HF also feeds the draft every id the target emits, so the embedding grows too.
+    wide.resize_token_embeddings(width, mean_resizing=False)
+    with torch.no_grad():
+        wide.get_output_embeddings().weight[rows:].zero_()
+        wide.get_input_embeddings().weight[rows:].zero_()
+    return wide
+
+
+@torch.inference_mode()
+def hf_assisted(target, assistant, prompt: torch.Tensor, gamma: int, max_new_tokens: int,
+                eos_token_id=None, schedule: str = "constant") -> list[int]:
+    """New tokens of HF assisted generation with `gamma` draft tokens a round.
+
+    HF reads gamma from the assistant's generation_config, not from generate()'s
+    kwargs; the confidence threshold is zeroed so that every round drafts gamma."""
+    gc = assistant.generation_config
+    gc.num_assistant_tokens = gamma
+    gc.num_assistant_tokens_schedule = schedule
+    gc.assistant_confidence_threshold = 0.0
+    ids = prompt.reshape(1, -1).to(target.device)
+    out = target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=assistant,
+                          generation_config=_greedy_config(target, max_new_tokens, eos_token_id))
+    return out[0, ids.shape[1]:].tolist()

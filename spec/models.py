@@ -1,0 +1,136 @@
+"""Getting models: real checkpoints offline, and GPT-NeoX models built from config.
+
+Real weights are loaded with `from_pretrained` from a local folder or the local
+hub cache only (nothing is downloaded). For tests and timing where no weights
+exist, `build_gpt_neox` makes a GPT-NeoX of a Pythia shape (or a scaled-down
+one) from config with seeded random weights.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GPTNeoXConfig, GPTNeoXForCausalLM
+
+from spec.validate import check_pair
+
+SHIPPED_PAIR = Path(str(resources.files("spec") / "assets" / "pair"))
+
+# Pythia: one 50277-token tokenizer, embeddings padded to different widths.
+PYTHIA_TOKENIZER_SIZE = 50277
+SHAPES = {
+    "pythia-12b": dict(hidden_size=5120, num_hidden_layers=36, num_attention_heads=40,
+                       intermediate_size=20480, vocab_size=50688),
+    "pythia-410m": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                        intermediate_size=4096, vocab_size=50304),
+    # Scaled down, same family, logit widths differing the way the real pair's do:
+    # a 500-token "tokenizer", draft padded to 512 rows, target to 640.
+    "tiny-target": dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                        intermediate_size=256, vocab_size=640),
+    "tiny-draft": dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                       intermediate_size=128, vocab_size=512),
+}
+TINY_TOKENIZER_SIZE = 500
+
+
+def gpt_neox_config(shape: str | dict, **overrides) -> GPTNeoXConfig:
+    dims = dict(SHAPES[shape]) if isinstance(shape, str) else dict(shape)
+    dims.update(overrides)
+    return GPTNeoXConfig(rotary_pct=0.25, use_parallel_residual=True, tie_word_embeddings=False,
+                         max_position_embeddings=2048, bos_token_id=0, eos_token_id=0, **dims)
+
+
+def build_gpt_neox(shape: str | dict, *, seed: int = 0, dtype: torch.dtype = torch.float32,
+                   device: str | torch.device = "cpu", **overrides) -> GPTNeoXForCausalLM:
+    """A GPT-NeoX with seeded random weights, built directly on `device` in `dtype`."""
+    config = gpt_neox_config(shape, **overrides)
+    torch.manual_seed(seed)
+    default = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(dtype) if dtype.is_floating_point and dtype != torch.bfloat16 \
+            and dtype != torch.float16 else None
+        with torch.device(device):
+            model = GPTNeoXForCausalLM(config)
+    finally:
+        torch.set_default_dtype(default)
+    return model.to(dtype).eval()
+
+
+def perturbed_copy(model, *, noise: float, seed: int = 0, dtype: torch.dtype | None = None):
+    """A draft derived from `model`: the same weights plus seeded Gaussian noise
+    (relative to each tensor's std), so that it agrees with the model only partly."""
+    draft = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            if p.numel() > 1:
+                p.add_(torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p) * noise * p.float().std())
+    return draft.to(dtype) if dtype is not None else draft
+
+
+def truncated_copy(model, *, num_layers: int, dtype: torch.dtype | None = None):
+    """A draft derived from `model` by keeping its first `num_layers` layers."""
+    draft = copy.deepcopy(model)
+    draft.gpt_neox.layers = draft.gpt_neox.layers[:num_layers]
+    draft.config.num_hidden_layers = num_layers
+    return draft.to(dtype) if dtype is not None else draft
+
+
+@dataclass
+class Pair:
+    target: torch.nn.Module
+    draft: torch.nn.Module
+    tokenizer: object | None
+
+
+def _load(name_or_path: str, role: str, dtype: torch.dtype, device: str):
+    local = Path(name_or_path).expanduser()
+    source = str(local) if local.exists() else name_or_path
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=True)
+    except (OSError, ValueError) as err:
+        raise FileNotFoundError(
+            f"{role}: no weights for {name_or_path!r} on this machine. spec loads offline only: pass a local "
+            f"folder with config.json and weights, or fetch the hub id into the cache on a connected machine "
+            f"(e.g. `hf download {name_or_path}`) and copy the cache here. ({type(err).__name__}: {err})"
+        ) from None
+    return model.to(device).eval()
+
+
+def _tokenizer(name_or_path: str):
+    local = Path(name_or_path).expanduser()
+    try:
+        return AutoTokenizer.from_pretrained(str(local) if local.exists() else name_or_path, local_files_only=True)
+    except (OSError, ValueError):
+        return None
+
+
+def load_pair(target: str | os.PathLike = SHIPPED_PAIR / "target", draft: str | os.PathLike = SHIPPED_PAIR / "draft",
+              *, device: str = "cpu", target_dtype: torch.dtype = torch.float32,
+              draft_dtype: torch.dtype = torch.float32) -> Pair:
+    """Load a target/draft pair offline from local folders or cached hub ids.
+
+    TF32 is turned off when the target is fp32 on CUDA: TF32 rounding flips
+    near-tie argmaxes between the one-token and the block-verify matmul shapes."""
+    target, draft = str(target), str(draft)
+    device = str(device)
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={device!r}: CUDA is not available on this machine")
+        if target_dtype == torch.float32:
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+    elif device not in ("cpu", "mps") and not device.startswith("xpu"):
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    pair = Pair(_load(target, "target", target_dtype, device), _load(draft, "draft", draft_dtype, device),
+                _tokenizer(target))
+    check_pair(pair.target, pair.draft)
+    draft_tok = _tokenizer(draft)
+    if pair.tokenizer is not None and draft_tok is not None and pair.tokenizer.get_vocab() != draft_tok.get_vocab():
+        raise ValueError(f"target and draft cannot share a tokenizer: {target!r} and {draft!r} have different vocabularies")
+    return pair

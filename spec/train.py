@@ -1,0 +1,588 @@
+"""Recipe for the small target/draft pair shipped in ``spec/assets/pair``.
+
+Run ``python -m spec.train`` (about 20 minutes on 2 CPU cores). The recipe:
+
+1. Corpus: the ``*.py`` sources of the running Python's standard library
+   (``sysconfig.get_paths()["stdlib"]``), sorted by relative path, skipping test
+   folders, site-packages, idlelib, lib2to3, turtledemo, ensurepip, pydoc_data and
+   encodings (data tables, not code). Each file goes either to *train* or to
+   *held-out*, decided by a hash of its relative path; held-out files are never
+   seen by the tokenizer or by training. The corpus depends on the Python
+   version; RECIPE.json records the version and a digest of the file list.
+2. Tokenizer: byte-level BPE (``tokenizers``), ByteLevel pre-tokenizer, decoder
+   and post-processor, no normaliser (exact round trip), one special token
+   ``<|endoftext|>`` = id 0, used as EOS, BOS and UNK (Pythia style).
+3. Models: GPT-NeoX in the Pythia style (rotary on 25% of each head,
+   parallel residual, untied input/output embeddings). The embedding widths are
+   padded like Pythia's: the draft to the next multiple of 128 above the
+   tokenizer size, the target to a larger multiple of 512, so the two logit
+   vectors have different widths (config.vocab_size = padded width).
+   The target is trained first on next-token cross-entropy. The draft is then
+   distilled from the target: loss = kl_weight * KL(p_target || q_draft) over
+   the common logit range (the draft's width) + (1 - kl_weight) * CE.
+4. Both are saved in bf16 safetensors, each folder with the tokenizer files,
+   and RECIPE.json records settings, corpus and token counts, versions,
+   held-out losses, agreement (alpha) and step times, measured on the saved
+   weights loaded in fp32.
+
+Determinism: everything is seeded, torch uses a fixed number of threads and
+deterministic algorithms, data order comes from a seeded generator. With the
+same seed, Python, torch version and thread count, the weights and tokenizer
+come out the same; RECIPE.json also holds wall-clock times, which vary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import platform
+import statistics
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "assets" / "pair"
+EOS_TOKEN = "<|endoftext|>"
+SKIP_DIRS = frozenset(
+    {
+        "site-packages",
+        "dist-packages",
+        "test",
+        "tests",
+        "idlelib",
+        "lib2to3",
+        "turtledemo",
+        "ensurepip",
+        "pydoc_data",
+        "encodings",
+        "__pycache__",
+    }
+)
+
+
+# --------------------------------------------------------------------------- corpus
+
+
+def stdlib_files(root: Path | None = None) -> list[tuple[str, str]]:
+    """(relative posix path, text) for the stdlib *.py files, sorted by path."""
+    root = Path(root or sysconfig.get_paths()["stdlib"])
+    out = []
+    for p in sorted(root.rglob("*.py"), key=lambda q: q.relative_to(root).as_posix()):
+        rel = p.relative_to(root)
+        if set(rel.parts[:-1]) & SKIP_DIRS or not p.is_file():
+            continue
+        try:
+            text = p.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        if text.strip():
+            out.append((rel.as_posix(), text))
+    return out
+
+
+def is_heldout(relpath: str, frac: float, salt: str = "spec-pair") -> bool:
+    h = hashlib.sha256(f"{salt}:{relpath}".encode()).digest()
+    return int.from_bytes(h[:8], "big") / 2**64 < frac
+
+
+def split_corpus(files, frac):
+    train = [(r, t) for r, t in files if not is_heldout(r, frac)]
+    held = [(r, t) for r, t in files if is_heldout(r, frac)]
+    return train, held
+
+
+def corpus_digest(files) -> str:
+    h = hashlib.sha256()
+    for rel, text in files:
+        h.update(rel.encode() + b"\0" + hashlib.sha256(text.encode()).digest())
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+
+def train_tokenizer(texts: list[str], vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=[EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    assert tok.token_to_id(EOS_TOKEN) == 0
+    return tok
+
+
+def wrap_tokenizer(tok, model_max_length: int = 2048):
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=EOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        unk_token=EOS_TOKEN,
+        clean_up_tokenization_spaces=False,
+        model_max_length=model_max_length,
+    )
+
+
+def encode_stream(tok, texts: list[str]):
+    """Concatenate files, each followed by EOS (id 0), as one int64 tensor."""
+    import torch
+
+    ids = []
+    for enc in tok.encode_batch(texts, add_special_tokens=False):
+        ids.extend(enc.ids)
+        ids.append(0)
+    return torch.tensor(ids, dtype=torch.int64)
+
+
+# --------------------------------------------------------------------------- models
+
+
+def pad_to(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def make_config(vocab_width, hidden, layers, heads, max_pos=2048):
+    from transformers import GPTNeoXConfig
+
+    return GPTNeoXConfig(
+        vocab_size=vocab_width,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=4 * hidden,
+        hidden_act="gelu",
+        rotary_pct=0.25,
+        rotary_emb_base=10000,
+        max_position_embeddings=max_pos,
+        use_parallel_residual=True,
+        tie_word_embeddings=False,
+        layer_norm_eps=1e-5,
+        initializer_range=0.02,
+        attention_dropout=0.0,
+        hidden_dropout=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
+        use_cache=True,
+    )
+
+
+def n_params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def lr_at(step, steps, lr, warmup, final_frac=0.1):
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    t = (step - warmup) / max(1, steps - warmup)
+    return lr * (final_frac + (1 - final_frac) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def make_optimizer(model, lr, weight_decay):
+    import torch
+
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    return torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
+
+
+def sample_batch(stream, batch, seq_len, gen):
+    import torch
+
+    starts = torch.randint(0, len(stream) - seq_len - 1, (batch,), generator=gen)
+    return torch.stack([stream[s : s + seq_len + 1] for s in starts.tolist()])
+
+
+def train_model(
+    model,
+    stream,
+    *,
+    steps,
+    batch,
+    seq_len,
+    lr,
+    warmup,
+    weight_decay,
+    seed,
+    teacher=None,
+    kl_weight=0.0,
+    name="model",
+    log_every=25,
+):
+    """Train in place. With a teacher, distill: kl_weight*KL(teacher||model) + (1-kl_weight)*CE."""
+    import torch
+    import torch.nn.functional as F
+
+    gen = torch.Generator().manual_seed(seed)
+    opt = make_optimizer(model, lr, weight_decay)
+    model.train()
+    width = model.config.vocab_size
+    if teacher is not None:
+        teacher.eval()
+        common = min(width, teacher.config.vocab_size)
+    t0 = time.perf_counter()
+    hist = []
+    for step in range(steps):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, steps, lr, warmup)
+        xb = sample_batch(stream, batch, seq_len, gen)
+        x, y = xb[:, :-1], xb[:, 1:]
+        logits = model(input_ids=x).logits
+        ce = F.cross_entropy(logits.reshape(-1, width), y.reshape(-1))
+        loss = ce
+        kl = torch.zeros(())
+        if teacher is not None:
+            with torch.no_grad():
+                t_logp = F.log_softmax(teacher(input_ids=x).logits[..., :common], dim=-1)
+            s_logp = F.log_softmax(logits[..., :common], dim=-1)
+            kl = (t_logp.exp() * (t_logp - s_logp)).sum(-1).mean()
+            loss = kl_weight * kl + (1 - kl_weight) * ce
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        hist.append((ce.item(), kl.item()))
+        if (step + 1) % log_every == 0 or step == 0 or step + 1 == steps:
+            w = hist[-log_every:]
+            el = time.perf_counter() - t0
+            print(
+                f"[{name}] step {step + 1}/{steps} ce {sum(a for a, _ in w) / len(w):.3f}"
+                + (f" kl {sum(b for _, b in w) / len(w):.3f}" if teacher is not None else "")
+                + f" lr {opt.param_groups[0]['lr']:.2e} {el:.0f}s ({el / (step + 1):.2f} s/step)",
+                flush=True,
+            )
+    model.eval()
+    tail = hist[-max(1, min(50, steps)) :]
+    return {
+        "seconds": round(time.perf_counter() - t0, 1),
+        "final_train_ce": round(sum(a for a, _ in tail) / len(tail), 4),
+        "final_train_kl": round(sum(b for _, b in tail) / len(tail), 4) if teacher is not None else None,
+    }
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def heldout_windows(stream, seq_len, max_windows):
+    n = min(max_windows, (len(stream) - 1) // seq_len)
+    return [stream[i * seq_len : i * seq_len + seq_len + 1] for i in range(n)]
+
+
+def evaluate_pair(target, draft, held_stream, seq_len, *, max_windows, n_prompts, prompt_len, new_tokens):
+    """Held-out losses and greedy agreement, models in fp32 eval mode."""
+    import torch
+    import torch.nn.functional as F
+
+    res = {}
+    windows = heldout_windows(held_stream, seq_len, max_windows)
+    tot = {"target": 0.0, "draft": 0.0}
+    agree = n = 0
+    beta = 0.0
+    with torch.inference_mode():
+        for w in windows:
+            x, y = w[None, :-1], w[None, 1:]
+            lt = target(input_ids=x).logits[0]
+            ld = draft(input_ids=x).logits[0]
+            tot["target"] += F.cross_entropy(lt, y[0], reduction="sum").item()
+            tot["draft"] += F.cross_entropy(ld, y[0], reduction="sum").item()
+            agree += (lt.argmax(-1) == ld.argmax(-1)).sum().item()
+            beta += _beta(lt, ld).sum().item()
+            n += y.numel()
+    res["heldout_tokens_scored"] = n
+    res["heldout_loss_target"] = round(tot["target"] / n, 4)
+    res["heldout_loss_draft"] = round(tot["draft"] / n, 4)
+    res["alpha_teacher_forced"] = round(agree / n, 4)
+    res["beta_teacher_forced"] = round(beta / n, 4)
+
+    # Greedy: target's own greedy continuation of held-out prompts.
+    span = len(held_stream) - prompt_len - 1
+    agree = n = 0
+    beta = 0.0
+    with torch.inference_mode():
+        for i in range(n_prompts):
+            off = i * span // n_prompts
+            prompt = held_stream[off : off + prompt_len][None]
+            cont = greedy(target, prompt, new_tokens)
+            full = torch.cat([prompt, cont], dim=1)
+            lt = target(input_ids=full[:, :-1]).logits[0, prompt_len - 1 :]
+            ld = draft(input_ids=full[:, :-1]).logits[0, prompt_len - 1 :]
+            agree += (ld.argmax(-1) == cont[0]).sum().item()
+            beta += _beta(lt, ld).sum().item()
+            n += new_tokens
+    res["greedy_prompts"] = n_prompts
+    res["greedy_prompt_len"] = prompt_len
+    res["greedy_new_tokens"] = new_tokens
+    res["alpha_greedy"] = round(agree / n, 4)
+    res["beta_greedy"] = round(beta / n, 4)
+    return res
+
+
+def _beta(lt, ld):
+    """sum_x min(p, q) per position (sampling acceptance at temperature 1)."""
+    import torch
+
+    p = torch.softmax(lt.float(), -1)
+    q = torch.softmax(ld.float(), -1)
+    w = min(p.shape[-1], q.shape[-1])
+    return torch.minimum(p[..., :w], q[..., :w]).sum(-1)
+
+
+def greedy(model, prompt, new_tokens):
+    """Plain greedy decoding with a DynamicCache; ignores EOS. Returns (1, new_tokens)."""
+    import torch
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    out = model(input_ids=prompt, past_key_values=cache, use_cache=True)
+    toks = []
+    for _ in range(new_tokens):
+        tok = out.logits[:, -1:].argmax(-1)
+        toks.append(tok)
+        out = model(input_ids=tok, past_key_values=out.past_key_values, use_cache=True)
+    return torch.cat(toks, dim=1)
+
+
+def step_time_ms(model, prompt, steps=200, warmup=20):
+    """Median time of a one-token cached forward (batch 1, after a prompt prefill)."""
+    import torch
+    from transformers import DynamicCache
+
+    with torch.inference_mode():
+        cache = DynamicCache()
+        out = model(input_ids=prompt, past_key_values=cache, use_cache=True)
+        tok = out.logits[:, -1:].argmax(-1)
+        ts = []
+        for _ in range(warmup + steps):
+            t = time.perf_counter()
+            out = model(input_ids=tok, past_key_values=out.past_key_values, use_cache=True)
+            tok = out.logits[:, -1:].argmax(-1)
+            ts.append(time.perf_counter() - t)
+    return statistics.median(ts[warmup:]) * 1e3
+
+
+def measure_cost(target, draft, prompt, repeats=3, steps=200):
+    """Interleaved repeats; c from the min median of each (robust to a busy CPU)."""
+    t_ms, d_ms = [], []
+    for _ in range(repeats):
+        d_ms.append(step_time_ms(draft, prompt, steps))
+        t_ms.append(step_time_ms(target, prompt, steps))
+    return {
+        "target_step_ms": [round(v, 3) for v in t_ms],
+        "draft_step_ms": [round(v, 3) for v in d_ms],
+        "c": round(min(d_ms) / min(t_ms), 4),
+    }
+
+
+def load_pair(out: Path, dtype=None):
+    """Load the saved pair (fp32 by default) with eager attention."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype = dtype or torch.float32
+    kw = dict(dtype=dtype, attn_implementation="eager")
+    target = AutoModelForCausalLM.from_pretrained(out / "target", **kw).eval()
+    draft = AutoModelForCausalLM.from_pretrained(out / "draft", **kw).eval()
+    return target, draft
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m spec.train", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: %(default)s)")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (fixed for determinism)")
+    ap.add_argument("--heldout-frac", type=float, default=0.06, help="fraction of files held out")
+    ap.add_argument("--vocab-size", type=int, default=4000, help="BPE vocabulary incl. <|endoftext|>")
+    ap.add_argument("--draft-pad", type=int, default=128, help="draft embedding rows: multiple of this")
+    ap.add_argument("--target-pad", type=int, default=512, help="target embedding rows: multiple of this, > draft")
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--target-hidden", type=int, default=256)
+    ap.add_argument("--target-layers", type=int, default=12)
+    ap.add_argument("--target-heads", type=int, default=4)
+    ap.add_argument("--draft-hidden", type=int, default=128)
+    ap.add_argument("--draft-layers", type=int, default=2)
+    ap.add_argument("--draft-heads", type=int, default=2)
+    ap.add_argument("--target-steps", type=int, default=600)
+    ap.add_argument("--draft-steps", type=int, default=600)
+    ap.add_argument("--target-lr", type=float, default=1.5e-3)
+    ap.add_argument("--draft-lr", type=float, default=3e-3)
+    ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--kl-weight", type=float, default=0.8, help="draft loss = w*KL + (1-w)*CE")
+    ap.add_argument("--eval-windows", type=int, default=64, help="held-out windows of seq-len for loss")
+    ap.add_argument("--eval-prompts", type=int, default=20)
+    ap.add_argument("--eval-prompt-len", type=int, default=64)
+    ap.add_argument("--eval-new-tokens", type=int, default=64)
+    ap.add_argument("--timing-steps", type=int, default=200, help="0 skips the step-time measurement")
+    ap.add_argument("--stdlib", type=Path, default=None, help="corpus root (default: this Python's stdlib)")
+    return ap.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import tokenizers
+    import torch
+    import transformers
+    from transformers import GenerationConfig, GPTNeoXForCausalLM
+
+    torch.set_num_threads(args.threads)
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(args.seed)
+    t_start = time.perf_counter()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    # 1. corpus
+    files = stdlib_files(args.stdlib)
+    train_files, held_files = split_corpus(files, args.heldout_frac)
+    print(f"corpus: {len(files)} files, train {len(train_files)}, held-out {len(held_files)}", flush=True)
+
+    # 2. tokenizer (train split only)
+    t0 = time.perf_counter()
+    raw_tok = train_tokenizer([t for _, t in train_files], args.vocab_size)
+    hf_tok = wrap_tokenizer(raw_tok)
+    n_tok = len(hf_tok)
+    train_stream = encode_stream(raw_tok, [t for _, t in train_files])
+    held_stream = encode_stream(raw_tok, [t for _, t in held_files])
+    tok_seconds = time.perf_counter() - t0
+    print(f"tokenizer: {n_tok} tokens; train {len(train_stream)} held-out {len(held_stream)} tokens", flush=True)
+
+    draft_width = pad_to(n_tok + 1, args.draft_pad)  # at least one padding row, like pythia
+    target_width = pad_to(draft_width + 1, args.target_pad)
+    assert n_tok < draft_width < target_width
+
+    # 3. target, then draft distilled from it
+    torch.manual_seed(args.seed)
+    target = GPTNeoXForCausalLM(make_config(target_width, args.target_hidden, args.target_layers, args.target_heads))
+    torch.manual_seed(args.seed + 1)
+    draft = GPTNeoXForCausalLM(make_config(draft_width, args.draft_hidden, args.draft_layers, args.draft_heads))
+    print(f"target {n_params(target) / 1e6:.2f}M params, draft {n_params(draft) / 1e6:.2f}M params", flush=True)
+    common = dict(batch=args.batch, seq_len=args.seq_len, warmup=args.warmup, weight_decay=args.weight_decay)
+    t_info = train_model(
+        target, train_stream, steps=args.target_steps, lr=args.target_lr, seed=args.seed, name="target", **common
+    )
+    d_info = train_model(
+        draft,
+        train_stream,
+        steps=args.draft_steps,
+        lr=args.draft_lr,
+        seed=args.seed + 1,
+        teacher=target,
+        kl_weight=args.kl_weight,
+        name="draft",
+        **common,
+    )
+
+    # 4. save (bf16 safetensors, tokenizer in each folder)
+    for name, model in (("target", target), ("draft", draft)):
+        d = out / name
+        model = model.to(torch.bfloat16)
+        model.generation_config = GenerationConfig(bos_token_id=0, eos_token_id=0, pad_token_id=0)
+        model.save_pretrained(d, safe_serialization=True)
+        hf_tok.save_pretrained(d)
+    del target, draft
+    train_seconds = time.perf_counter() - t_start
+
+    # 5. evaluate the saved weights, loaded in fp32
+    target, draft = load_pair(out)
+    ev = evaluate_pair(
+        target,
+        draft,
+        held_stream,
+        args.seq_len,
+        max_windows=args.eval_windows,
+        n_prompts=args.eval_prompts,
+        prompt_len=args.eval_prompt_len,
+        new_tokens=args.eval_new_tokens,
+    )
+    print(json.dumps(ev), flush=True)
+    cost = None
+    if args.timing_steps:
+        cost = measure_cost(target, draft, held_stream[: args.eval_prompt_len][None], steps=args.timing_steps)
+        print(json.dumps(cost), flush=True)
+
+    def cfg_summary(m):
+        c = m.config
+        return {
+            "hidden_size": c.hidden_size,
+            "num_hidden_layers": c.num_hidden_layers,
+            "num_attention_heads": c.num_attention_heads,
+            "intermediate_size": c.intermediate_size,
+            "vocab_size": c.vocab_size,
+            "params": n_params(m),
+        }
+
+    recipe = {
+        "command": "python -m spec.train " + " ".join(sys.argv[1:] if argv is None else argv),
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "out"},
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "tokenizers": tokenizers.__version__,
+        },
+        "corpus": {
+            "source": "Python standard library *.py (sysconfig.get_paths()['stdlib'])",
+            "python_version": platform.python_version(),
+            "skipped_dirs": sorted(SKIP_DIRS),
+            "files_train": len(train_files),
+            "files_heldout": len(held_files),
+            "bytes_train": sum(len(t.encode()) for _, t in train_files),
+            "bytes_heldout": sum(len(t.encode()) for _, t in held_files),
+            "heldout_files": [r for r, _ in held_files],
+            "digest_sha256": corpus_digest(files),
+        },
+        "tokenizer": {
+            "type": "byte-level BPE (tokenizers), no normaliser",
+            "len": n_tok,
+            "eos_bos_unk": EOS_TOKEN,
+            "eos_token_id": 0,
+            "bos_token_id": 0,
+            "tokens_train": len(train_stream),
+            "tokens_heldout": len(held_stream),
+            "seconds": round(tok_seconds, 1),
+        },
+        "target": {**cfg_summary(target), "objective": "next-token cross-entropy", "training": t_info},
+        "draft": {
+            **cfg_summary(draft),
+            "objective": f"{args.kl_weight}*KL(target||draft) on logits[:{min(draft_width, target_width)}] "
+            f"+ {1 - args.kl_weight:.2f}*CE",
+            "training": d_info,
+        },
+        "saved_dtype": "bfloat16",
+        "eval_note": "saved weights loaded in fp32, eager attention; losses in nats/token",
+        "eval": ev,
+        "cost": cost,
+        "total_seconds_training_and_saving": round(train_seconds, 1),
+        "total_seconds": round(time.perf_counter() - t_start, 1),
+    }
+    (out / "RECIPE.json").write_text(json.dumps(recipe, indent=2) + "\n")
+    print(f"wrote {out} in {recipe['total_seconds']:.0f}s", flush=True)
+    return recipe
+
+
+if __name__ == "__main__":
+    main()
