@@ -1,0 +1,59 @@
+"""Measured costs: the paper's c is the time of one draft step over one target step."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from spec import hf
+from spec.validate import as_prompt, check_pair, model_device
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.inference_mode()
+def step_time(model, input_ids, *, steps: int = 32, warmup: int = 4) -> float:
+    """Median wall time of one cached one-token forward pass after the prompt's prefill.
+
+    Each step is timed alone, CUDA-synchronised, on the model's own device."""
+    device = model_device(model)
+    prompt = as_prompt(input_ids, device, {"model": model})
+    cache = hf.new_cache(model)
+    logits = hf.forward(model, prompt, cache, keep=1)
+    token = logits[-1].argmax().reshape(1).clamp(max=hf.vocab_rows(model) - 1)
+    times = []
+    for i in range(warmup + steps):
+        _sync(device)
+        t0 = time.perf_counter()
+        token = hf.forward(model, token, cache, keep=1)[-1].argmax().reshape(1)
+        _sync(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+@dataclass
+class Costs:
+    draft_step_s: float
+    target_step_s: float
+
+    @property
+    def c(self) -> float:
+        return self.draft_step_s / self.target_step_s
+
+
+def cost_ratio(target, draft, input_ids, *, steps: int = 32, warmup: int = 4) -> Costs:
+    """c = draft step time / target step time, both measured in this run, interleaved
+    twice (draft, target, draft, target) so that drift on a shared machine hits both."""
+    check_pair(target, draft)
+    d, t = [], []
+    for _ in range(2):
+        d.append(step_time(draft, input_ids, steps=steps // 2, warmup=warmup))
+        t.append(step_time(target, input_ids, steps=steps // 2, warmup=warmup))
+    return Costs(statistics.fmean(d), statistics.fmean(t))
