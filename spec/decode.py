@@ -193,22 +193,22 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
             k = int((proposed == choice[:g]).cumprod(0).sum())
             seq[n + k] = choice[k]                                    # Mp's own token after the prefix
 
-        # 4. Roll back: both caches keep seq[:n + k]; the new token is fed next round.
-        hf.crop(target_cache, n + k)
-        t_cached = n + k
-        if d_cached > n + k:
-            hf.crop(draft_cache, n + k)
-            d_cached = n + k
+        # 4. Cut at EOS, then roll back: both caches keep all but the newest token, fed next round.
         emitted = k + 1
         if stops:
             cut = _first_stop(seq[n:n + emitted].tolist(), stops)
             if cut is not None:
                 emitted, result.stop_reason = cut + 1, "eos"
         n += emitted
+        hf.crop(target_cache, n - 1)
+        t_cached = n - 1
+        if d_cached > n - 1:
+            hf.crop(draft_cache, n - 1)
+            d_cached = n - 1
         t2 = _clock(device, timed)
 
         result.drafted_per_round.append(g)
-        result.accepted_per_round.append(k)
+        result.accepted_per_round.append(min(k, emitted))  # draft tokens that reached the output
         result.tokens_per_round.append(emitted)
         if auto:
             auto.observe(drafted=g, accepted=k, draft_s=t1 - t0, verify_s=t2 - t1)

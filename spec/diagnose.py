@@ -1,0 +1,91 @@
+"""Is a divergence from greedy a numerical tie or a bug?
+
+Greedy decoding picks each token from a one-token cached step; speculative
+decoding picks the same token from a position inside a (gamma+1)-token verify
+pass. The two matmul shapes round differently, so where the target's top-2
+logits are closer than that rounding noise the argmax may legitimately flip.
+At the first divergent position we recompute the target's logits both ways and
+compare the top-2 gap with the noise: within it, a tie; beyond it, a bug.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from spec import hf
+from spec.validate import model_device
+
+# Relative rounding floor per dtype (a few ulps of the largest logit), used when the
+# two recomputed paths happen to agree more closely than the dtype can promise.
+_ULPS = 8
+
+
+@dataclass
+class Divergence:
+    position: int            # index into the new tokens
+    expected: int | None     # greedy's token there (None: greedy stopped)
+    actual: int | None       # the checked decoder's token (None: it stopped)
+    gap_step: float          # target's top-2 logit gap, one-token cached step
+    gap_block: float         # the same inside one multi-token pass
+    noise: float             # rounding noise between the two paths
+    dtype: str
+    verdict: str             # "tie" or "bug"
+
+    def __str__(self) -> str:
+        return (f"first divergence at new token {self.position}: greedy {self.expected}, got {self.actual}; "
+                f"target top-2 logit gap {self.gap_step:.3g} (one-token step) / {self.gap_block:.3g} (block verify), "
+                f"noise {self.noise:.3g} ({self.dtype}): "
+                + ("numerical tie" if self.verdict == "tie" else "BUG (gap beyond the dtype's noise)"))
+
+
+def first_difference(expected: list[int], actual: list[int]) -> int | None:
+    for i, (a, b) in enumerate(zip(expected, actual)):
+        if a != b:
+            return i
+    return None if len(expected) == len(actual) else min(len(expected), len(actual))
+
+
+def _gap(logits: torch.Tensor) -> float:
+    top = torch.topk(logits.double(), 2).values
+    return float(top[0] - top[1])
+
+
+@torch.inference_mode()
+def diagnose(target, prompt_ids, expected: list[int], actual: list[int]) -> Divergence | None:
+    """None when the outputs agree; otherwise the first divergence and its verdict.
+
+    A length difference (one output stopped early, or ran past the other) is never
+    a tie: stopping depends on token ids, not on logits."""
+    i = first_difference(expected, actual)
+    if i is None:
+        return None
+    device = model_device(target)
+    prompt = torch.as_tensor(prompt_ids, device=device).reshape(-1)
+    context = torch.cat([prompt, torch.tensor(expected[:i], dtype=torch.long, device=device)])
+    dtype = next(target.parameters()).dtype
+    exp_tok = expected[i] if i < len(expected) else None
+    act_tok = actual[i] if i < len(actual) else None
+
+    # Path 1, greedy's: prefill the prompt, then one token at a time.
+    cache = hf.new_cache(target)
+    step = hf.forward(target, context[:prompt.numel()], cache, keep=1)[-1]
+    for t in range(prompt.numel(), context.numel()):
+        step = hf.forward(target, context[t:t + 1], cache, keep=1)[-1]
+    # Path 2, a block's: the last positions in one pass, as a verify round computes them.
+    block_start = max(prompt.numel() - 1, context.numel() - 6)
+    cache = hf.new_cache(target)
+    if block_start > 0:
+        hf.forward(target, context[:block_start], cache, keep=1)
+    block = hf.forward(target, context[block_start:], cache, keep=1)[-1]
+
+    measured = float((step.double() - block.double()).abs().max())
+    floor = _ULPS * torch.finfo(dtype).eps * float(step.double().abs().max())
+    noise = max(measured, floor)
+    gap_step, gap_block = _gap(step), _gap(block)
+    top2 = set(torch.topk(step.double(), 2).indices.tolist()) | set(torch.topk(block.double(), 2).indices.tolist())
+    is_tie = (exp_tok is not None and act_tok is not None and {exp_tok, act_tok} <= top2
+              and min(gap_step, gap_block) <= noise)
+    return Divergence(i, exp_tok, act_tok, gap_step, gap_block, noise, str(dtype).replace("torch.", ""),
+                      "tie" if is_tie else "bug")

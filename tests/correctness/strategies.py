@@ -1,0 +1,38 @@
+"""Hypothesis strategies for the correctness suite, named for what they generate."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+
+def token_id_prompts(vocab: int, max_len: int = 300, eos_token_id: int = 0):
+    """Prompts as token-id lists: random ids, one token repeated, ids at the edges of
+    the vocabulary, and the EOS id inside the prompt. Lengths from 1 to max_len."""
+    edges = st.sampled_from([0, 1, vocab - 2, vocab - 1, eos_token_id])
+    any_id = st.integers(0, vocab - 1)
+    random_ids = st.lists(any_id, min_size=1, max_size=max_len)
+    repeated = st.builds(lambda t, n: [t] * n, any_id | edges, st.integers(1, max_len))
+    edgy = st.lists(edges | any_id, min_size=1, max_size=min(max_len, 40))
+    return st.one_of(random_ids, repeated, edgy)
+
+
+def short_token_id_prompts(vocab: int, eos_token_id: int = 0):
+    return token_id_prompts(vocab, max_len=24, eos_token_id=eos_token_id)
+
+
+def gammas(max_gamma: int = 16):
+    """Draft lengths from 1 to max_gamma (also larger than the tokens left, by pairing with small max_new_tokens)."""
+    return st.integers(1, max_gamma)
+
+
+def max_new_tokens_values(max_value: int = 64):
+    """1 (a single target step, nothing drafted) up to max_value."""
+    return st.one_of(st.just(1), st.integers(1, max_value))
+
+
+def text_prompts():
+    """Prompts as text: code-like snippets and arbitrary printable text."""
+    code = st.sampled_from(["def ", "import os\n", "class Foo(object):\n    def __init__(self", "for i in range(",
+                            "    return ", "# comment\n", "if __name__ == '__main__':\n"])
+    words = st.text(st.characters(min_codepoint=32, max_codepoint=126), min_size=1, max_size=60)
+    return st.one_of(code, words, st.builds(lambda a, b: a + b, code, words))
