@@ -207,13 +207,14 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
             d_cached = n - 1
         t2 = _clock(device, timed)
 
+        accepted = min(k, emitted)  # draft tokens that reached the output (EOS may cut a block)
         result.drafted_per_round.append(g)
-        result.accepted_per_round.append(min(k, emitted))  # draft tokens that reached the output
+        result.accepted_per_round.append(accepted)
         result.tokens_per_round.append(emitted)
         if auto:
             auto.observe(drafted=g, accepted=k, draft_s=t1 - t0, verify_s=t2 - t1)
         if trace:
-            result.trace.append(Round(g, k, emitted, t1 - t0, t2 - t1,
+            result.trace.append(Round(g, accepted, emitted, t1 - t0, t2 - t1,
                                       hf.cache_len(target_cache), hf.cache_len(draft_cache)))
         if result.stop_reason == "eos":
             break

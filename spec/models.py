@@ -39,10 +39,11 @@ TINY_TOKENIZER_SIZE = 500
 
 
 def gpt_neox_config(shape: str | dict, **overrides) -> GPTNeoXConfig:
-    dims = dict(SHAPES[shape]) if isinstance(shape, str) else dict(shape)
+    dims = dict(rotary_pct=0.25, use_parallel_residual=True, tie_word_embeddings=False,
+                max_position_embeddings=2048, bos_token_id=0, eos_token_id=0)
+    dims.update(SHAPES[shape] if isinstance(shape, str) else shape)
     dims.update(overrides)
-    return GPTNeoXConfig(rotary_pct=0.25, use_parallel_residual=True, tie_word_embeddings=False,
-                         max_position_embeddings=2048, bos_token_id=0, eos_token_id=0, **dims)
+    return GPTNeoXConfig(**dims)
 
 
 def build_gpt_neox(shape: str | dict, *, seed: int = 0, dtype: torch.dtype = torch.float32,

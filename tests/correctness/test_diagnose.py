@@ -1,0 +1,55 @@
+"""The divergence diagnosis tells a numerical tie from a bug, with position and gap."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from spec import greedy_generate
+from spec.diagnose import diagnose, first_difference
+
+PROMPT = [3, 141, 59, 26]
+
+
+def test_agreement_is_no_divergence(target):
+    tokens = greedy_generate(target, PROMPT, max_new_tokens=8).tokens
+    assert diagnose(target, PROMPT, tokens, list(tokens)) is None
+
+
+def test_wrong_token_is_a_bug_with_position_and_gap(target):
+    tokens = greedy_generate(target, PROMPT, max_new_tokens=8).tokens
+    wrong = tokens[:5] + [(tokens[5] + 1) % 500] + tokens[6:]
+    d = diagnose(target, PROMPT, tokens, wrong)
+    assert (d.position, d.expected, d.actual, d.verdict) == (5, tokens[5], wrong[5], "bug")
+    assert d.gap_step > d.noise and d.gap_block > d.noise
+    assert d.noise < 1e-9  # fp64
+    assert "first divergence at new token 5" in str(d) and "BUG" in str(d)
+
+
+def test_length_difference_is_a_bug(target):
+    tokens = greedy_generate(target, PROMPT, max_new_tokens=8).tokens
+    d = diagnose(target, PROMPT, tokens, tokens + [1, 2])
+    assert d.position == 8 and d.expected is None and d.verdict == "bug"
+    assert first_difference([1, 2], [1, 2, 3]) == 2 and first_difference([1], [1]) is None
+
+
+def test_exact_tie_is_a_tie(target):
+    """Make two LM-head rows identical: their logits tie exactly at every position, so
+    picking either is a numerical tie, and the diagnosis must say so."""
+    tied = copy.deepcopy(target)
+    tokens = greedy_generate(tied, PROMPT, max_new_tokens=6).tokens
+    head = tied.get_output_embeddings().weight
+    twin = (tokens[3] + 7) % 500
+    with torch.no_grad():
+        head[twin] = head[tokens[3]]
+    tokens = greedy_generate(tied, PROMPT, max_new_tokens=6).tokens
+    # the tie makes argmax pick the lower id; the other choice is as good.
+    other = twin if tokens[3] != twin else tokens[3]
+    low, high = sorted((tokens[3], twin))
+    flipped = tokens[:3] + [high]
+    d = diagnose(tied, PROMPT, tokens[:3] + [low], flipped)
+    assert d.position == 3 and d.verdict == "tie" and d.gap_step == pytest.approx(0.0, abs=1e-12)
+    assert "numerical tie" in str(d)
+    del other
