@@ -23,9 +23,12 @@ def _check(alpha: float, gamma: int | None = None, c: float | None = None) -> No
 def expected_tokens_per_round(alpha: float, gamma: int) -> float:
     """Eq. 1: (1 - alpha^(gamma+1)) / (1 - alpha); gamma + 1 at alpha = 1."""
     _check(alpha, gamma)
-    if alpha == 1.0:
-        return gamma + 1.0
-    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+    # Summed as 1 + alpha + ... + alpha^gamma (Horner), not as the quotient: near alpha = 1
+    # the quotient cancels catastrophically (1e-8 off at 1 - 1e-12) and stops being monotone.
+    total = 1.0
+    for _ in range(gamma):
+        total = 1.0 + alpha * total
+    return total
 
 
 def expected_speedup(alpha: float, gamma: int, c: float) -> float:
@@ -88,6 +91,8 @@ def implied_alpha(tokens_per_round: float, gamma: int, tol: float = 1e-12) -> fl
     """Invert Eq. 1: the alpha whose expected tokens per round is the given value."""
     if not 1.0 <= tokens_per_round <= gamma + 1:
         raise ValueError(f"tokens_per_round must be in [1, gamma+1={gamma + 1}], got {tokens_per_round}")
+    if tokens_per_round == gamma + 1:  # only alpha = 1 reaches the cap
+        return 1.0
     lo, hi = 0.0, 1.0
     while hi - lo > tol:  # Eq. 1 is increasing in alpha
         mid = (lo + hi) / 2
