@@ -105,6 +105,8 @@ def _load(name_or_path: str, role: str, dtype: torch.dtype, device: str):
 
 def _tokenizer(name_or_path: str):
     local = Path(name_or_path).expanduser()
+    if local.is_dir() and not any((local / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+        return None  # a weights-only folder: AutoTokenizer would hand back an empty tokenizer
     try:
         return AutoTokenizer.from_pretrained(str(local) if local.exists() else name_or_path, local_files_only=True)
     except (OSError, ValueError):

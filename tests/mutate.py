@@ -1,0 +1,95 @@
+"""Mutation check: does the correctness suite catch deliberately broken decoders?
+
+    python tests/mutate.py [--only NAME] [-- extra pytest args]
+
+Each mutant is one textual edit of spec/decode.py, applied to a copy of the
+repository in a temporary folder (the checkout is never touched). The suite runs
+there with -x; a mutant is "caught" when pytest fails, and the first failing test
+is printed. Not collected by pytest (no test_ prefix): it runs the suite itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# name: (what a real bug would look like, old text, new text) in spec/decode.py
+MUTANTS = {
+    "accept-one-too-many": ("off-by-one: one more draft token accepted than agreed",
+                            "k = int((proposed == choice[:g]).cumprod(0).sum())",
+                            "k = min(g, int((proposed == choice[:g]).cumprod(0).sum()) + 1)"),
+    "accept-one-too-few": ("off-by-one: the last agreeing draft token dropped (output stays exact)",
+                           "k = int((proposed == choice[:g]).cumprod(0).sum())",
+                           "k = max(0, int((proposed == choice[:g]).cumprod(0).sum()) - 1)"),
+    "bonus-from-draft": ("the token after the accepted prefix taken from the draft",
+                         "seq[n + k] = choice[k]", "seq[n + k] = proposed[k] if k < g else choice[k]"),
+    "no-target-rollback": ("rejected positions left in the target's cache",
+                           "        hf.crop(target_cache, n - 1)\n", ""),
+    "target-rollback-one-short": ("target cache cropped one position too far",
+                                  "hf.crop(target_cache, n - 1)", "hf.crop(target_cache, n - 2)"),
+    "no-draft-rollback": ("rejected positions left in the draft's cache (output stays exact)",
+                          "            hf.crop(draft_cache, n - 1)\n            d_cached = n - 1\n",
+                          "            pass\n"),
+    "draft-skips-catch-up": ("draft fed only the newest token, never the bonus it missed (output stays exact)",
+                             "feed = seq[d_cached:n + i]", "feed = seq[n + i - 1:n + i]"),
+    "eos-only-at-round-end": ("EOS honoured only as the last token of a round",
+                              "cut = _first_stop(seq[n:n + emitted].tolist(), stops)",
+                              "cut = emitted - 1 if int(seq[n + emitted - 1]) in stops else None"),
+    "eos-ignored": ("EOS never stops speculative generation",
+                    "            if cut is not None:\n                emitted, result.stop_reason",
+                    "            if False:\n                emitted, result.stop_reason"),
+    "max-new-overshoot": ("gamma not capped by the tokens left: up to gamma extra tokens",
+                          "        g = min(g, max_new_tokens - (n - P) - 1)  # never draft past max_new_tokens\n", ""),
+    "draft-full-width": ("draft proposals over its whole head, not the range both models share",
+                         "draft_cache, keep=1)[-1, :common]", "draft_cache, keep=1)[-1]"),
+    "no-draft-clamp": ("ids the draft cannot embed fed to it anyway",
+                       "clamp_for_draft = hf.logit_width(target) > draft_rows", "clamp_for_draft = False"),
+    "greedy-eos-ignored": ("plain greedy ignores EOS",
+                           "        if stops and int(seq[n - 1]) in stops:", "        if False:"),
+    "stats-count-bonus": ("accepted count includes the bonus token",
+                          "accepted = min(k, emitted)", "accepted = min(k + 1, emitted)"),
+}
+
+
+def run(name: str, pytest_args: list[str]) -> tuple[bool, str]:
+    why, old, new = MUTANTS[name]
+    with tempfile.TemporaryDirectory(prefix=f"mutant-{name}-") as tmp:
+        copy = Path(tmp) / "repo"
+        shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(".git", "__pycache__", ".hypothesis",
+                                                                  ".pytest_cache", ".benchmarks", "spec-results"))
+        target = copy / "spec" / "decode.py"
+        src = target.read_text()
+        if src.count(old) != 1:
+            return False, f"mutation text not found exactly once in spec/decode.py: {old!r}"
+        target.write_text(src.replace(old, new))
+        env = dict(os.environ, PYTHONPATH=str(copy), PYTHONDONTWRITEBYTECODE="1")
+        cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--no-header",
+               "-m", "not gpu and not thorough and not perf", *pytest_args]
+        proc = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True)
+        failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", proc.stdout, re.M)
+        return proc.returncode != 0, failed[0] if failed else proc.stdout.strip().splitlines()[-1]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", action="append", choices=sorted(MUTANTS), help="run just this mutant")
+    parser.add_argument("pytest_args", nargs="*", default=["tests/correctness"])
+    args = parser.parse_args()
+    missed = 0
+    for name in args.only or MUTANTS:
+        caught, detail = run(name, args.pytest_args)
+        missed += not caught
+        print(f"{'CAUGHT' if caught else 'MISSED'}  {name:28s} {MUTANTS[name][0]}\n        {detail}", flush=True)
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

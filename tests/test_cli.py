@@ -1,0 +1,239 @@
+"""`python -m spec` end to end: main([...]) on a tiny GPT-NeoX pair saved to disk and loaded
+through the real loading code, plus the error paths (exit 2) and the exactness verdict (exit 1)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import pytest
+import torch
+
+import spec.__main__ as cli
+import spec.decode
+from spec import theory
+from spec.models import build_gpt_neox, truncated_copy
+from spec.report import TABLE_COLUMNS
+
+N = 12  # new tokens per prompt: enough for several multi-token rounds, cheap on a shared CPU
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models on a shared CPU run many times faster on one thread (no OpenMP spinning)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def pair_dirs(tmp_path_factory):
+    """A tiny target and a draft made from its first layer (so some drafts are accepted), saved
+    with save_pretrained; no tokenizer, so the CLI feeds prompt bytes as ids and ignores EOS."""
+    root = tmp_path_factory.mktemp("pair")
+    target = build_gpt_neox("tiny-target", seed=0)
+    draft = truncated_copy(target, num_layers=1)
+    target.save_pretrained(root / "target")
+    draft.save_pretrained(root / "draft")
+    return str(root / "target"), str(root / "draft")
+
+
+def _prompts(tmp_path, *lines):
+    path = tmp_path / "prompts.txt"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def _results(out):
+    return json.loads((out / "results.json").read_text(encoding="utf-8"))
+
+
+def test_end_to_end(pair_dirs, tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = cli.main(["--target", pair_dirs[0], "--draft", pair_dirs[1], "--max-new-tokens", str(N), "--gamma", "3",
+                   "--out", str(out), "--quiet", "--threads", "1"])
+    stdout, stderr = capsys.readouterr()
+    assert rc == 0, stderr
+    assert stderr == ""  # --quiet: no progress
+    header = next(line for line in stdout.splitlines() if line.startswith("#  prompt"))
+    for column in TABLE_COLUMNS:
+        assert column in header
+    assert "Theorem 3.8" in stdout and "optimal gamma" in stdout
+
+    res = _results(out)
+    assert [r["prompt"] for r in res["prompts"]] == cli.SEED_PROMPTS  # real checkpoints: the seed's prompts
+    assert res["pair"]["source"] == "paths" and res["eos_token_id"] is None
+    assert res["options"]["max_new_tokens"] == N and res["options"]["gamma"] == 3
+    assert res["machine"]["torch_threads"] == 1
+    for key in ("platform", "python", "torch", "transformers", "cpu", "device"):
+        assert res["machine"][key]
+    for r in res["prompts"]:
+        assert r["new_tokens"] == r["greedy_new_tokens"] == N  # no EOS without a tokenizer
+        assert r["ids_identical"] is True and r["divergence"] is None
+        assert r["greedy_tokens"] == r["spec_tokens"] and len(r["spec_tokens"]) == N
+        assert math.isclose(r["speedup"], r["greedy_s"] / r["spec_s"], rel_tol=1e-9)
+        assert math.isclose(r["greedy_tok_s"], N / r["greedy_s"], rel_tol=1e-9)
+        assert math.isclose(r["spec_tok_s"], N / r["spec_s"], rel_tol=1e-9)
+        assert len(r["trace"]) == r["rounds"] == len(r["tokens_per_round_list"])
+        assert sum(t["emitted"] for t in r["trace"]) == N
+        assert all(t["drafted"] <= 3 and t["accepted"] <= t["drafted"] for t in r["trace"])
+        assert sum(r["accepted_per_round"]) == r["accepted"] and sum(r["drafted_per_round"]) == r["drafted"]
+        assert math.isclose(r["accept_rate"], r["accepted"] / r["drafted"])
+        assert math.isclose(r["tokens_per_round"], N / r["rounds"])
+        assert r["prompt"][:20] in stdout
+    s = res["summary"]
+    assert s["gamma"] == 3 and s["all_identical"] and s["exit_status"] == 0
+    assert math.isclose(s["c"], s["draft_step_s"] / s["target_step_s"], rel_tol=1e-9)
+    acc = [k for r in res["prompts"] for k in r["accepted_per_round"]]
+    dra = [g for r in res["prompts"] for g in r["drafted_per_round"]]
+    assert math.isclose(s["alpha"], theory.alpha_from_accepted(acc, dra))
+    assert math.isclose(s["predicted_speedup"], theory.expected_speedup(s["alpha"], 3, s["c"]))
+    assert s["optimal_gamma"] == theory.optimal_gamma(s["alpha"], s["c"])
+    assert math.isclose(s["measured_speedup"], sum(r["greedy_s"] for r in res["prompts"])
+                        / sum(r["spec_s"] for r in res["prompts"]))
+    png = out / "results.png"
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert not png.exists() and "matplotlib" in stdout
+    else:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_auto_gamma_peer_prompt_file_and_progress(pair_dirs, tmp_path, capsys):
+    out = tmp_path / "out"
+    prompts = _prompts(tmp_path, "def f(x):\\n    return", "", "import os")
+    rc = cli.main(["--target", pair_dirs[0], "--draft", pair_dirs[1], "--max-new-tokens", "8", "--gamma", "auto",
+                   "--peer", "hf", "--prompts", prompts, "--out", str(out), "--no-plots"])
+    stdout, stderr = capsys.readouterr()
+    assert rc == 0, stderr
+    res = _results(out)
+    assert [r["prompt"] for r in res["prompts"]] == ["def f(x):\n    return", "import os"]
+    cal, gamma = res["summary"]["calibration"], res["summary"]["gamma"]
+    assert isinstance(gamma, int) and 1 <= gamma <= cli.MAX_AUTO_GAMMA and cal["chosen_gamma"] == gamma
+    assert gamma == theory.optimal_gamma(min(cal["alpha"], 0.999), cal["c"], cli.MAX_AUTO_GAMMA)
+    assert f"-> gamma={gamma}" in stdout
+    for r in res["prompts"]:
+        assert r["peer"]["ids_identical"] is True and r["peer"]["tokens"] == r["greedy_tokens"]
+        assert math.isclose(r["peer"]["hf_speedup"], r["greedy_s"] / r["peer"]["hf_s"])
+    assert "hf assisted s" in stdout
+    assert not (out / "results.png").exists()
+    assert "greedy 1/2" in stderr and "speculative 2/2" in stderr  # progress on stderr
+
+
+def test_default_pair(tmp_path, capsys):
+    """No --target/--draft: the shipped pair, or the random stand-in (said so) while it is absent."""
+    out = tmp_path / "out"
+    rc = cli.main(["--max-new-tokens", "4", "--out", str(out), "--quiet", "--no-plots"])
+    stdout, stderr = capsys.readouterr()
+    assert rc == 0, stderr
+    res = _results(out)
+    assert res["pair"]["source"] in ("shipped", "random")
+    assert [r["prompt"] for r in res["prompts"]] == cli.CODE_PROMPTS
+    if res["pair"]["source"] == "random":
+        assert "random tiny pair" in stdout
+    for r in res["prompts"]:
+        assert r["ids_identical"] and 1 <= r["new_tokens"] <= 4
+        assert r["new_tokens"] == 4 or r["stop_reason"] == "eos"
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["--gamma", "0"], "--gamma"),
+    (["--gamma", "many"], "--gamma"),
+    (["--device", "tpu"], "--device"),
+    (["--device", "cuda:x"], "--device"),
+    (["--target-dtype", "int8"], "--target-dtype"),
+    (["--draft-dtype", "fp8"], "--draft-dtype"),
+    (["--max-new-tokens", "0"], "--max-new-tokens"),
+    (["--peer", "vllm"], "--peer"),
+    (["--target", "somewhere"], "--target"),
+    (["--no-such-option"], "--no-such-option"),
+])
+def test_bad_options_exit_2(argv, option, tmp_path, capsys):
+    assert cli.main(argv + ["--out", str(tmp_path)]) == 2
+    stderr = capsys.readouterr().err
+    assert option in stderr and "Traceback" not in stderr
+
+
+def test_help(capsys):
+    assert cli.main(["--help"]) == 0
+    text = capsys.readouterr().out
+    assert "--max-new-tokens" in text and str(cli.CPU_MAX_NEW_TOKENS) in text and "code" in text
+
+
+def test_without_matplotlib_writes_json_and_says_how_to_get_plots(pair_dirs, monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    out = tmp_path / "out"
+    rc = cli.main(["--target", pair_dirs[0], "--draft", pair_dirs[1], "--max-new-tokens", "4", "--quiet",
+                   "--prompts", _prompts(tmp_path, "x = 1"), "--out", str(out)])
+    stdout = capsys.readouterr().out
+    assert rc == 0
+    assert (out / "results.json").exists() and not (out / "results.png").exists()
+    assert 'pip install "spec[plots]"' in stdout
+
+
+def test_missing_weights_exit_2(tmp_path, capsys):
+    missing = str(tmp_path / "no-such-model")
+    assert cli.main(["--target", missing, "--draft", missing, "--out", str(tmp_path)]) == 2
+    stderr = capsys.readouterr().err
+    assert "no weights" in stderr and "no-such-model" in stderr and "Traceback" not in stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_unavailable_exit_2(tmp_path, capsys):
+    assert cli.main(["--device", "cuda", "--out", str(tmp_path)]) == 2
+    assert "CUDA is not available" in capsys.readouterr().err
+
+
+def test_prompt_file_errors_exit_2(pair_dirs, tmp_path, capsys):
+    base = ["--target", pair_dirs[0], "--draft", pair_dirs[1], "--out", str(tmp_path)]
+    assert cli.main(base + ["--prompts", str(tmp_path / "absent.txt")]) == 2
+    assert "--prompts" in capsys.readouterr().err
+    assert cli.main(base + ["--prompts", _prompts(tmp_path, "", "  ")]) == 2
+    assert "no prompt" in capsys.readouterr().err
+
+
+def _corrupt_second_prompt(monkeypatch, position):
+    """Make the timed speculative run (trace=True) of the second prompt emit a wrong token."""
+    real = spec.decode.speculative_generate
+    calls = []
+
+    def wrong(*args, **kwargs):
+        result = real(*args, **kwargs)
+        if kwargs.get("trace"):
+            calls.append(1)
+            if len(calls) == 2:
+                result.tokens[position] = (result.tokens[position] + 1) % 500
+        return result
+
+    monkeypatch.setattr(spec.decode, "speculative_generate", wrong)
+
+
+def test_divergence_exits_1_naming_prompt_and_position(pair_dirs, monkeypatch, tmp_path, capsys):
+    _corrupt_second_prompt(monkeypatch, 3)
+    out = tmp_path / "out"
+    rc = cli.main(["--target", pair_dirs[0], "--draft", pair_dirs[1], "--max-new-tokens", "8", "--quiet",
+                   "--no-plots", "--prompts", _prompts(tmp_path, "first prompt", "second prompt"), "--out", str(out)])
+    stdout, stderr = capsys.readouterr()
+    assert rc == 1
+    assert "prompt 2" in stderr and "new token 3" in stderr and "second prompt" in stderr
+    assert "diverge@3" in stdout
+    res = _results(out)
+    assert [r["ids_identical"] for r in res["prompts"]] == [True, False]
+    assert res["prompts"][1]["divergence"]["position"] == 3 and res["summary"]["exit_status"] == 1
+
+
+def test_proven_tie_is_reported_and_exits_0(pair_dirs, monkeypatch, tmp_path, capsys):
+    _corrupt_second_prompt(monkeypatch, 5)
+    monkeypatch.setattr(cli, "_diagnose", lambda target, prompt, expected, actual: {
+        "position": 5, "expected": expected[5], "actual": actual[5], "gap_step": 1e-7, "gap_block": -1e-7,
+        "noise": 1e-6, "verdict": "tie", "message": "top-2 gap within fp32 noise"})
+    out = tmp_path / "out"
+    rc = cli.main(["--target", pair_dirs[0], "--draft", pair_dirs[1], "--max-new-tokens", "8", "--quiet",
+                   "--no-plots", "--prompts", _prompts(tmp_path, "first prompt", "second prompt"), "--out", str(out)])
+    stdout, stderr = capsys.readouterr()
+    assert rc == 0, stderr
+    assert "TIE@5" in stdout and "numerical tie" in stdout
+    assert _results(out)["summary"]["ties"] == 1
