@@ -18,7 +18,7 @@ import functools
 import inspect
 
 import torch
-from transformers import DynamicCache, GenerationConfig
+from transformers import DynamicCache, GenerationConfig, StaticCache
 
 
 @functools.lru_cache(maxsize=None)
@@ -31,24 +31,44 @@ def new_cache(model) -> DynamicCache:
     return DynamicCache(config=model.config)
 
 
-def cache_len(cache: DynamicCache) -> int:
-    return cache.get_seq_length()
+def new_static_cache(model, max_len: int) -> StaticCache:
+    """A preallocated cache: fixed shapes, so a compiled step never recompiles."""
+    return StaticCache(config=model.config, max_cache_len=max_len)
 
 
-def crop(cache: DynamicCache, keep: int) -> None:
+def cache_len(cache) -> int:
+    return int(cache.get_seq_length())  # 5.17's StaticCache answers with a tensor
+
+
+def crop(cache, keep: int) -> None:
     """Drop every cached position from `keep` on (the rejected draft tokens)."""
+    if isinstance(cache, StaticCache):
+        # 5.17's static layers cannot crop; in every version the write position is
+        # `cumulative_length`, and the causal mask hides what lies beyond it.
+        for layer in cache.layers:
+            layer.cumulative_length.fill_(min(keep, int(layer.cumulative_length)))
+        return
     surplus = cache.get_seq_length() - keep
     if surplus > 0:
         cache.crop(-surplus)
 
 
-def forward(model, ids: torch.Tensor, cache: DynamicCache, keep: int = 0) -> torch.Tensor:
+def compile_step(model):
+    """The model's forward compiled for one-token steps on a StaticCache (gpt-fast's
+    technique): CUDA graphs on GPU cut the per-layer kernel-launch cost that makes
+    a small draft launch-bound; on CPU it still fuses the step's small ops."""
+    mode = "reduce-overhead" if next(model.parameters()).device.type == "cuda" else "default"
+    return torch.compile(model.forward, mode=mode, dynamic=False, fullgraph=False)
+
+
+def forward(model, ids: torch.Tensor, cache, keep: int = 0, step=None) -> torch.Tensor:
     """Run `ids` (1-D) through `model` on top of `cache`; return logits [n, vocab].
 
     `keep` > 0 computes the LM head on the last `keep` positions only (a long
-    prompt's prefill needs just its last row)."""
-    out = model(input_ids=ids[None], use_cache=True, logits_to_keep=keep,
-                **{_cache_kwarg(type(model)): cache})
+    prompt's prefill needs just its last row). `step`, from compile_step, runs
+    one-token inputs; longer ones (prefill, catch-up) run eagerly."""
+    fn = step if step is not None and ids.numel() == 1 else model
+    out = fn(input_ids=ids[None], use_cache=True, logits_to_keep=keep, **{_cache_kwarg(type(model)): cache})
     return out.logits[0]
 
 

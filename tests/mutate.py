@@ -21,7 +21,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# name: (what a real bug would look like, old text, new text) in spec/decode.py
+# name: (what a real bug would look like, old text, new text[, file]); the file is spec/decode.py
+# unless named.
 MUTANTS = {
     "accept-one-too-many": ("off-by-one: one more draft token accepted than agreed",
                             "k = int((proposed == choice[:g]).cumprod(0).sum())",
@@ -56,19 +57,26 @@ MUTANTS = {
                            "        if stops and int(seq[n - 1]) in stops:", "        if False:"),
     "stats-count-bonus": ("accepted count includes the bonus token",
                           "accepted = min(k, emitted)", "accepted = min(k + 1, emitted)"),
+    "static-cache-not-rolled-back": ("fast_draft's static cache keeps its write position after a rejection",
+                                     "layer.cumulative_length.fill_(min(keep, int(layer.cumulative_length)))",
+                                     "pass", "spec/hf.py"),
+    "vocab-rows-from-head": ("the draft's embeddable ids read from its LM head width, not its embedding",
+                             "return model.get_input_embeddings().num_embeddings",
+                             "return model.get_output_embeddings().weight.shape[0]", "spec/hf.py"),
 }
 
 
 def run(name: str, pytest_args: list[str]) -> tuple[bool, str]:
-    why, old, new = MUTANTS[name]
+    why, old, new, *where = MUTANTS[name]
+    path = where[0] if where else "spec/decode.py"
     with tempfile.TemporaryDirectory(prefix=f"mutant-{name}-") as tmp:
         copy = Path(tmp) / "repo"
         shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(".git", "__pycache__", ".hypothesis",
                                                                   ".pytest_cache", ".benchmarks", "spec-results"))
-        target = copy / "spec" / "decode.py"
+        target = copy / path
         src = target.read_text()
         if src.count(old) != 1:
-            return False, f"mutation text not found exactly once in spec/decode.py: {old!r}"
+            return False, f"mutation text not found exactly once in {path}: {old!r}"
         target.write_text(src.replace(old, new))
         env = dict(os.environ, PYTHONPATH=str(copy), PYTHONDONTWRITEBYTECODE="1")
         cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--no-header",
