@@ -60,9 +60,6 @@ MUTANTS = {
     "static-cache-not-rolled-back": ("fast_draft's static cache keeps its write position after a rejection",
                                      "layer.cumulative_length.fill_(min(keep, int(layer.cumulative_length)))",
                                      "pass", "spec/hf.py"),
-    "vocab-rows-from-head": ("the draft's embeddable ids read from its LM head width, not its embedding",
-                             "return model.get_input_embeddings().num_embeddings",
-                             "return model.get_output_embeddings().weight.shape[0]", "spec/hf.py"),
 }
 
 
