@@ -1,6 +1,7 @@
 """Recipe for the small target/draft pair shipped in ``spec/assets/pair``.
 
-Run ``python -m spec.train`` (about 20 minutes on 2 CPU cores). The recipe:
+Run ``python -m spec.train`` (about 17 minutes on a shared 2-core CPU; pass ``--out``
+to write elsewhere). The recipe:
 
 1. Corpus: the ``*.py`` sources of the running Python's standard library
    (``sysconfig.get_paths()["stdlib"]``), sorted by relative path, skipping test
@@ -8,27 +9,37 @@ Run ``python -m spec.train`` (about 20 minutes on 2 CPU cores). The recipe:
    encodings (data tables, not code). Each file goes either to *train* or to
    *held-out*, decided by a hash of its relative path; held-out files are never
    seen by the tokenizer or by training. The corpus depends on the Python
-   version; RECIPE.json records the version and a digest of the file list.
+   version; RECIPE.json records the version, the held-out file list and a digest.
 2. Tokenizer: byte-level BPE (``tokenizers``), ByteLevel pre-tokenizer, decoder
-   and post-processor, no normaliser (exact round trip), one special token
-   ``<|endoftext|>`` = id 0, used as EOS, BOS and UNK (Pythia style).
-3. Models: GPT-NeoX in the Pythia style (rotary on 25% of each head,
-   parallel residual, untied input/output embeddings). The embedding widths are
-   padded like Pythia's: the draft to the next multiple of 128 above the
-   tokenizer size, the target to a larger multiple of 512, so the two logit
-   vectors have different widths (config.vocab_size = padded width).
-   The target is trained first on next-token cross-entropy. The draft is then
-   distilled from the target: loss = kl_weight * KL(p_target || q_draft) over
-   the common logit range (the draft's width) + (1 - kl_weight) * CE.
-4. Both are saved in bf16 safetensors, each folder with the tokenizer files,
-   and RECIPE.json records settings, corpus and token counts, versions,
-   held-out losses, agreement (alpha) and step times, measured on the saved
-   weights loaded in fp32.
+   and post-processor, no normaliser (exact round trip), 4000 tokens, one special
+   token ``<|endoftext|>`` = id 0, used as EOS, BOS and UNK (Pythia style).
+3. Models: GPT-NeoX in the Pythia style (rotary on 25% of each head, parallel
+   residual, untied input/output embeddings). Embedding widths are padded like
+   Pythia's (50277 tokens; 410m has 50304 rows, 12b 50688): the draft to the next
+   multiple of 128 above the tokenizer (4096), the target to a larger multiple of
+   512 (4608), so the two logit vectors differ in width; config.vocab_size is the
+   padded width.
+   Why the shapes: in eager HF on this CPU a one-token step costs about 1.3 ms of
+   fixed overhead plus about 0.8 ms per layer, nearly independent of width at this
+   size, so the cost ratio c is set by depth. The draft is 1 layer (hidden 128),
+   the target 24 layers (hidden 128): c is about 0.1. A deep target is slow to
+   train, so it is grown (progressive stacking): 4 layers trained first, then each
+   layer followed by 5 copies whose residual output projections start at zero
+   (same function), then all 24 layers trained on; one cosine schedule spans both.
+   The draft starts from the target's embeddings, first layer and head, and is
+   distilled: loss = kl_weight * KL(p_target || q_draft) over the common logit
+   range (the draft's 4096 rows) + (1 - kl_weight) * CE.
+4. Both are saved as bf16 safetensors, each folder with the tokenizer files, and
+   RECIPE.json records settings, corpus and token counts, versions, held-out
+   losses, agreement (alpha) and step times, measured on the saved weights
+   loaded in fp32 with eager attention.
 
-Determinism: everything is seeded, torch uses a fixed number of threads and
-deterministic algorithms, data order comes from a seeded generator. With the
-same seed, Python, torch version and thread count, the weights and tokenizer
-come out the same; RECIPE.json also holds wall-clock times, which vary.
+Determinism: everything is seeded, data order comes from a seeded generator, torch
+uses deterministic algorithms and a fixed thread count (default 1). Results depend
+on the thread count bit for bit; one thread makes them independent of the core
+count, and on a shared 2-core machine one thread trained 3-5x faster than two.
+With the same seed, Python (corpus), torch and thread count, the weights and the
+tokenizer come out the same; RECIPE.json also holds wall-clock times, which vary.
 """
 
 from __future__ import annotations
@@ -123,7 +134,7 @@ def train_tokenizer(texts: list[str], vocab_size: int):
     return tok
 
 
-def wrap_tokenizer(tok, model_max_length: int = 2048):
+def wrap_tokenizer(tok):
     from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast(
@@ -132,7 +143,6 @@ def wrap_tokenizer(tok, model_max_length: int = 2048):
         eos_token=EOS_TOKEN,
         unk_token=EOS_TOKEN,
         clean_up_tokenization_spaces=False,
-        model_max_length=model_max_length,
     )
 
 
@@ -177,6 +187,69 @@ def make_config(vocab_width, hidden, layers, heads, max_pos=2048):
         eos_token_id=0,
         use_cache=True,
     )
+
+
+def grow(model, factor: int):
+    """Progressive stacking, function-preserving: a model `factor` times deeper in which
+    every layer of `model` appears `factor` times in a row. The first copy is the layer
+    itself; the others copy its LayerNorms and input projections but start with zero
+    residual output projections (attention.dense, mlp.dense_4h_to_h), so they add nothing
+    until trained and the grown model computes exactly what `model` did. (Copying every
+    layer with outputs divided by `factor` instead was tried: held-out loss jumped from
+    4.32 to 6.23 and the deep stage ended worse than the shallow one.)"""
+    from transformers import GPTNeoXForCausalLM
+
+    c = model.config
+    big = GPTNeoXForCausalLM(make_config(c.vocab_size, c.hidden_size, c.num_hidden_layers * factor, c.num_attention_heads))
+    sd = {}
+    for k, v in model.state_dict().items():
+        if ".layers." not in k:
+            sd[k] = v.clone()
+            continue
+        head, rest = k.split(".layers.", 1)
+        i, tail = rest.split(".", 1)
+        out_proj = tail.startswith(("attention.dense.", "mlp.dense_4h_to_h."))
+        for j in range(factor):
+            sd[f"{head}.layers.{int(i) * factor + j}.{tail}"] = v.clone() if j == 0 or not out_proj else v * 0
+    big.load_state_dict(sd, strict=True)
+    return big
+
+
+def added_layer_ratio(model, factor):
+    """Mean Frobenius norm of the added layers' residual output projections over that of
+    the original layers (0 right after grow(); how much the added layers now write)."""
+    orig, added = [], []
+    for i, layer in enumerate(model.gpt_neox.layers):
+        n = (layer.attention.dense.weight.norm() + layer.mlp.dense_4h_to_h.weight.norm()).item()
+        (orig if i % factor == 0 else added).append(n)
+    return round((sum(added) / max(1, len(added))) / (sum(orig) / len(orig)), 4)
+
+
+def draft_from(target, draft):
+    """Warm start for the draft: the target's embeddings (first rows), first layer, final
+    LayerNorm and output rows, wherever the shapes match; the rest stays as initialised."""
+    import torch
+
+    tsd = target.state_dict()
+    with torch.no_grad():
+        for k, v in draft.state_dict().items():
+            if k in tsd and tsd[k].shape[1:] == v.shape[1:] and tsd[k].shape[0] >= v.shape[0]:
+                v.copy_(tsd[k][: v.shape[0]])
+    return draft
+
+
+def heldout_loss(model, held_stream, seq_len, max_windows=16):
+    import torch
+    import torch.nn.functional as F
+
+    model.eval()
+    tot = n = 0
+    with torch.inference_mode():
+        for w in heldout_windows(held_stream, seq_len, max_windows):
+            logits = model(input_ids=w[None, :-1]).logits[0]
+            tot += F.cross_entropy(logits, w[1:], reduction="sum").item()
+            n += len(w) - 1
+    return round(tot / n, 4)
 
 
 def n_params(model) -> int:
@@ -227,9 +300,13 @@ def train_model(
     teacher=None,
     kl_weight=0.0,
     name="model",
-    log_every=25,
+    log_every=10,
+    schedule=None,
 ):
-    """Train in place. With a teacher, distill: kl_weight*KL(teacher||model) + (1-kl_weight)*CE."""
+    """Train in place. With a teacher, distill: kl_weight*KL(teacher||model) + (1-kl_weight)*CE.
+
+    schedule: (offset, total) places these steps inside a longer cosine schedule
+    (a later stage of one run); the stage then warms up over `warmup` steps again."""
     import torch
     import torch.nn.functional as F
 
@@ -243,8 +320,12 @@ def train_model(
     t0 = time.perf_counter()
     hist = []
     for step in range(steps):
+        if schedule is None:
+            lr_now = lr_at(step, steps, lr, warmup)
+        else:
+            lr_now = lr_at(schedule[0] + step, schedule[1], lr, 0) * min(1.0, (step + 1) / max(1, warmup))
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, steps, lr, warmup)
+            g["lr"] = lr_now
         xb = sample_batch(stream, batch, seq_len, gen)
         x, y = xb[:, :-1], xb[:, 1:]
         logits = model(input_ids=x).logits
@@ -272,7 +353,7 @@ def train_model(
                 flush=True,
             )
     model.eval()
-    tail = hist[-max(1, min(50, steps)) :]
+    tail = hist[-50:] or [(float("nan"), float("nan"))]
     return {
         "seconds": round(time.perf_counter() - t0, 1),
         "final_train_ce": round(sum(a for a, _ in tail) / len(tail), 4),
@@ -316,7 +397,8 @@ def evaluate_pair(target, draft, held_stream, seq_len, *, max_windows, n_prompts
 
     # Greedy: target's own greedy continuation of held-out prompts.
     span = len(held_stream) - prompt_len - 1
-    agree = n = 0
+    rows = draft.get_input_embeddings().num_embeddings
+    agree = n = padded = 0
     beta = 0.0
     with torch.inference_mode():
         for i in range(n_prompts):
@@ -324,8 +406,11 @@ def evaluate_pair(target, draft, held_stream, seq_len, *, max_windows, n_prompts
             prompt = held_stream[off : off + prompt_len][None]
             cont = greedy(target, prompt, new_tokens)
             full = torch.cat([prompt, cont], dim=1)
+            # A target that emits a padding id (only an untrained one does) cannot be
+            # followed by the narrower draft: feed it EOS there; it counts as a miss.
+            padded += (cont >= rows).sum().item()
             lt = target(input_ids=full[:, :-1]).logits[0, prompt_len - 1 :]
-            ld = draft(input_ids=full[:, :-1]).logits[0, prompt_len - 1 :]
+            ld = draft(input_ids=full[:, :-1].masked_fill(full[:, :-1] >= rows, 0)).logits[0, prompt_len - 1 :]
             agree += (ld.argmax(-1) == cont[0]).sum().item()
             beta += _beta(lt, ld).sum().item()
             n += new_tokens
@@ -334,6 +419,7 @@ def evaluate_pair(target, draft, held_stream, seq_len, *, max_windows, n_prompts
     res["greedy_new_tokens"] = new_tokens
     res["alpha_greedy"] = round(agree / n, 4)
     res["beta_greedy"] = round(beta / n, 4)
+    res["greedy_padding_ids_emitted"] = padded
     return res
 
 
@@ -412,27 +498,36 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(prog="python -m spec.train", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: %(default)s)")
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (fixed for determinism)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch.set_num_threads; results depend on it bit for bit (default %(default)s: reproducible on any "
+        "machine, and on a shared 2-core box 3-5x faster than 2 threads)",
+    )
     ap.add_argument("--heldout-frac", type=float, default=0.06, help="fraction of files held out")
     ap.add_argument("--vocab-size", type=int, default=4000, help="BPE vocabulary incl. <|endoftext|>")
     ap.add_argument("--draft-pad", type=int, default=128, help="draft embedding rows: multiple of this")
     ap.add_argument("--target-pad", type=int, default=512, help="target embedding rows: multiple of this, > draft")
     ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--target-hidden", type=int, default=256)
-    ap.add_argument("--target-layers", type=int, default=12)
-    ap.add_argument("--target-heads", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--target-hidden", type=int, default=128)
+    ap.add_argument("--target-layers", type=int, default=24, help="final depth (a multiple of --stage1-layers)")
+    ap.add_argument("--stage1-layers", type=int, default=4, help="depth of the target's first, shallow stage")
+    ap.add_argument("--target-heads", type=int, default=2)
     ap.add_argument("--draft-hidden", type=int, default=128)
-    ap.add_argument("--draft-layers", type=int, default=2)
+    ap.add_argument("--draft-layers", type=int, default=1)
     ap.add_argument("--draft-heads", type=int, default=2)
-    ap.add_argument("--target-steps", type=int, default=600)
-    ap.add_argument("--draft-steps", type=int, default=600)
-    ap.add_argument("--target-lr", type=float, default=1.5e-3)
+    ap.add_argument("--stage1-steps", type=int, default=450, help="target steps at --stage1-layers")
+    ap.add_argument("--target-steps", type=int, default=50, help="target steps after growing to --target-layers")
+    ap.add_argument("--draft-steps", type=int, default=100)
+    ap.add_argument("--target-lr", type=float, default=5e-3)
     ap.add_argument("--draft-lr", type=float, default=3e-3)
-    ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument("--stage2-warmup", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--kl-weight", type=float, default=0.8, help="draft loss = w*KL + (1-w)*CE")
-    ap.add_argument("--eval-windows", type=int, default=64, help="held-out windows of seq-len for loss")
+    ap.add_argument("--eval-windows", type=int, default=32, help="held-out windows of seq-len for loss")
     ap.add_argument("--eval-prompts", type=int, default=20)
     ap.add_argument("--eval-prompt-len", type=int, default=64)
     ap.add_argument("--eval-new-tokens", type=int, default=64)
@@ -474,22 +569,56 @@ def main(argv=None):
     target_width = pad_to(draft_width + 1, args.target_pad)
     assert n_tok < draft_width < target_width
 
-    # 3. target, then draft distilled from it
+    # 3. target in two stages (shallow, then grown deep), then the draft distilled from it
+    if args.target_layers % args.stage1_layers:
+        raise SystemExit("--target-layers must be a multiple of --stage1-layers")
+    factor = args.target_layers // args.stage1_layers
+    total = args.stage1_steps + args.target_steps
+    common = dict(batch=args.batch, seq_len=args.seq_len, weight_decay=args.weight_decay)
     torch.manual_seed(args.seed)
-    target = GPTNeoXForCausalLM(make_config(target_width, args.target_hidden, args.target_layers, args.target_heads))
-    torch.manual_seed(args.seed + 1)
-    draft = GPTNeoXForCausalLM(make_config(draft_width, args.draft_hidden, args.draft_layers, args.draft_heads))
-    print(f"target {n_params(target) / 1e6:.2f}M params, draft {n_params(draft) / 1e6:.2f}M params", flush=True)
-    common = dict(batch=args.batch, seq_len=args.seq_len, warmup=args.warmup, weight_decay=args.weight_decay)
-    t_info = train_model(
-        target, train_stream, steps=args.target_steps, lr=args.target_lr, seed=args.seed, name="target", **common
+    stage1 = GPTNeoXForCausalLM(make_config(target_width, args.target_hidden, args.stage1_layers, args.target_heads))
+    s1_info = train_model(
+        stage1,
+        train_stream,
+        steps=args.stage1_steps,
+        lr=args.target_lr,
+        warmup=args.warmup,
+        seed=args.seed,
+        schedule=(0, total),
+        name=f"target-{args.stage1_layers}L",
+        **common,
     )
+    s1_info["heldout_loss"] = heldout_loss(stage1, held_stream, args.seq_len)
+    target = grow(stage1, factor)
+    s1_info["heldout_loss_after_growth"] = heldout_loss(target, held_stream, args.seq_len)
+    print(f"stage 1: {json.dumps(s1_info)}", flush=True)
+    t_info = train_model(
+        target,
+        train_stream,
+        steps=args.target_steps,
+        lr=args.target_lr,
+        warmup=args.stage2_warmup,
+        seed=args.seed + 1,
+        schedule=(args.stage1_steps, total),
+        name=f"target-{args.target_layers}L",
+        **common,
+    )
+    t_info["heldout_loss"] = heldout_loss(target, held_stream, args.seq_len)
+    t_info["added_layer_output_norm_ratio"] = added_layer_ratio(target, factor)
+    print(f"stage 2: {json.dumps(t_info)}", flush=True)
+    torch.manual_seed(args.seed + 2)
+    draft = GPTNeoXForCausalLM(make_config(draft_width, args.draft_hidden, args.draft_layers, args.draft_heads))
+    if args.draft_hidden == args.target_hidden:
+        draft_from(stage1, draft)
+    del stage1
+    print(f"target {n_params(target) / 1e6:.2f}M params, draft {n_params(draft) / 1e6:.2f}M params", flush=True)
     d_info = train_model(
         draft,
         train_stream,
         steps=args.draft_steps,
         lr=args.draft_lr,
-        seed=args.seed + 1,
+        warmup=args.warmup,
+        seed=args.seed + 3,
         teacher=target,
         kl_weight=args.kl_weight,
         name="draft",
@@ -503,6 +632,8 @@ def main(argv=None):
         model.generation_config = GenerationConfig(bos_token_id=0, eos_token_id=0, pad_token_id=0)
         model.save_pretrained(d, safe_serialization=True)
         hf_tok.save_pretrained(d)
+        for f in d.iterdir():
+            f.chmod(0o644)
     del target, draft
     train_seconds = time.perf_counter() - t_start
 
@@ -565,11 +696,22 @@ def main(argv=None):
             "tokens_heldout": len(held_stream),
             "seconds": round(tok_seconds, 1),
         },
-        "target": {**cfg_summary(target), "objective": "next-token cross-entropy", "training": t_info},
+        "target": {
+            **cfg_summary(target),
+            "objective": "next-token cross-entropy",
+            "method": f"progressive stacking: {args.stage1_layers} layers for {args.stage1_steps} steps, then each "
+            f"layer followed by {factor - 1} copies of itself whose residual output projections start at zero "
+            "(the grown model computes the same function), then "
+            f"{args.target_steps} steps at {args.target_layers} layers; one cosine schedule over both stages",
+            "stage1": s1_info,
+            "training": t_info,
+        },
         "draft": {
             **cfg_summary(draft),
             "objective": f"{args.kl_weight}*KL(target||draft) on logits[:{min(draft_width, target_width)}] "
             f"+ {1 - args.kl_weight:.2f}*CE",
+            "init": "target's stage-1 embeddings, first layer, final LayerNorm and output rows (first "
+            f"{draft_width} rows)" if args.draft_hidden == args.target_hidden else "random",
             "training": d_info,
         },
         "saved_dtype": "bfloat16",

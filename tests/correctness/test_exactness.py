@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 from oracles import assert_exact, reference_rounds
-from strategies import gammas, max_new_tokens_values, short_token_id_prompts, token_id_prompts
+from strategies import gammas, max_new_tokens_values, short_token_id_prompts, text_prompts, token_id_prompts
 
 from spec import greedy_generate, hf, speculative_generate
 from spec.models import perturbed_copy
@@ -108,3 +108,15 @@ def test_speculative_equals_hf_assisted_generation(target, partial_draft, prompt
     ours = speculative_generate(target, partial_draft, prompt, gamma=gamma, max_new_tokens=24).tokens
     theirs = hf.hf_assisted(target, hf.assistant_for(target, partial_draft), torch.tensor(prompt), gamma, 24)
     assert_exact(target, prompt, theirs, ours)
+
+
+@given(text=text_prompts(), gamma=gammas(8), max_new_tokens=max_new_tokens_values(24))
+def test_shipped_pair_text_prompts(shipped_pair, text, gamma, max_new_tokens):
+    """Text through the shipped tokenizer, the trained pair (target fp64, draft fp32)."""
+    prompt = shipped_pair.tokenizer(text).input_ids
+    assume(prompt)
+    eos = shipped_pair.tokenizer.eos_token_id
+    expected = greedy_generate(shipped_pair.target, prompt, max_new_tokens=max_new_tokens, eos_token_id=eos)
+    actual = speculative_generate(shipped_pair.target, shipped_pair.draft, prompt, gamma=gamma,
+                                  max_new_tokens=max_new_tokens, eos_token_id=eos)
+    assert_exact(shipped_pair.target, prompt, expected.tokens, actual.tokens)
