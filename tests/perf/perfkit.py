@@ -1,0 +1,214 @@
+"""The perf suite's pairs and prompts, side-by-side timing, and the numbers every case reports.
+
+The CPU pair is the shipped trained pair (spec/assets/pair) when present. Otherwise a
+seeded stand-in of about the same cost: a 12-layer, 256-wide GPT-NeoX target whose
+layers above the first are damped (output projections scaled by 0.03), and its first
+layer as the draft. Random weights give near-uniform logits, so an undamped truncated
+copy hardly ever agrees (alpha 0.02 measured for a 6-layer one); damping makes the upper
+layers small corrections, as in a trained model: the copy then agrees at alpha ~0.8
+while the target still computes all twelve layers.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import warnings
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from spec import hf, theory
+from spec.diagnose import diagnose
+from spec.models import SHIPPED_PAIR, build_gpt_neox, truncated_copy
+
+# Kept short: the whole default perf run must stay within about two minutes on 2 shared cores.
+NEW_TOKENS = 40
+REPEATS = 3  # side-by-side rounds of the gated comparison (others: 1 or 2); speedups are ratios of medians
+
+# Code prompts for the shipped pair (trained on the Python standard library).
+CODE_PROMPTS = [
+    "def binary_search(arr, target):\n",
+    "import os\nimport sys\n\n\ndef main(argv):\n",
+    "class Stack:\n    \"\"\"A last-in, first-out stack.\"\"\"\n\n    def __init__(self):\n",
+]
+
+# The seed notebook's five prompts (GPU cases, real pythia pair).
+SEED_PROMPTS = [
+    "The key difference between supervised and unsupervised learning is",
+    "In a surprising discovery announced on Tuesday, scientists reported that",
+    "The recipe for a perfect chocolate chip cookie starts with",
+    "def binary_search(arr, target):",
+    "The economic history of the late Roman Empire shows that",
+]
+
+DAMPED_SHAPE = dict(hidden_size=256, num_hidden_layers=12, num_attention_heads=4, intermediate_size=1024,
+                    vocab_size=4096)
+
+
+@dataclass
+class PerfPair:
+    key: str                    # the pair's key in spec.thresholds
+    target: torch.nn.Module
+    draft: torch.nn.Module
+    prompts: list[list[int]]
+
+
+def damped_target(shape: dict = DAMPED_SHAPE, *, damping: float = 0.03, seed: int = 1) -> torch.nn.Module:
+    target = build_gpt_neox(shape, seed=seed)
+    with torch.no_grad():
+        for layer in target.gpt_neox.layers[1:]:
+            layer.attention.dense.weight.mul_(damping)
+            layer.mlp.dense_4h_to_h.weight.mul_(damping)
+    return target
+
+
+def shipped_pair() -> PerfPair:
+    from spec import load_pair
+    pair = load_pair(target_dtype=torch.float32, draft_dtype=torch.float32)
+    if pair.tokenizer is None:
+        pytest.skip(f"the shipped pair at {SHIPPED_PAIR} has no tokenizer")
+    prompts = [pair.tokenizer(p)["input_ids"] for p in CODE_PROMPTS]
+    return PerfPair("shipped-pair", pair.target, pair.draft, prompts)
+
+
+def seeded_pair() -> PerfPair:
+    target = damped_target()
+    draft = truncated_copy(target, num_layers=1)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 4000, (16,), generator=gen).tolist() for _ in range(len(CODE_PROMPTS))]
+    return PerfPair("seeded-damped-256x12", target, draft, prompts)
+
+
+def _sync(device: torch.device | None) -> None:
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class SideBySide:
+    baseline: list            # outputs of the last baseline round, one per item
+    candidate: list           # outputs of the last candidate round
+    baseline_s: list[list[float]]   # [round][item] seconds
+    candidate_s: list[list[float]]
+
+    @property
+    def speedups(self) -> list[float]:
+        """Per item: median baseline time / median candidate time."""
+        items = range(len(self.baseline))
+        return [statistics.median(r[i] for r in self.baseline_s) / statistics.median(r[i] for r in self.candidate_s)
+                for i in items]
+
+    @property
+    def mean_speedup(self) -> float:
+        """The mean of the per-item speedups (the seed notebook's summary: 1.29x on an A100)."""
+        return statistics.fmean(self.speedups)
+
+    @property
+    def total_speedup(self) -> float:
+        return statistics.median(map(sum, self.baseline_s)) / statistics.median(map(sum, self.candidate_s))
+
+
+def side_by_side(benchmark, baseline, candidate, items, *, rounds: int, device: torch.device | None = None):
+    """Time candidate(item) for every item with pytest-benchmark, and baseline(item) for every
+    item right before each of its rounds.
+
+    pytest-benchmark's pedantic `setup` runs before every round and stays out of the
+    benchmark's statistics, so the baseline runs there, timed here: the two alternate,
+    and drift on a shared machine hits both. The benchmark's own numbers are the
+    candidate's time for all items (for --benchmark-compare)."""
+    result = SideBySide([], [], [], [])
+
+    def each(fn, outs, times):
+        outs.clear()
+        row = []
+        for item in items:
+            _sync(device)
+            t0 = time.perf_counter()
+            outs.append(fn(item))
+            _sync(device)
+            row.append(time.perf_counter() - t0)
+        times.append(row)
+
+    def setup():
+        each(baseline, result.baseline, result.baseline_s)
+
+    def run():
+        each(candidate, result.candidate, result.candidate_s)
+
+    # (With --benchmark-disable pedantic runs setup and the function once each.)
+    benchmark.pedantic(run, setup=setup, rounds=rounds, iterations=1, warmup_rounds=0)
+    return result
+
+
+def acceptance(results) -> dict:
+    """alpha (capped-geometric MLE), accepted/drafted and tokens per round, pooled over runs."""
+    accepted = [k for r in results for k in r.accepted_per_round]
+    drafted = [g for r in results for g in r.drafted_per_round]
+    tokens = sum(len(r.tokens) for r in results)
+    rounds = sum(r.rounds for r in results)
+    return {
+        "alpha": theory.alpha_from_accepted(accepted, drafted),
+        "accept_rate": sum(accepted) / sum(drafted),
+        "tokens_per_round": tokens / rounds,
+        "rounds": rounds,
+        "mean_gamma": sum(drafted) / rounds,
+    }
+
+
+@torch.inference_mode()
+def verify_cost(target, prompt: list[int], gamma: int, *, repeats: int = 8) -> float:
+    """Time of one (gamma+1)-token cached target pass / one 1-token cached step (medians).
+    Theorem 3.8 takes it as 1: true for a bandwidth-bound GPU target, not for a small CPU one."""
+    device = next(target.parameters()).device
+    ids = torch.tensor(prompt, device=device)
+    fed = ids[torch.arange(gamma + 1) % ids.numel()]  # any gamma+1 ids after the prompt
+    block, step = [], []
+    for _ in range(repeats):
+        for n, times in ((gamma + 1, block), (1, step)):
+            cache = hf.new_cache(target)
+            hf.forward(target, ids, cache, keep=1)
+            _sync(device)
+            t0 = time.perf_counter()
+            hf.forward(target, fed[:n], cache, keep=n)
+            _sync(device)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(block) / statistics.median(step)
+
+
+def prediction(alpha: float, gamma: int, costs, verify: float | None = None) -> dict:
+    """Theorem 3.8 from the measured alpha and c; with `verify` (verify_cost) also the same
+    model with the verify pass at its measured cost: E[tokens] / (gamma c + verify)."""
+    alpha = min(alpha, 1.0)
+    out = {
+        "c": costs.c,
+        "draft_step_ms": costs.draft_step_s * 1e3,
+        "target_step_ms": costs.target_step_s * 1e3,
+        "predicted_speedup": theory.expected_speedup(alpha, gamma, costs.c),
+    }
+    if verify is not None:
+        out["verify_pass_over_step"] = verify
+        tokens = theory.expected_tokens_per_round(alpha, gamma)
+        out["predicted_speedup_verify_costed"] = tokens / (gamma * costs.c + verify)
+    return out
+
+
+def assert_same_tokens(target, prompts, expected: list[list[int]], actual: list[list[int]], what: str) -> None:
+    """Token-identical to greedy, prompt by prompt; a divergence is diagnosed (tie or bug).
+    A proven numerical tie (fp32 top-2 gap within rounding noise) is reported, not failed."""
+    for prompt, e, a in zip(prompts, expected, actual):
+        d = diagnose(target, prompt, e, a)
+        if d is None:
+            continue
+        if d.verdict == "tie":
+            warnings.warn(f"{what}: numerical tie, not a bug: {d}")
+        else:
+            pytest.fail(f"{what}: {d}", pytrace=False)
+
+
+def report(benchmark, **info) -> None:
+    """Into benchmark.extra_info (saved with --benchmark-autosave/--benchmark-json) and printed (-s)."""
+    rounded = {k: round(v, 4) if isinstance(v, float) else v for k, v in info.items()}
+    benchmark.extra_info.update(rounded)
+    print(" ".join(f"{k}={v}" for k, v in rounded.items()))

@@ -1,0 +1,86 @@
+"""CPU benchmarks: greedy (HF generate and ours), speculative (gamma 5 and auto) and HF
+assisted generation, on the same prompts, with the paper's numbers in extra_info.
+
+The gate is test_speculative_speedup[gamma=5]: speculative and greedy timed side by
+side in this run, token-identical, speedup above spec.thresholds' floor for this
+hardware and pair, and within the stated band of Theorem 3.8's prediction from the
+alpha and c measured in this run. Absolute times are for --benchmark-compare only.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from perfkit import NEW_TOKENS, REPEATS, acceptance, assert_same_tokens, prediction, report, side_by_side
+from spec import greedy_generate, hf, speculative_generate, theory, thresholds
+
+pytestmark = pytest.mark.perf
+HARDWARE = "cpu"
+
+
+def _greedy_ours(pair):
+    return [greedy_generate(pair.target, p, max_new_tokens=NEW_TOKENS).tokens for p in pair.prompts]
+
+
+def _greedy_hf(pair):
+    return [hf.hf_greedy(pair.target, torch.tensor(p), NEW_TOKENS) for p in pair.prompts]
+
+
+@pytest.mark.parametrize("impl", ["hf_generate", "greedy_generate"])
+def test_greedy(benchmark, cpu_pair, cpu_greedy, impl):
+    run = {"hf_generate": _greedy_hf, "greedy_generate": _greedy_ours}[impl]
+    tokens = benchmark.pedantic(run, args=(cpu_pair,), rounds=1, iterations=1)
+    assert_same_tokens(cpu_pair.target, cpu_pair.prompts, cpu_greedy, tokens, impl)
+    report(benchmark, hardware=HARDWARE, pair=cpu_pair.key, impl=impl, new_tokens=sum(map(len, tokens)))
+
+
+@pytest.mark.parametrize("gamma", [5, "auto"], ids=["gamma=5", "gamma=auto"])
+def test_speculative_speedup(benchmark, cpu_pair, cpu_greedy, cpu_costs, cpu_verify, gamma):
+    def spec(prompt):
+        return speculative_generate(cpu_pair.target, cpu_pair.draft, prompt, gamma=gamma, max_new_tokens=NEW_TOKENS)
+
+    def greedy(prompt):
+        return greedy_generate(cpu_pair.target, prompt, max_new_tokens=NEW_TOKENS).tokens
+
+    run = side_by_side(benchmark, greedy, spec, cpu_pair.prompts, rounds=REPEATS if gamma == 5 else 2)
+    assert_same_tokens(cpu_pair.target, cpu_pair.prompts, run.baseline, [r.tokens for r in run.candidate],
+                       f"gamma={gamma}")
+
+    acc = acceptance(run.candidate)
+    # For gamma="auto", the prediction is Theorem 3.8 at the gamma it would pick from this run's alpha and c.
+    g = gamma if gamma != "auto" else theory.optimal_gamma(min(acc["alpha"], 0.999), cpu_costs.c, 16)
+    pred = prediction(acc["alpha"], g, cpu_costs, cpu_verify)
+    speedup = run.mean_speedup
+    floor = thresholds.speedup_floor(HARDWARE, cpu_pair.key)
+    lo, hi = thresholds.theory_tolerance(HARDWARE)
+    ratio = speedup / pred["predicted_speedup"]
+    report(benchmark, hardware=HARDWARE, pair=cpu_pair.key, gamma=gamma, **acc, **pred, measured_speedup=speedup,
+           per_prompt_speedups=[round(x, 3) for x in run.speedups], total_time_speedup=run.total_speedup,
+           measured_over_predicted=ratio, floor=floor, tolerance=f"{lo}..{hi}")
+
+    if gamma == 5:
+        assert lo <= ratio <= hi, (f"measured {speedup:.2f}x vs Theorem 3.8's {pred['predicted_speedup']:.2f}x "
+                                   f"(alpha {acc['alpha']:.3f}, c {cpu_costs.c:.3f}): "
+                                   f"ratio {ratio:.2f} outside {lo}..{hi}")
+        if floor is None:
+            pytest.skip(f"no speedup floor for {HARDWARE}/{cpu_pair.key} in spec/thresholds.py "
+                        f"(measured {speedup:.2f}x; exactness and the theory band checked)")
+        assert speedup >= floor, f"speedup {speedup:.2f}x below the floor {floor}x for {HARDWARE}/{cpu_pair.key}"
+
+
+def test_hf_assisted_speedup(benchmark, cpu_pair, cpu_greedy, cpu_costs):
+    """HF assisted generation, gamma 5 constant, the same draft (widened by hf.assistant_for),
+    against HF generate's greedy decoding."""
+    assistant = hf.assistant_for(cpu_pair.target, cpu_pair.draft)
+
+    def assisted(prompt):
+        return hf.hf_assisted(cpu_pair.target, assistant, torch.tensor(prompt), 5, NEW_TOKENS, schedule="constant")
+
+    def greedy(prompt):
+        return hf.hf_greedy(cpu_pair.target, torch.tensor(prompt), NEW_TOKENS)
+
+    run = side_by_side(benchmark, greedy, assisted, cpu_pair.prompts, rounds=2)
+    assert_same_tokens(cpu_pair.target, cpu_pair.prompts, run.baseline, run.candidate, "HF assisted")
+    report(benchmark, hardware=HARDWARE, pair=cpu_pair.key, gamma=5, c=cpu_costs.c,
+           measured_speedup_vs_hf_generate=run.mean_speedup, per_prompt_speedups=[round(x, 3) for x in run.speedups])
