@@ -21,24 +21,7 @@ from pathlib import Path
 import torch
 
 from spec import decode, hf, measure, models, report, theory
-
-# The seed notebook's five prompts, verbatim.
-SEED_PROMPTS = [
-    "The key difference between supervised and unsupervised learning is",
-    "In a surprising discovery announced on Tuesday, scientists reported that",
-    "The recipe for a perfect chocolate chip cookie starts with",
-    "def binary_search(arr, target):",
-    "The economic history of the late Roman Empire shows that",
-]
-# The shipped pair is trained on Python source (the standard library), so it gets code to continue;
-# the first is the seed's own code prompt. The random stand-in pair uses these too.
-CODE_PROMPTS = [
-    "def binary_search(arr, target):\n",
-    'class Stack:\n    """A last-in, first-out stack."""\n\n    def __init__(self):\n',
-    "import os\nimport sys\n\n\ndef main(argv=None):\n",
-    "def read_lines(path):\n    with open(path, encoding=\"utf-8\") as f:\n",
-    "    def __repr__(self):\n        return",
-]
+from spec.prompts import CODE_PROMPTS, SEED_PROMPTS
 
 DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16, "fp16": torch.float16}
 CPU_MAX_NEW_TOKENS = 128
@@ -59,12 +42,9 @@ def _gamma(text: str):
     if text == "auto":
         return "auto"
     try:
-        value = int(text)
-    except ValueError:
+        return _positive_int(text)
+    except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1 or 'auto', got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1 or 'auto', got {text!r}")
-    return value
 
 
 def _positive_int(text: str) -> int:

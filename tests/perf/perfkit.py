@@ -22,26 +22,14 @@ import torch
 from spec import hf, theory
 from spec.diagnose import diagnose
 from spec.models import SHIPPED_PAIR, build_gpt_neox, truncated_copy
+from spec.prompts import CODE_PROMPTS, SEED_PROMPTS
 
 # Kept short: the whole default perf run must stay within about two minutes on 2 shared cores.
 NEW_TOKENS = 40
 REPEATS = 3  # side-by-side rounds of the gated comparison (others: 1 or 2); speedups are ratios of medians
 
-# Code prompts for the shipped pair (trained on the Python standard library).
-CODE_PROMPTS = [
-    "def binary_search(arr, target):\n",
-    "import os\nimport sys\n\n\ndef main(argv):\n",
-    "class Stack:\n    \"\"\"A last-in, first-out stack.\"\"\"\n\n    def __init__(self):\n",
-]
-
-# The seed notebook's five prompts (GPU cases, real pythia pair).
-SEED_PROMPTS = [
-    "The key difference between supervised and unsupervised learning is",
-    "In a surprising discovery announced on Tuesday, scientists reported that",
-    "The recipe for a perfect chocolate chip cookie starts with",
-    "def binary_search(arr, target):",
-    "The economic history of the late Roman Empire shows that",
-]
+# Prompts: the shipped pair gets the first three code prompts; the GPU cases the seed's five.
+CODE_PROMPTS = CODE_PROMPTS[:3]
 
 DAMPED_SHAPE = dict(hidden_size=256, num_hidden_layers=12, num_attention_heads=4, intermediate_size=1024,
                     vocab_size=4096)
