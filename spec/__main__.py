@@ -138,16 +138,11 @@ class Progress:
             print(f"[{time.perf_counter() - self.t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize(torch.device(device))
-
-
 def _timed(device: str, fn):
-    _sync(device)
+    measure.sync(device)
     t0 = time.perf_counter()
     out = fn()
-    _sync(device)
+    measure.sync(device)
     return out, time.perf_counter() - t0
 
 

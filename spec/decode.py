@@ -15,6 +15,7 @@ import torch
 
 from spec import hf, sampling, theory
 from spec.autogamma import AutoGamma
+from spec.measure import sync
 from spec.validate import as_prompt, check_model, check_options, check_pair, model_device, stop_ids
 
 
@@ -70,8 +71,7 @@ class Result:
 def _clock(device: torch.device, on: bool) -> float:
     if not on:
         return 0.0
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    sync(device)
     return time.perf_counter()
 
 

@@ -12,7 +12,9 @@ from spec import hf
 from spec.validate import as_prompt, check_pair, model_device
 
 
-def _sync(device: torch.device) -> None:
+def sync(device) -> None:
+    """Wait for queued CUDA work on `device` (a torch.device or a string) so a timer reads true."""
+    device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -29,10 +31,10 @@ def step_time(model, input_ids, *, steps: int = 32, warmup: int = 4) -> float:
     token = logits[-1].argmax().reshape(1).clamp(max=hf.vocab_rows(model) - 1)
     times = []
     for i in range(warmup + steps):
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         token = hf.forward(model, token, cache, keep=1)[-1].argmax().reshape(1)
-        _sync(device)
+        sync(device)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     return statistics.median(times)

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from spec import hf, theory
+from spec.measure import sync
 from spec.diagnose import diagnose
 from spec.models import SHIPPED_PAIR, build_gpt_neox, truncated_copy
 from spec.prompts import CODE_PROMPTS, SEED_PROMPTS
@@ -70,8 +71,8 @@ def seeded_pair() -> PerfPair:
 
 
 def _sync(device: torch.device | None) -> None:
-    if device is not None and device.type == "cuda":
-        torch.cuda.synchronize(device)
+    if device is not None:
+        sync(device)
 
 
 @dataclass
