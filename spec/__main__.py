@@ -103,6 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch CPU threads (default: torch's own choice, here %d); on a busy machine 1 can be "
                         "much faster for small models" % torch.get_num_threads())
     p.add_argument("--peer", choices=["hf"], help="also time Hugging Face assisted generation as a peer")
+    p.add_argument("--draft-impl", choices=list(decode.DRAFT_IMPLS), default="auto",
+                   help="how the draft runs: 'plain' (its forward in plain tensors on a preallocated KV buffer, "
+                        "GPT-NeoX drafts), 'hf' (the model's own forward), 'compiled' (static cache + compiled "
+                        "step, CUDA graphs on GPU; compiling takes minutes on CPU), 'auto' (plain where it "
+                        "applies) (default: %(default)s)")
     p.add_argument("--out", type=Path, default=Path("spec-results"),
                    help="output folder for results.json and results.png (default: ./spec-results)")
     p.add_argument("--seed", type=int, default=0, help="torch seed; also seeds the random stand-in pair "
@@ -316,17 +321,18 @@ def run(args) -> int:
     warm_gamma = args.gamma if isinstance(args.gamma, int) else CALIBRATION_GAMMA
     decode.greedy_generate(target, prompt_ids[0], max_new_tokens=min(8, N), eos_token_id=eos)
     decode.speculative_generate(target, draft, prompt_ids[0], gamma=warm_gamma, max_new_tokens=min(16, N),
-                                eos_token_id=eos)
+                                eos_token_id=eos, draft_impl=args.draft_impl)
 
     say("measuring c (cached one-token steps of draft and target)")
-    costs = measure.cost_ratio(target, draft, prompt_ids[0])
+    costs = measure.cost_ratio(target, draft, prompt_ids[0], draft_impl=args.draft_impl)
     theory_c = costs.c
 
     calibration = None
     if args.gamma == "auto":
         say(f"calibrating gamma: {CALIBRATION_TOKENS} tokens at gamma={CALIBRATION_GAMMA} on prompt 1")
         cal = decode.speculative_generate(target, draft, prompt_ids[0], gamma=CALIBRATION_GAMMA,
-                                          max_new_tokens=CALIBRATION_TOKENS, eos_token_id=eos)
+                                          max_new_tokens=CALIBRATION_TOKENS, eos_token_id=eos,
+                                          draft_impl=args.draft_impl)
         cal_alpha = cal.alpha if cal.drafted else 0.0
         gamma = theory.optimal_gamma(min(cal_alpha, 0.999), theory_c, MAX_AUTO_GAMMA)
         calibration = {"tokens": len(cal.tokens), "gamma": CALIBRATION_GAMMA, "alpha": cal_alpha,
@@ -336,26 +342,26 @@ def run(args) -> int:
     else:
         gamma = args.gamma
 
-    greedy = []
-    for i, ids in enumerate(prompt_ids, 1):
-        res, secs = _timed(device, lambda: decode.greedy_generate(target, ids, max_new_tokens=N, eos_token_id=eos))
-        greedy.append((res, secs))
-        say(f"greedy {i}/{len(prompts)}: {len(res.tokens)} tokens in {secs:.2f}s")
-
-    spec = []
-    for i, ids in enumerate(prompt_ids, 1):
-        res, secs = _timed(device, lambda: decode.speculative_generate(
-            target, draft, ids, gamma=gamma, max_new_tokens=N, eos_token_id=eos, trace=True))
-        spec.append((res, secs))
-        say(f"speculative {i}/{len(prompts)}: {len(res.tokens)} tokens in {secs:.2f}s, "
-            f"{res.mean_tokens_per_round:.2f} tokens/round")
-
+    # Prompt by prompt, greedy, speculative and the peer run back to back, so that a shared
+    # machine's drift hits all three alike: every speedup is a ratio measured side by side.
     peers = [None] * len(prompts)
+    assistant = None
     if args.peer == "hf":
         say("HF assisted generation: warm-up")
         assistant = hf.assistant_for(target, draft)
         hf.hf_assisted(target, assistant, torch.tensor(prompt_ids[0]), gamma, min(16, N), eos)
-        for i, ids in enumerate(prompt_ids, 1):
+    greedy, spec = [], []
+    for i, ids in enumerate(prompt_ids, 1):
+        res, secs = _timed(device, lambda: decode.greedy_generate(target, ids, max_new_tokens=N, eos_token_id=eos))
+        greedy.append((res, secs))
+        say(f"greedy {i}/{len(prompts)}: {len(res.tokens)} tokens in {secs:.2f}s")
+        res, secs = _timed(device, lambda: decode.speculative_generate(
+            target, draft, ids, gamma=gamma, max_new_tokens=N, eos_token_id=eos, trace=True,
+            draft_impl=args.draft_impl))
+        spec.append((res, secs))
+        say(f"speculative {i}/{len(prompts)}: {len(res.tokens)} tokens in {secs:.2f}s, "
+            f"{res.mean_tokens_per_round:.2f} tokens/round")
+        if assistant is not None:
             toks, secs = _timed(device, lambda: hf.hf_assisted(target, assistant, torch.tensor(ids), gamma, N, eos))
             peers[i - 1] = (toks, secs)
             say(f"HF assisted {i}/{len(prompts)}: {len(toks)} tokens in {secs:.2f}s")
@@ -414,12 +420,20 @@ def run(args) -> int:
         "speedup_min": min(r["speedup"] for r in records), "speedup_max": max(r["speedup"] for r in records),
         "greedy_s": total_g, "spec_s": total_s,
         "verify_over_step": statistics.median(verify) / costs.target_step_s if verify else None,
+        # Measured time over the model steps it needed (drafted x draft step + rounds x target step):
+        # what is left above 1 is the loop's own work plus the verify pass's cost beyond one step.
+        "spec_over_model_steps": total_s / (sum(dra) * costs.draft_step_s
+                                            + sum(r["rounds"] for r in records) * costs.target_step_s),
+        "draft_impl": args.draft_impl,
         "optimal_gamma": theory.optimal_gamma(alpha, theory_c) if alpha is not None else None,
         "all_identical": all(r["ids_identical"] for r in records),
         "ties": len(ties), "failures": len(failures),
     }
     summary["optimal_predicted_speedup"] = (theory.expected_speedup(alpha, summary["optimal_gamma"], theory_c)
                                             if alpha is not None else None)
+    v = summary["verify_over_step"]
+    summary["predicted_speedup_verify_costed"] = (theory.expected_tokens_per_round(alpha, gamma) / (gamma * theory_c + v)
+                                                  if alpha is not None and v is not None else None)
     if args.peer == "hf":
         hf_total = sum(r["peer"]["hf_s"] for r in records)
         summary["hf_speedup"] = total_g / hf_total

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spec import hf, sampling, theory
+from spec import hf, neox, sampling, theory
 from spec.autogamma import AutoGamma
 from spec.measure import sync
 from spec.validate import as_prompt, check_model, check_options, check_pair, model_device, stop_ids
@@ -75,13 +75,18 @@ def _clock(device: torch.device, on: bool) -> float:
     return time.perf_counter()
 
 
-def _compiled_step(model):
-    # One compiled step per model object, reused across calls (compiling takes seconds).
-    step = getattr(model, "_spec_compiled_step", None)
-    if step is None:
-        step = hf.compile_step(model)
-        model._spec_compiled_step = step
-    return step
+DRAFT_IMPLS = ("auto", "plain", "hf", "compiled")
+
+
+def draft_runner(draft, max_len: int, impl: str = "auto"):
+    """The draft with its cache, run the way `impl` says (see speculative_generate)."""
+    if impl not in DRAFT_IMPLS:
+        raise ValueError(f"draft_impl must be one of {', '.join(map(repr, DRAFT_IMPLS))}, got {impl!r}")
+    if impl == "auto":
+        impl = "plain" if neox.supports(draft) else "hf"
+    if impl == "plain":
+        return neox.NeoXDraft(draft, max_len)
+    return hf.Cached(draft, static_len=max_len if impl == "compiled" else None)
 
 
 def _first_stop(tokens: list[int], stops: frozenset[int]) -> int | None:
@@ -104,12 +109,12 @@ def greedy_generate(model, input_ids, *, max_new_tokens: int = 64, eos_token_id=
     P = prompt.numel()
     seq = torch.empty(P + max_new_tokens, dtype=torch.long, device=device)
     seq[:P] = prompt
-    cache, cached, n = hf.new_cache(model), 0, P
+    model_run, cached, n = hf.Cached(model), 0, P
     result = Result(tokens=[], trace=[] if trace else None)
 
     while n - P < max_new_tokens:
         t0 = _clock(device, trace)
-        logits = hf.forward(model, seq[cached:n], cache, keep=1)[-1]
+        logits = model_run(seq[cached:n])[-1]
         cached = n
         if do_sample:
             seq[n] = sampling.sample(sampling.probabilities(logits, temperature, top_k, top_p), generator)
@@ -118,7 +123,7 @@ def greedy_generate(model, input_ids, *, max_new_tokens: int = 64, eos_token_id=
         n += 1
         result.tokens_per_round.append(1)
         if trace:
-            result.trace.append(Round(0, 0, 1, 0.0, _clock(device, trace) - t0, hf.cache_len(cache), 0))
+            result.trace.append(Round(0, 0, 1, 0.0, _clock(device, trace) - t0, len(model_run), 0))
         if stops and int(seq[n - 1]) in stops:
             result.stop_reason = "eos"
             break
@@ -133,14 +138,20 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
                          eos_token_id=None, do_sample: bool = False, temperature: float = 1.0,
                          top_k: int | None = None, top_p: float | None = None,
                          generator: torch.Generator | None = None, trace: bool = False,
-                         fast_draft: bool = False) -> Result:
+                         draft_impl: str = "auto") -> Result:
     """Speculative decoding: `draft` (Mq) proposes, `target` (Mp) verifies.
 
     Greedy (do_sample=False): the output equals greedy_generate(target, ...) token
     for token. Sampling: the output is distributed exactly as the target's processed
     distribution. gamma="auto" picks Theorem 3.8's optimal gamma from alpha and c
-    measured as the run goes. fast_draft=True runs the draft on a static KV cache
-    with a compiled one-token step (CUDA graphs on GPU); the output is unchanged."""
+    measured as the run goes.
+
+    draft_impl says how the draft runs; none changes the output, since the target
+    decides every emitted token: "plain" (spec.neox: the draft's forward in plain
+    tensors on a preallocated KV buffer, GPT-NeoX only), "hf" (the model's own
+    forward on a DynamicCache), "compiled" (its forward on a StaticCache with the
+    one-token step compiled: CUDA graphs on GPU), "auto" ("plain" where it applies,
+    else "hf")."""
     check_pair(target, draft)
     check_options(max_new_tokens=max_new_tokens, gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p)
     device = model_device(target)
@@ -160,9 +171,8 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
     P = prompt.numel()
     seq = torch.empty(P + max_new_tokens + max_gamma + 1, dtype=torch.long, device=device)
     seq[:P] = prompt
-    target_cache = hf.new_cache(target)
-    draft_cache = hf.new_static_cache(draft, seq.numel()) if fast_draft else hf.new_cache(draft)
-    draft_step = _compiled_step(draft) if fast_draft else None
+    target_run = hf.Cached(target)
+    draft_run = draft_runner(draft, seq.numel(), draft_impl)
     t_cached = d_cached = 0
     n = P
     result = Result(tokens=[], trace=[] if trace else None)
@@ -176,8 +186,7 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
         q = []
         for i in range(g):
             feed = seq[d_cached:n + i]
-            logits = hf.forward(draft, feed.clamp(max=draft_rows - 1) if clamp_for_draft else feed,
-                                draft_cache, keep=1, step=draft_step)[-1, :common]
+            logits = draft_run(feed.clamp(max=draft_rows - 1) if clamp_for_draft else feed)[-1, :common]
             d_cached = n + i
             if do_sample:
                 q.append(sampling.probabilities(logits, temperature, top_k, top_p))
@@ -187,7 +196,7 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
 
         # 2. Verify: Mp scores all g + 1 positions in one pass.
         t1 = _clock(device, timed)
-        logits = hf.forward(target, seq[t_cached:n + g], target_cache, keep=g + 1)
+        logits = target_run(seq[t_cached:n + g], keep=g + 1)
         t_cached = n + g
 
         # 3. Accept the longest prefix that passes, then append one token from Mp.
@@ -213,10 +222,10 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
             if cut is not None:
                 emitted, result.stop_reason = cut + 1, "eos"
         n += emitted
-        hf.crop(target_cache, n - 1)
+        target_run.crop(n - 1)
         t_cached = n - 1
         if d_cached > n - 1:
-            hf.crop(draft_cache, n - 1)
+            draft_run.crop(n - 1)
             d_cached = n - 1
         t2 = _clock(device, timed)
 
@@ -228,7 +237,7 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
             auto.observe(drafted=g, accepted=k, draft_s=t1 - t0, verify_s=t2 - t1)
         if trace:
             result.trace.append(Round(g, accepted, emitted, t1 - t0, t2 - t1,
-                                      hf.cache_len(target_cache), hf.cache_len(draft_cache)))
+                                      len(target_run), len(draft_run)))
         if result.stop_reason == "eos":
             break
 

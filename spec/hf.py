@@ -53,6 +53,35 @@ def crop(cache, keep: int) -> None:
         cache.crop(-surplus)
 
 
+class Cached:
+    """A model and its KV cache. `cached(ids)` feeds ids after the positions the cache
+    holds and returns their logits; `crop(keep)` forgets every position from `keep` on.
+
+    static_len: a preallocated StaticCache of that many positions, with the one-token
+    step compiled (the `compiled` draft). The compiled step is kept on the model and
+    reused by later calls: compiling takes seconds on a GPU, minutes on a small CPU."""
+
+    def __init__(self, model, static_len: int | None = None):
+        self.model = model
+        self.step = None
+        if static_len is None:
+            self.cache = new_cache(model)
+        else:
+            self.cache = new_static_cache(model, static_len)
+            self.step = getattr(model, "_spec_compiled_step", None)
+            if self.step is None:
+                self.step = model._spec_compiled_step = compile_step(model)
+
+    def __call__(self, ids: torch.Tensor, keep: int = 1) -> torch.Tensor:
+        return forward(self.model, ids, self.cache, keep, self.step)
+
+    def crop(self, keep: int) -> None:
+        crop(self.cache, keep)
+
+    def __len__(self) -> int:
+        return cache_len(self.cache)
+
+
 def compile_step(model):
     """The model's forward compiled for one-token steps on a StaticCache (gpt-fast's
     technique): CUDA graphs on GPU cut the per-layer kernel-launch cost that makes

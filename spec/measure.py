@@ -20,20 +20,22 @@ def sync(device) -> None:
 
 
 @torch.inference_mode()
-def step_time(model, input_ids, *, steps: int = 32, warmup: int = 4) -> float:
+def step_time(model, input_ids, *, steps: int = 32, warmup: int = 4, runner=None) -> float:
     """Median wall time of one cached one-token forward pass after the prompt's prefill.
 
-    Each step is timed alone, CUDA-synchronised, on the model's own device."""
+    Each step is timed alone, CUDA-synchronised, on the model's own device. `runner`:
+    the model with its cache as the decode loop runs it (hf.Cached by default; a
+    draft's is spec.decode.draft_runner's), so that c is the cost the loop pays."""
     device = model_device(model)
     prompt = as_prompt(input_ids, device, {"model": model})
-    cache = hf.new_cache(model)
-    logits = hf.forward(model, prompt, cache, keep=1)
+    run = runner if runner is not None else hf.Cached(model)
+    logits = run(prompt)
     token = logits[-1].argmax().reshape(1).clamp(max=hf.vocab_rows(model) - 1)
     times = []
     for i in range(warmup + steps):
         sync(device)
         t0 = time.perf_counter()
-        token = hf.forward(model, token, cache, keep=1)[-1].argmax().reshape(1)
+        token = run(token)[-1].argmax().reshape(1).clamp(max=hf.vocab_rows(model) - 1)
         sync(device)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
@@ -50,12 +52,17 @@ class Costs:
         return self.draft_step_s / self.target_step_s
 
 
-def cost_ratio(target, draft, input_ids, *, steps: int = 32, warmup: int = 4) -> Costs:
+def cost_ratio(target, draft, input_ids, *, steps: int = 32, warmup: int = 4, draft_impl: str = "auto") -> Costs:
     """c = draft step time / target step time, both measured in this run, interleaved
-    twice (draft, target, draft, target) so that drift on a shared machine hits both."""
+    twice (draft, target, draft, target) so that drift on a shared machine hits both.
+    The draft runs as speculative_generate(draft_impl=...) runs it."""
+    from spec.decode import draft_runner  # decode imports this module
+
     check_pair(target, draft)
+    n = as_prompt(input_ids, model_device(draft), {"draft": draft}).numel() + warmup + steps + 1
     d, t = [], []
     for _ in range(2):
-        d.append(step_time(draft, input_ids, steps=steps // 2, warmup=warmup))
+        d.append(step_time(draft, input_ids, steps=steps // 2, warmup=warmup,
+                           runner=draft_runner(draft, n, draft_impl)))
         t.append(step_time(target, input_ids, steps=steps // 2, warmup=warmup))
     return Costs(statistics.fmean(d), statistics.fmean(t))

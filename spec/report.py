@@ -129,7 +129,11 @@ def summary_lines(s: dict) -> list[str]:
     ]
     if s.get("verify_over_step") is not None:
         lines.append(f"  Theorem 3.8 assumes a gamma+1-token verify pass costs one target step; measured: "
-                     f"{s['verify_over_step']:.2f} target steps")
+                     f"{s['verify_over_step']:.2f} target steps (with that cost: "
+                     f"{_fmt(s.get('predicted_speedup_verify_costed'))}x)")
+    if s.get("spec_over_model_steps") is not None:
+        lines.append(f"  speculative time / the model steps it ran (drafted x draft step + rounds x target step): "
+                     f"{s['spec_over_model_steps']:.2f}")
     if s.get("optimal_gamma") is not None:
         lines.append(f"optimal gamma for the measured alpha and c: {s['optimal_gamma']} "
                      f"(predicted {_fmt(s['optimal_predicted_speedup'])}x)")

@@ -70,9 +70,10 @@ def fp64_partial_draft(target):
     return perturbed_copy(target, noise=0.1, seed=3)
 
 
+@pytest.mark.parametrize("draft_impl", ["plain", "hf"])
 @given(prompt=short_token_id_prompts(VOCAB), gamma=gammas(8), max_new_tokens=max_new_tokens_values(40),
        use_eos=st.booleans(), data=st.data())
-def test_rounds_match_algorithm_1_replayed_without_caches(target, fp64_partial_draft, prompt, gamma,
+def test_rounds_match_algorithm_1_replayed_without_caches(target, fp64_partial_draft, draft_impl, prompt, gamma,
                                                           max_new_tokens, use_eos, data):
     """Per-round drafted/accepted/emitted counts equal a cache-free replay of Algorithm 1.
 
@@ -85,7 +86,7 @@ def test_rounds_match_algorithm_1_replayed_without_caches(target, fp64_partial_d
         eos = free[data.draw(st.integers(0, len(free) - 1), label="eos position")]
     expected = greedy_generate(target, prompt, max_new_tokens=max_new_tokens, eos_token_id=eos).tokens
     run = speculative_generate(target, fp64_partial_draft, prompt, gamma=gamma,
-                               max_new_tokens=max_new_tokens, eos_token_id=eos)
+                               max_new_tokens=max_new_tokens, eos_token_id=eos, draft_impl=draft_impl)
     assert_exact(target, prompt, expected, run.tokens)
     replay = reference_rounds(fp64_partial_draft, prompt, expected, gamma, max_new_tokens)
     assert list(zip(run.drafted_per_round, run.accepted_per_round, run.tokens_per_round)) == replay

@@ -1,4 +1,4 @@
-"""fast_draft=True (static KV cache + compiled draft step) changes speed, never tokens.
+"""draft_impl="compiled" (static KV cache + compiled draft step) changes speed, never tokens.
 
 The draft is fp64 so that its proposals do not depend on how its cache is laid
 out: the static-cache run must then match the dynamic-cache run round for round,
@@ -33,7 +33,7 @@ def eager_static_step():
 def test_static_draft_cache_matches_dynamic(target, fp64_draft, eager_static_step, prompt, gamma, max_new_tokens):
     plain = speculative_generate(target, fp64_draft, prompt, gamma=gamma, max_new_tokens=max_new_tokens)
     fast = speculative_generate(target, fp64_draft, prompt, gamma=gamma, max_new_tokens=max_new_tokens,
-                                fast_draft=True, trace=True)
+                                draft_impl="compiled", trace=True)
     assert fast.tokens == plain.tokens
     assert fast.accepted_per_round == plain.accepted_per_round
     n = len(prompt)
@@ -47,5 +47,5 @@ def test_compiled_draft_step_is_exact(target):
     fp64_draft = perturbed_copy(target, noise=0.1, seed=3)  # a fresh model: no eager step cached on it
     prompt = [3, 141, 59, 26, 53]
     plain = speculative_generate(target, fp64_draft, prompt, gamma=4, max_new_tokens=40)
-    fast = speculative_generate(target, fp64_draft, prompt, gamma=4, max_new_tokens=40, fast_draft=True)
+    fast = speculative_generate(target, fp64_draft, prompt, gamma=4, max_new_tokens=40, draft_impl="compiled")
     assert fast.tokens == plain.tokens and fast.accepted_per_round == plain.accepted_per_round

@@ -11,11 +11,12 @@ from spec import greedy_generate, speculative_generate
 VOCAB = 500
 
 
+@pytest.mark.parametrize("draft_impl", ["plain", "hf"])
 @pytest.mark.parametrize("draft_kind", ["self", "random", "partial", "shallow"])
 @given(prompt=short_token_id_prompts(VOCAB), gamma=gammas(16), max_new_tokens=max_new_tokens_values(40))
-def test_round_statistics_are_consistent(target, drafts, draft_kind, prompt, gamma, max_new_tokens):
+def test_round_statistics_are_consistent(target, drafts, draft_kind, draft_impl, prompt, gamma, max_new_tokens):
     run = speculative_generate(target, drafts[draft_kind], prompt, gamma=gamma,
-                               max_new_tokens=max_new_tokens, trace=True)
+                               max_new_tokens=max_new_tokens, trace=True, draft_impl=draft_impl)
     P = len(prompt)
     assert len(run.tokens) == max_new_tokens                    # no EOS given: never short, never over
     assert run.rounds == len(run.drafted_per_round) == len(run.accepted_per_round) == len(run.trace)

@@ -183,6 +183,19 @@ def prediction(alpha: float, gamma: int, costs, verify: float | None = None) -> 
     return out
 
 
+def overhead(seconds: float, draft_steps: int, target_passes: int, costs, verify: float | None = None) -> dict:
+    """Measured time against the sum of the model step times the run needed: `draft_steps`
+    one-token draft steps and `target_passes` target passes at the medians in `costs`.
+    1.0 means no time outside the models. Theorem 3.8 prices a (gamma+1)-token verify
+    pass as one step; with `verify` (verify_cost) it is also priced at its measured cost."""
+    model_s = draft_steps * costs.draft_step_s + target_passes * costs.target_step_s
+    out = {"model_step_time_s": model_s, "measured_over_model_steps": seconds / model_s}
+    if verify is not None:
+        costed = draft_steps * costs.draft_step_s + target_passes * costs.target_step_s * verify
+        out["measured_over_model_steps_verify_costed"] = seconds / costed
+    return out
+
+
 def assert_same_tokens(target, prompts, expected: list[list[int]], actual: list[list[int]], what: str) -> None:
     """Token-identical to greedy, prompt by prompt; a divergence is diagnosed (tie or bug).
     A proven numerical tie (fp32 top-2 gap within rounding noise) is reported, not failed."""

@@ -9,10 +9,13 @@ alpha and c measured in this run. Absolute times are for --benchmark-compare onl
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 import torch
 
-from perfkit import NEW_TOKENS, REPEATS, acceptance, assert_same_tokens, prediction, report, side_by_side
+from perfkit import (NEW_TOKENS, REPEATS, acceptance, assert_same_tokens, overhead, prediction, report,
+                     side_by_side)
 from spec import greedy_generate, hf, speculative_generate, theory, thresholds
 
 pytestmark = pytest.mark.perf
@@ -48,6 +51,9 @@ def test_speculative_speedup(benchmark, cpu_pair, cpu_greedy, cpu_costs, cpu_ver
                        f"gamma={gamma}")
 
     acc = acceptance(run.candidate)
+    spent = statistics.median(map(sum, run.candidate_s))
+    cost = overhead(spent, sum(r.drafted for r in run.candidate), sum(r.rounds for r in run.candidate),
+                    cpu_costs, cpu_verify)
     # For gamma="auto", the prediction is Theorem 3.8 at the gamma it would pick from this run's alpha and c.
     g = gamma if gamma != "auto" else theory.optimal_gamma(min(acc["alpha"], 0.999), cpu_costs.c, 16)
     pred = prediction(acc["alpha"], g, cpu_costs, cpu_verify)
@@ -57,7 +63,7 @@ def test_speculative_speedup(benchmark, cpu_pair, cpu_greedy, cpu_costs, cpu_ver
     ratio = speedup / pred["predicted_speedup"]
     report(benchmark, hardware=HARDWARE, pair=cpu_pair.key, gamma=gamma, **acc, **pred, measured_speedup=speedup,
            per_prompt_speedups=[round(x, 3) for x in run.speedups], total_time_speedup=run.total_speedup,
-           measured_over_predicted=ratio, floor=floor, tolerance=f"{lo}..{hi}")
+           measured_over_predicted=ratio, floor=floor, tolerance=f"{lo}..{hi}", **cost)
 
     if gamma == 5:
         assert lo <= ratio <= hi, (f"measured {speedup:.2f}x vs Theorem 3.8's {pred['predicted_speedup']:.2f}x "
@@ -69,18 +75,52 @@ def test_speculative_speedup(benchmark, cpu_pair, cpu_greedy, cpu_costs, cpu_ver
         assert speedup >= floor, f"speedup {speedup:.2f}x below the floor {floor}x for {HARDWARE}/{cpu_pair.key}"
 
 
-def test_hf_assisted_speedup(benchmark, cpu_pair, cpu_greedy, cpu_costs):
-    """HF assisted generation, gamma 5 constant, the same draft (widened by hf.assistant_for),
-    against HF generate's greedy decoding."""
-    assistant = hf.assistant_for(cpu_pair.target, cpu_pair.draft)
+def _assisted(pair, assistant, schedule):
+    def run(prompt):
+        return hf.hf_assisted(pair.target, assistant, torch.tensor(prompt), 5, NEW_TOKENS, schedule=schedule)
+    return run
 
-    def assisted(prompt):
-        return hf.hf_assisted(cpu_pair.target, assistant, torch.tensor(prompt), 5, NEW_TOKENS, schedule="constant")
+
+@pytest.mark.parametrize("schedule", ["constant", "heuristic"])
+def test_hf_assisted_speedup(benchmark, cpu_pair, cpu_greedy, cpu_costs, schedule):
+    """HF assisted generation (5 draft tokens a round; "heuristic": HF's default schedule,
+    +2 after a fully accepted round, -1 otherwise), the same draft (widened by
+    hf.assistant_for), against HF generate's greedy decoding."""
+    assistant = hf.assistant_for(cpu_pair.target, cpu_pair.draft)
 
     def greedy(prompt):
         return hf.hf_greedy(cpu_pair.target, torch.tensor(prompt), NEW_TOKENS)
 
-    run = side_by_side(benchmark, greedy, assisted, cpu_pair.prompts, rounds=2)
-    assert_same_tokens(cpu_pair.target, cpu_pair.prompts, run.baseline, run.candidate, "HF assisted")
-    report(benchmark, hardware=HARDWARE, pair=cpu_pair.key, gamma=5, c=cpu_costs.c,
+    run = side_by_side(benchmark, greedy, _assisted(cpu_pair, assistant, schedule), cpu_pair.prompts, rounds=2)
+    assert_same_tokens(cpu_pair.target, cpu_pair.prompts, run.baseline, run.candidate, f"HF assisted ({schedule})")
+    report(benchmark, hardware=HARDWARE, pair=cpu_pair.key, gamma=5, schedule=schedule, c=cpu_costs.c,
            measured_speedup_vs_hf_generate=run.mean_speedup, per_prompt_speedups=[round(x, 3) for x in run.speedups])
+
+
+@pytest.mark.parametrize("schedule", ["constant", "heuristic"])
+def test_faster_than_hf_assisted(benchmark, cpu_pair, cpu_greedy, cpu_costs, cpu_verify, schedule):
+    """Ours (gamma 5) against HF assisted generation on the same pair, timed side by side:
+    the ratio is HF's time / ours, per prompt. Gated for HF's constant schedule (the same
+    gamma every round); the heuristic schedule is reported."""
+    assistant = hf.assistant_for(cpu_pair.target, cpu_pair.draft)
+
+    def ours(prompt):
+        return speculative_generate(cpu_pair.target, cpu_pair.draft, prompt, gamma=5, max_new_tokens=NEW_TOKENS)
+
+    run = side_by_side(benchmark, _assisted(cpu_pair, assistant, schedule), ours, cpu_pair.prompts,
+                       rounds=REPEATS)
+    assert_same_tokens(cpu_pair.target, cpu_pair.prompts, cpu_greedy, run.baseline, f"HF assisted ({schedule})")
+    assert_same_tokens(cpu_pair.target, cpu_pair.prompts, cpu_greedy, [r.tokens for r in run.candidate], "ours")
+    drafted, rounds = sum(r.drafted for r in run.candidate), sum(r.rounds for r in run.candidate)
+    ours_cost = overhead(statistics.median(map(sum, run.candidate_s)), drafted, rounds, cpu_costs, cpu_verify)
+    ratio = run.mean_speedup
+    floor = thresholds.hf_assisted_floor(HARDWARE, cpu_pair.key) if schedule == "constant" else None
+    info = dict(hardware=HARDWARE, pair=cpu_pair.key, gamma=5, schedule=schedule, hf_time_over_ours=ratio,
+                per_prompt_ratios=[round(x, 3) for x in run.speedups], floor=floor, **ours_cost)
+    if schedule == "constant":
+        # The same proposals, so the same rounds: HF's time against the same model-step sum.
+        hf_cost = overhead(statistics.median(map(sum, run.baseline_s)), drafted, rounds, cpu_costs, cpu_verify)
+        info.update({f"hf_{k}": v for k, v in hf_cost.items() if k != "model_step_time_s"})
+    report(benchmark, **info)
+    if floor is not None:
+        assert ratio >= floor, f"HF assisted / ours = {ratio:.2f}x, below the floor {floor}x for {cpu_pair.key}"

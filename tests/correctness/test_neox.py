@@ -1,0 +1,108 @@
+"""The plain-tensor draft (spec.neox) computes what the Hugging Face model computes.
+
+It is the default draft path for GPT-NeoX drafts, so its logits are held to the
+model's own forward on a DynamicCache, step by step, through prefill, one- and
+two-token feeds (the loop's catch-up) and rollbacks, on every architecture
+variant it claims to support. Whatever it proposes, the output stays the target's
+greedy output (test_exactness); this file is about proposing what the draft would.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from strategies import gammas, max_new_tokens_values, short_token_id_prompts
+
+from spec import hf, neox, speculative_generate
+from spec.decode import draft_runner
+from spec.models import build_gpt_neox, perturbed_copy
+from spec.synthetic import SyntheticDraft
+
+VOCAB = 500
+SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=512)
+# (name, build kwargs, dtype, tolerance on |logit difference| relative to the largest logit)
+VARIANTS = [
+    ("pythia-like fp64", {}, torch.float64, 1e-12),
+    ("pythia-like fp32", {}, torch.float32, 1e-5),
+    ("bf16", {}, torch.bfloat16, 0.05),
+    ("sequential residual", dict(use_parallel_residual=False), torch.float64, 1e-12),
+    ("no attention bias", dict(attention_bias=False), torch.float64, 1e-12),
+    ("full rotary", dict(rotary_pct=1.0), torch.float64, 1e-12),
+    ("tanh gelu", dict(hidden_act="gelu_new"), torch.float64, 1e-12),
+]
+
+
+def _model(kwargs, dtype):
+    return build_gpt_neox(SMALL, seed=11, dtype=dtype, **kwargs)
+
+
+# Feeds after a 9-token prompt: steps, the catch-up's pairs, a rollback and a re-feed.
+SCRIPT = [("feed", [5]), ("feed", [7, 300]), ("feed", [1]), ("crop", 10), ("feed", [42, 43]),
+          ("feed", [499]), ("crop", 9), ("feed", [0]), ("feed", [8])]
+
+
+@pytest.mark.parametrize("name,kwargs,dtype,tol", VARIANTS, ids=[v[0] for v in VARIANTS])
+def test_plain_logits_match_the_model(name, kwargs, dtype, tol):
+    model = _model(kwargs, dtype)
+    plain, ref = neox.NeoXDraft(model, 64), hf.Cached(model)
+    prompt = torch.tensor([3, 141, 59, 26, 53, 58, 97, 93, 2])
+    steps = [("feed", prompt.tolist())] + SCRIPT
+    for i, (op, arg) in enumerate(steps):
+        if op == "crop":
+            plain.crop(arg)
+            ref.crop(arg)
+            assert len(plain) == len(ref) == arg
+            continue
+        ids = torch.tensor(arg)
+        want, got = ref(ids)[-1].double(), plain(ids)[-1].double()
+        assert got.shape == want.shape
+        err = (got - want).abs().max().item() / want.abs().max().item()
+        assert err <= tol, f"{name}, step {i} ({op} {arg}): relative logit error {err:.2e} > {tol:.0e}"
+        if dtype != torch.bfloat16:
+            assert int(got.argmax()) == int(want.argmax())
+        assert len(plain) == len(ref)
+
+
+@pytest.fixture(scope="module")
+def fp64_draft(target):
+    return perturbed_copy(target, noise=0.1, seed=3)
+
+
+@given(prompt=short_token_id_prompts(VOCAB), gamma=gammas(12), max_new_tokens=max_new_tokens_values(40),
+       use_eos=st.booleans(), data=st.data())
+def test_plain_and_hf_drafts_run_the_same_rounds(target, fp64_draft, prompt, gamma, max_new_tokens, use_eos, data):
+    """In fp64 the two draft paths propose the same tokens, so every round is the same."""
+    eos = data.draw(st.integers(0, VOCAB - 1), label="eos") if use_eos else None
+    runs = {impl: speculative_generate(target, fp64_draft, prompt, gamma=gamma, max_new_tokens=max_new_tokens,
+                                       eos_token_id=eos, draft_impl=impl, trace=True) for impl in ("plain", "hf")}
+    plain, ref = runs["plain"], runs["hf"]
+    assert plain.tokens == ref.tokens
+    assert plain.accepted_per_round == ref.accepted_per_round
+    assert [r.draft_cache for r in plain.trace] == [r.draft_cache for r in ref.trace]
+
+
+def test_auto_picks_plain_for_gpt_neox_and_hf_otherwise(target, fp64_draft):
+    assert isinstance(draft_runner(fp64_draft, 16, "auto"), neox.NeoXDraft)
+    synthetic = SyntheticDraft(fp64_draft, {}, alpha=0.5)
+    assert isinstance(draft_runner(synthetic, 16, "auto"), hf.Cached)
+
+
+def test_unknown_draft_impl_is_rejected(target, fp64_draft):
+    with pytest.raises(ValueError, match=r"draft_impl must be one of .*'plain'.*got 'fast'"):
+        speculative_generate(target, fp64_draft, [1, 2], draft_impl="fast")
+
+
+def test_plain_needs_gpt_neox(fp64_draft):
+    synthetic = SyntheticDraft(fp64_draft, {}, alpha=0.5)
+    with pytest.raises(ValueError, match="draft: plain-tensor step needs a GPT-NeoX model, got SyntheticDraft"):
+        draft_runner(synthetic, 16, "plain")
+
+
+def test_plain_buffer_overflow_names_the_sizes():
+    plain = neox.NeoXDraft(_model({}, torch.float32), 4)
+    plain(torch.tensor([1, 2, 3]))
+    with pytest.raises(ValueError, match=r"ids: 2 tokens after 3 cached overflow the draft's buffer of 4"):
+        plain(torch.tensor([4, 5]))
+    assert len(plain) == 3  # nothing half-done
