@@ -9,8 +9,8 @@ pytest-benchmark's --benchmark-compare (docs/BENCHMARKS.md).
 THEORY_TOLERANCE[hardware]: the allowed band for measured speedup / Theorem 3.8's
 prediction from the alpha and c measured in the same run. The theorem assumes a
 (gamma+1)-token target pass costs one target step; that holds for a bandwidth-bound
-GPU target and not for a small CPU model, where a 6-token pass costs about 1.25 to 1.7
-steps, hence the lower bound there.
+GPU target and not for a small CPU model, where a 6-token pass costs about 1.2 to 1.7
+steps: on CPU the band applies to the prediction with that measured cost in.
 
 Every number says where it came from. Update an entry only from a measurement on
 that hardware.
@@ -67,8 +67,10 @@ THEORY_TOLERANCE: dict[str, tuple[float, float]] = {
     "A100": (0.8, 1.2),
     "H100": (0.8, 1.2),
     "H200": (0.8, 1.2),
-    # Measured/predicted seen on CPU: 0.66..0.96 (a 6-token pass costs 1.25..1.7 one-token steps there).
-    "cpu": (0.5, 1.3),
+    # On CPU the band applies to the prediction with the verify pass at its measured cost (a 6-token pass
+    # costs 1.2..1.4 one-token steps there; against the plain theorem, measured/predicted came out at
+    # 0.58..0.83 with the plain-tensor draft). Measured/verify-costed seen: 0.79, 0.98.
+    "cpu": (0.6, 1.3),
 }
 
 

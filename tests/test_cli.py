@@ -123,6 +123,21 @@ def test_auto_gamma_peer_prompt_file_and_progress(pair_dirs, tmp_path, capsys):
     assert "greedy 1/2" in stderr and "speculative 2/2" in stderr  # progress on stderr
 
 
+def test_draft_impl_hf_is_recorded_and_exact(pair_dirs, tmp_path, capsys):
+    """--draft-impl hf: the draft through its own forward; output and bookkeeping as with the default."""
+    out = tmp_path / "out"
+    rc = cli.main(["--target", pair_dirs[0], "--draft", pair_dirs[1], "--max-new-tokens", "8", "--quiet",
+                   "--draft-impl", "hf", "--out", str(out), "--no-plots"])
+    assert rc == 0, capsys.readouterr().err
+    res = _results(out)
+    assert res["options"]["draft_impl"] == "hf" and res["summary"]["draft_impl"] == "hf"
+    assert all(r["ids_identical"] for r in res["prompts"])
+    s = res["summary"]
+    model_s = (sum(r["drafted"] for r in res["prompts"]) * s["draft_step_s"]
+               + sum(r["rounds"] for r in res["prompts"]) * s["target_step_s"])
+    assert math.isclose(s["spec_over_model_steps"], s["spec_s"] / model_s, rel_tol=1e-9)
+
+
 def test_default_pair(tmp_path, capsys):
     """No --target/--draft: the shipped pair, or the random stand-in (said so) while it is absent."""
     out = tmp_path / "out"
@@ -148,6 +163,7 @@ def test_default_pair(tmp_path, capsys):
     (["--draft-dtype", "fp8"], "--draft-dtype"),
     (["--max-new-tokens", "0"], "--max-new-tokens"),
     (["--peer", "vllm"], "--peer"),
+    (["--draft-impl", "fast"], "--draft-impl"),
     (["--target", "somewhere"], "--target"),
     (["--no-such-option"], "--no-such-option"),
 ])

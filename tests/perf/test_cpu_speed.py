@@ -1,10 +1,12 @@
 """CPU benchmarks: greedy (HF generate and ours), speculative (gamma 5 and auto) and HF
 assisted generation, on the same prompts, with the paper's numbers in extra_info.
 
-The gate is test_speculative_speedup[gamma=5]: speculative and greedy timed side by
+The gates: test_speculative_speedup[gamma=5]: speculative and greedy timed side by
 side in this run, token-identical, speedup above spec.thresholds' floor for this
 hardware and pair, and within the stated band of Theorem 3.8's prediction from the
-alpha and c measured in this run. Absolute times are for --benchmark-compare only.
+alpha and c measured in this run (with the verify pass at its measured cost);
+test_faster_than_hf_assisted[constant]: ours and HF assisted generation side by side,
+HF's time / ours above the floor. Absolute times are for --benchmark-compare only.
 """
 
 from __future__ import annotations
@@ -61,14 +63,19 @@ def test_speculative_speedup(benchmark, cpu_pair, cpu_greedy, cpu_costs, cpu_ver
     floor = thresholds.speedup_floor(HARDWARE, cpu_pair.key)
     lo, hi = thresholds.theory_tolerance(HARDWARE)
     ratio = speedup / pred["predicted_speedup"]
+    # On CPU a (gamma+1)-token pass costs more than the one step Theorem 3.8 prices it at
+    # (cpu_verify), so the band holds measured against the theorem with that cost included.
+    costed = speedup / pred["predicted_speedup_verify_costed"]
     report(benchmark, hardware=HARDWARE, pair=cpu_pair.key, gamma=gamma, **acc, **pred, measured_speedup=speedup,
            per_prompt_speedups=[round(x, 3) for x in run.speedups], total_time_speedup=run.total_speedup,
-           measured_over_predicted=ratio, floor=floor, tolerance=f"{lo}..{hi}", **cost)
+           measured_over_predicted=ratio, measured_over_predicted_verify_costed=costed, floor=floor,
+           tolerance=f"{lo}..{hi}", **cost)
 
     if gamma == 5:
-        assert lo <= ratio <= hi, (f"measured {speedup:.2f}x vs Theorem 3.8's {pred['predicted_speedup']:.2f}x "
-                                   f"(alpha {acc['alpha']:.3f}, c {cpu_costs.c:.3f}): "
-                                   f"ratio {ratio:.2f} outside {lo}..{hi}")
+        assert lo <= costed <= hi, (
+            f"measured {speedup:.2f}x vs Theorem 3.8's {pred['predicted_speedup_verify_costed']:.2f}x with the "
+            f"verify pass at {cpu_verify:.2f} steps (alpha {acc['alpha']:.3f}, c {cpu_costs.c:.3f}): "
+            f"ratio {costed:.2f} outside {lo}..{hi}")
         if floor is None:
             pytest.skip(f"no speedup floor for {HARDWARE}/{cpu_pair.key} in spec/thresholds.py "
                         f"(measured {speedup:.2f}x; exactness and the theory band checked)")
