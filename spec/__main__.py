@@ -334,11 +334,13 @@ def run(args) -> int:
                                           max_new_tokens=CALIBRATION_TOKENS, eos_token_id=eos,
                                           draft_impl=args.draft_impl)
         cal_alpha = cal.alpha if cal.drafted else 0.0
-        gamma = theory.optimal_gamma(min(cal_alpha, 0.999), theory_c, MAX_AUTO_GAMMA)
+        say("measuring the verify pass's cost per drafted token")
+        slope = measure.verify_slope(target, prompt_ids[0], max_gamma=MAX_AUTO_GAMMA)
+        gamma = theory.optimal_gamma(min(cal_alpha, 0.999), theory_c, MAX_AUTO_GAMMA, verify_slope=slope)
         calibration = {"tokens": len(cal.tokens), "gamma": CALIBRATION_GAMMA, "alpha": cal_alpha,
-                       "c": theory_c, "chosen_gamma": gamma, "max_gamma": MAX_AUTO_GAMMA}
-        print(f"gamma=auto: calibration alpha={cal_alpha:.3f}, c={theory_c:.3f} -> gamma={gamma} "
-              f"(Theorem 3.8's optimum, at most {MAX_AUTO_GAMMA})")
+                       "c": theory_c, "verify_slope": slope, "chosen_gamma": gamma, "max_gamma": MAX_AUTO_GAMMA}
+        print(f"gamma=auto: calibration alpha={cal_alpha:.3f}, c={theory_c:.3f}, verify pass 1 + {slope:.3f} x gamma "
+              f"steps -> gamma={gamma} (Theorem 3.8's optimum with that verify cost, at most {MAX_AUTO_GAMMA})")
     else:
         gamma = args.gamma
 

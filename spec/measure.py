@@ -66,3 +66,32 @@ def cost_ratio(target, draft, input_ids, *, steps: int = 32, warmup: int = 4, dr
                            runner=draft_runner(draft, n, draft_impl)))
         t.append(step_time(target, input_ids, steps=steps // 2, warmup=warmup))
     return Costs(statistics.fmean(d), statistics.fmean(t))
+
+
+@torch.inference_mode()
+def verify_slope(target, input_ids, *, max_gamma: int = 16, repeats: int = 6) -> float:
+    """The extra cost of a verify pass per drafted token, in one-token target steps: passes
+    of 1, and of gamma+1 for a few gamma up to max_gamma, timed interleaved after the
+    prompt's prefill (medians), fitted by least squares. Theorem 3.8 takes it as 0."""
+    device = model_device(target)
+    prompt = as_prompt(input_ids, device, {"target": target})
+    run = hf.Cached(target)
+    run(prompt)
+    P = prompt.numel()
+    gammas = sorted({0, max(1, max_gamma // 4), max(1, max_gamma // 2), max_gamma})
+    fed = prompt[torch.arange(max_gamma + 1, device=device) % P]  # any ids after the prompt
+    times = {g: [] for g in gammas}
+    for _ in range(repeats):
+        for g in gammas:
+            sync(device)
+            t0 = time.perf_counter()
+            run(fed[:g + 1], keep=g + 1)
+            sync(device)
+            times[g].append(time.perf_counter() - t0)
+            run.crop(P)
+    med = {g: statistics.median(t) for g, t in times.items()}
+    mean_g = statistics.fmean(gammas)
+    mean_t = statistics.fmean(med.values())
+    slope = (sum((g - mean_g) * (med[g] - mean_t) for g in gammas)
+             / sum((g - mean_g) ** 2 for g in gammas))
+    return max(0.0, slope / med[0])

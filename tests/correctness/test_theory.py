@@ -186,6 +186,40 @@ def test_optimal_gamma_is_a_true_maximum(alpha, c, max_gamma):
     assert all(theory.expected_speedup(alpha, g, c) <= top for g in range(1, max_gamma + 1))
 
 
+def verify_slopes(hi: float = 0.5):
+    """Extra cost of a verify pass per drafted token, in one-token target steps."""
+    return st.floats(0.0, hi, allow_nan=False)
+
+
+@given(alpha=acceptance_rates(), gamma=draft_lengths(), c=cost_ratios())
+def test_costed_speedup_with_a_flat_verify_pass_is_theorem_3_8(alpha, gamma, c):
+    assert theory.expected_speedup_costed(alpha, gamma, c, 0.0) == theory.expected_speedup(alpha, gamma, c)
+
+
+@given(alpha=acceptance_rates(), gamma=draft_lengths(), c=cost_ratios(), slope=verify_slopes())
+def test_costed_speedup_prices_the_pass_at_one_plus_slope_gamma_steps(alpha, gamma, c, slope):
+    want = theory.expected_tokens_per_round(alpha, gamma) / (gamma * c + 1 + slope * gamma)
+    assert math.isclose(theory.expected_speedup_costed(alpha, gamma, c, slope), want, rel_tol=1e-12)
+
+
+@given(alpha=acceptance_rates(), c=cost_ratios(), slope=verify_slopes(), max_gamma=draft_lengths(1, 64))
+def test_costed_optimal_gamma_is_a_true_maximum(alpha, c, slope, max_gamma):
+    best = theory.optimal_gamma(alpha, c, max_gamma, verify_slope=slope)
+    top = theory.expected_speedup_costed(alpha, best, c, slope)
+    assert all(theory.expected_speedup_costed(alpha, g, c, slope) <= top for g in range(1, max_gamma + 1))
+
+
+@given(alpha=acceptance_rates(0.0, 0.99), c=cost_ratios(), s1=verify_slopes(), s2=verify_slopes())
+def test_a_dearer_verify_pass_never_lengthens_the_optimal_gamma(alpha, c, s1, s2):
+    lo, hi = sorted((s1, s2))
+    assert theory.optimal_gamma(alpha, c, 64, verify_slope=hi) <= theory.optimal_gamma(alpha, c, 64, verify_slope=lo)
+
+
+def test_negative_verify_slope_is_rejected():
+    with pytest.raises(ValueError, match="verify_slope must be >= 0"):
+        theory.expected_speedup_costed(0.8, 5, 0.1, -0.1)
+
+
 @given(alpha=acceptance_rates(), c=cost_ratios(0.0, 1.0))
 def test_corollary_3_9_holds_at_the_optimal_gamma(alpha, c):
     bound = theory.corollary_bound(alpha, c)

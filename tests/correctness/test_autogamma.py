@@ -1,0 +1,66 @@
+"""gamma="auto" (spec.autogamma): the controller converges on the optimum its measurements
+imply, and a verify pass that grows with gamma does not drive it to max_gamma."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from spec import theory
+from spec.autogamma import AutoGamma
+
+DRAFT_S = 0.4e-3   # per drafted token
+STEP_S = 10e-3     # a one-token target pass
+
+
+def simulate(alpha: float, verify_per_token_s: float, rounds: int = 400, seed: int = 0) -> AutoGamma:
+    """Feed AutoGamma the rounds it asks for: capped-geometric acceptance at `alpha`, and a
+    verify pass of STEP_S + verify_per_token_s per drafted token (noise-free costs)."""
+    rng, auto = random.Random(seed), AutoGamma()
+    for _ in range(rounds):
+        g = auto.gamma
+        k = 0
+        while k < g and rng.random() < alpha:
+            k += 1
+        auto.observe(drafted=g, accepted=k, draft_s=g * DRAFT_S, verify_s=STEP_S + verify_per_token_s * g)
+    return auto
+
+
+def alpha_estimate(auto: AutoGamma) -> float:
+    return min(auto.successes / (auto.successes + auto.failures), 0.999)
+
+
+def test_flat_verify_pass_gives_theorem_3_8s_gamma():
+    auto = simulate(0.8, 0.0)
+    assert auto.verify_line() == pytest.approx((STEP_S, 0.0), abs=1e-12)
+    assert auto.gamma == theory.optimal_gamma(alpha_estimate(auto), DRAFT_S / STEP_S, auto.max_gamma)
+
+
+def test_growing_verify_pass_is_fitted_and_priced():
+    """0.6 ms a drafted token on a 10 ms step: the CPU's ~0.06 slope. The controller must
+    fit the line and settle at the costed optimum, well short of max_gamma, where pricing
+    the pass flat at its current time would keep pushing gamma up."""
+    auto = simulate(0.85, 0.6e-3)
+    step, slope = auto.verify_line()
+    assert step == pytest.approx(STEP_S, rel=1e-6) and slope == pytest.approx(0.6e-3, rel=1e-6)
+    alpha = alpha_estimate(auto)
+    want = theory.optimal_gamma(alpha, DRAFT_S / STEP_S, auto.max_gamma, verify_slope=0.06)
+    assert auto.gamma == want
+    # Priced flat at its time for gamma 12, the pass would ask for a longer gamma still
+    # (the climb the line prevents); the costed optimum is far below.
+    flat = theory.optimal_gamma(alpha, DRAFT_S / (STEP_S + 0.6e-3 * 12), auto.max_gamma)
+    assert flat > 12 and want <= 8
+
+
+def test_alpha_estimate_converges():
+    auto = simulate(0.7, 0.0, rounds=2000, seed=1)
+    assert alpha_estimate(auto) == pytest.approx(0.7, abs=0.03)
+
+
+def test_first_round_is_not_timed():
+    auto = AutoGamma()
+    auto.observe(drafted=5, accepted=5, draft_s=99.0, verify_s=99.0)  # the prefill round
+    assert auto.passes == 0 and auto.gamma == 5
+    auto.observe(drafted=5, accepted=2, draft_s=5 * DRAFT_S, verify_s=STEP_S)
+    assert auto.passes == 1 and auto.verify_line() == (STEP_S, 0.0)
