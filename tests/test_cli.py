@@ -129,15 +129,20 @@ def test_draft_impl_hf_is_recorded_and_exact(pair_dirs, tmp_path, capsys):
     """--draft-impl hf: the draft through its own forward; output and bookkeeping as with the default."""
     out = tmp_path / "out"
     rc = cli.main(["--target", pair_dirs[0], "--draft", pair_dirs[1], "--max-new-tokens", "8", "--quiet",
-                   "--draft-impl", "hf", "--out", str(out), "--no-plots"])
+                   "--draft-impl", "hf", "--gamma", "3", "--out", str(out), "--no-plots"])
     assert rc == 0, capsys.readouterr().err
     res = _results(out)
     assert res["options"]["draft_impl"] == "hf" and res["summary"]["draft_impl"] == "hf"
     assert all(r["ids_identical"] for r in res["prompts"])
-    s = res["summary"]
-    model_s = (sum(r["drafted"] for r in res["prompts"]) * s["draft_step_s"]
-               + sum(r["rounds"] for r in res["prompts"]) * s["target_step_s"])
-    assert math.isclose(s["spec_over_model_steps"], s["spec_s"] / model_s, rel_tol=1e-9)
+    s, prompts = res["summary"], res["prompts"]
+    step = sum(r["greedy_s"] for r in prompts) / sum(r["greedy_new_tokens"] for r in prompts)
+    trace = [t for r in prompts for t in r["trace"][1:]]
+    run = s["in_run"]
+    assert math.isclose(run["target_step_s"], step, rel_tol=1e-9)
+    assert math.isclose(run["c"], sum(t["draft_s"] for t in trace) / sum(t["drafted"] for t in trace) / step,
+                        rel_tol=1e-9)
+    assert math.isclose(run["predicted_speedup"], theory.expected_speedup(s["alpha"], 3, run["c"]), rel_tol=1e-9)
+    assert 0 < run["share_in_model_phases"] <= 1
 
 
 def test_default_pair(tmp_path, capsys):
