@@ -69,17 +69,16 @@ def cost_ratio(target, draft, input_ids, *, steps: int = 32, warmup: int = 4, dr
 
 
 @torch.inference_mode()
-def verify_slope(target, input_ids, *, max_gamma: int = 16, repeats: int = 6) -> float:
-    """The extra cost of a verify pass per drafted token, in one-token target steps: passes
-    of 1, and of gamma+1 for a few gamma up to max_gamma, timed interleaved after the
-    prompt's prefill (medians), fitted by least squares. Theorem 3.8 takes it as 0."""
+def pass_times(target, input_ids, gammas, *, repeats: int = 6) -> dict[int, float]:
+    """Median time of a cached target pass over gamma+1 tokens after the prompt's prefill,
+    for each gamma in `gammas` (0: a one-token step), timed interleaved, the cache put
+    back after each pass."""
     device = model_device(target)
     prompt = as_prompt(input_ids, device, {"target": target})
     run = hf.Cached(target)
     run(prompt)
     P = prompt.numel()
-    gammas = sorted({0, max(1, max_gamma // 4), max(1, max_gamma // 2), max_gamma})
-    fed = prompt[torch.arange(max_gamma + 1, device=device) % P]  # any ids after the prompt
+    fed = prompt[torch.arange(max(gammas) + 1, device=device) % P]  # any ids after the prompt
     times = {g: [] for g in gammas}
     for _ in range(repeats):
         for g in gammas:
@@ -89,7 +88,22 @@ def verify_slope(target, input_ids, *, max_gamma: int = 16, repeats: int = 6) ->
             sync(device)
             times[g].append(time.perf_counter() - t0)
             run.crop(P)
-    med = {g: statistics.median(t) for g, t in times.items()}
+    return {g: statistics.median(t) for g, t in times.items()}
+
+
+def verify_cost(target, input_ids, gamma: int, *, repeats: int = 8) -> float:
+    """A (gamma+1)-token verify pass in one-token target steps. Theorem 3.8 takes it as 1:
+    true for a bandwidth-bound GPU target, not for a small CPU one (~1.25 at gamma 5)."""
+    t = pass_times(target, input_ids, [0, gamma], repeats=repeats)
+    return t[gamma] / t[0]
+
+
+def verify_slope(target, input_ids, *, max_gamma: int = 16, repeats: int = 6) -> float:
+    """The extra cost of a verify pass per drafted token, in one-token target steps: passes
+    of 1, and of gamma+1 for a few gamma up to max_gamma, fitted by least squares.
+    Theorem 3.8 takes it as 0."""
+    gammas = sorted({0, max(1, max_gamma // 4), max(1, max_gamma // 2), max_gamma})
+    med = pass_times(target, input_ids, gammas, repeats=repeats)
     mean_g = statistics.fmean(gammas)
     mean_t = statistics.fmean(med.values())
     slope = (sum((g - mean_g) * (med[g] - mean_t) for g in gammas)

@@ -7,9 +7,9 @@ import os
 import pytest
 import torch
 
-from perfkit import NEW_TOKENS, seeded_pair, shipped_pair, verify_cost
+from perfkit import NEW_TOKENS, seeded_pair, shipped_pair
 from spec import greedy_generate
-from spec.measure import cost_ratio
+from spec.measure import cost_ratio, verify_cost
 from spec.models import SHIPPED_PAIR
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from spec import hf, theory
+from spec import theory
 from spec.measure import sync
 from spec.diagnose import diagnose
 from spec.models import SHIPPED_PAIR, build_gpt_neox, truncated_copy
@@ -144,26 +144,6 @@ def acceptance(results) -> dict:
         "rounds": rounds,
         "mean_gamma": sum(drafted) / rounds,
     }
-
-
-@torch.inference_mode()
-def verify_cost(target, prompt: list[int], gamma: int, *, repeats: int = 8) -> float:
-    """Time of one (gamma+1)-token cached target pass / one 1-token cached step (medians).
-    Theorem 3.8 takes it as 1: true for a bandwidth-bound GPU target, not for a small CPU one."""
-    device = next(target.parameters()).device
-    ids = torch.tensor(prompt, device=device)
-    fed = ids[torch.arange(gamma + 1) % ids.numel()]  # any gamma+1 ids after the prompt
-    block, step = [], []
-    for _ in range(repeats):
-        for n, times in ((gamma + 1, block), (1, step)):
-            cache = hf.new_cache(target)
-            hf.forward(target, ids, cache, keep=1)
-            _sync(device)
-            t0 = time.perf_counter()
-            hf.forward(target, fed[:n], cache, keep=n)
-            _sync(device)
-            times.append(time.perf_counter() - t0)
-    return statistics.median(block) / statistics.median(step)
 
 
 def prediction(alpha: float, gamma: int, costs, verify: float | None = None) -> dict:

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from perfkit import SEED_PROMPTS, acceptance, assert_same_tokens, prediction, report, side_by_side, verify_cost
+from perfkit import SEED_PROMPTS, acceptance, assert_same_tokens, prediction, report, side_by_side
 from spec import build_gpt_neox, greedy_generate, hf, load_pair, speculative_generate, thresholds
-from spec.measure import cost_ratio
+from spec.measure import cost_ratio, verify_cost
 from spec.synthetic import SyntheticDraft
 
 pytestmark = [pytest.mark.gpu, pytest.mark.perf]
