@@ -1,10 +1,11 @@
 """A GPT-NeoX forward pass in plain tensors, for the draft (gpt-fast's technique).
 
-On a small draft the time of a step is not arithmetic: it is the framework's
-per-call overhead (module dispatch, cache objects, mask building, output
-dataclasses), paid on every one of the gamma steps of every round. Here the
-draft's weights are read once and a step is ~20 plain tensor ops on a
-preallocated KV buffer; rolling the cache back is setting an integer.
+A small draft's step is mostly fixed costs paid on every one of the gamma steps
+of every round: module dispatch, cache objects, mask building, output dataclasses,
+and small ops on badly shaped operands. Here the draft's weights are read once and
+a step is ~20 plain tensor ops on a preallocated KV buffer; rolling the cache back
+is setting an integer. On the shipped 1-layer draft (CPU, one thread) a step went
+from 1.1 ms through the model's forward to 0.4 ms.
 
 Only the draft runs here. Its logits match the Hugging Face model's to float
 rounding (tests/correctness/test_neox.py), and whatever it proposes, the target
