@@ -57,7 +57,7 @@ class Cached:
     """A model and its KV cache. `cached(ids)` feeds ids after the positions the cache
     holds and returns their logits; `crop(keep)` forgets every position from `keep` on.
 
-    static_len: a preallocated StaticCache of that many positions, with the one-token
+    static_len: a preallocated StaticCache of at least that many positions, with the one-token
     step compiled (the `compiled` draft). The compiled step is kept on the model and
     reused by later calls: compiling takes seconds on a GPU, minutes on a small CPU."""
 
@@ -67,7 +67,9 @@ class Cached:
         if static_len is None:
             self.cache = new_cache(model)
         else:
-            self.cache = new_static_cache(model, static_len)
+            # Rounded up to a power of two (at least 256): the compiled step is specialised to
+            # the cache's shape, and an exact length would recompile for every prompt length.
+            self.cache = new_static_cache(model, max(256, 1 << (static_len - 1).bit_length()))
             self.step = getattr(model, "_spec_compiled_step", None)
             if self.step is None:
                 self.step = model._spec_compiled_step = compile_step(model)

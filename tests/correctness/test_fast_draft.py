@@ -49,3 +49,14 @@ def test_compiled_draft_step_is_exact(target):
     plain = speculative_generate(target, fp64_draft, prompt, gamma=4, max_new_tokens=40)
     fast = speculative_generate(target, fp64_draft, prompt, gamma=4, max_new_tokens=40, draft_impl="compiled")
     assert fast.tokens == plain.tokens and fast.accepted_per_round == plain.accepted_per_round
+
+
+def test_static_cache_lengths_come_in_buckets(target, eager_static_step):
+    """The compiled step is specialised to the cache's shape: prompts of different lengths
+    must get the same static cache shape, or every call would recompile (minutes on CPU)."""
+    def length(n):
+        return hf.Cached(target, static_len=n).cache.layers[0].max_cache_len
+
+    assert length(10) == length(200) == 256
+    assert length(257) == length(512) == 512
+    assert length(513) == 1024
