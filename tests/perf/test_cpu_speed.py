@@ -56,7 +56,8 @@ def test_speculative_speedup(benchmark, cpu_pair, cpu_greedy, cpu_costs, cpu_ver
     spent = statistics.median(map(sum, run.candidate_s))
     cost = overhead(spent, sum(r.drafted for r in run.candidate), sum(r.rounds for r in run.candidate),
                     cpu_costs, cpu_verify)
-    # For gamma="auto", the prediction is Theorem 3.8 at the gamma it would pick from this run's alpha and c.
+    # For gamma="auto", the prediction is Theorem 3.8 at its own optimal gamma for this run's alpha and c
+    # (the best the theorem promises; AutoGamma itself also prices the verify pass, see spec.autogamma).
     g = gamma if gamma != "auto" else theory.optimal_gamma(min(acc["alpha"], 0.999), cpu_costs.c, 16)
     pred = prediction(acc["alpha"], g, cpu_costs, cpu_verify)
     speedup = run.mean_speedup
