@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from spec import theory
 
+# Prior strength of a flat verify pass, in drafted-tokens squared: the fitted slope counts
+# half once the drafted counts' squared deviations sum to this (e.g. 25 rounds a token off
+# their mean). Without it, rounds at 5 and 4 tokens with noisy timings fitted slopes that
+# sent gamma to 1 (measured on the shipped pair).
+SLOPE_PRIOR = 25.0
+
 
 class AutoGamma:
     """After every round, re-estimates alpha (capped-geometric MLE with a weak prior), the
@@ -15,7 +21,7 @@ class AutoGamma:
     gamma alone, a dearer pass lowers c, which raises gamma, which makes the pass dearer
     still: the loop would climb to max_gamma. While every timed round drafted the same
     number of tokens there is no slope to fit and the pass is priced flat (Theorem 3.8's
-    assumption); rounds at the next gamma give the slope. The first round is left out of
+    assumption); rounds at other gammas give the slope. The first round is left out of
     the timing: it carries the prompt's prefill in both models."""
 
     def __init__(self, start: int = 5, max_gamma: int = 16, prior_alpha: float = 0.7, prior_weight: float = 4.0):
@@ -44,14 +50,14 @@ class AutoGamma:
         self.gamma = theory.optimal_gamma(min(alpha, 0.999), c, self.max_gamma, verify_slope=slope / step)
 
     def verify_line(self) -> tuple[float, float]:
-        """(time of a pass drafting nothing, added time per drafted token), least squares;
-        flat at the mean pass time while the drafted counts have not varied."""
+        """(time of a pass drafting nothing, added time per drafted token): least squares,
+        with the slope shrunk toward 0 (the theorem's flat pass) by SLOPE_PRIOR, so that a
+        few rounds at a neighbouring gamma cannot fit a steep line to timing noise."""
         n = self.passes
         mean_x, mean_y = self.sum_x / n, self.sum_y / n
-        var = self.sum_xx / n - mean_x ** 2
-        if var < 1e-9:
-            return mean_y, 0.0
-        slope = max(0.0, (self.sum_xy / n - mean_x * mean_y) / var)
+        sxx = self.sum_xx - n * mean_x ** 2
+        sxy = self.sum_xy - n * mean_x * mean_y
+        slope = max(0.0, sxy / (max(sxx, 0.0) + SLOPE_PRIOR))
         # Noise can put the intercept near or under zero; a pass never costs less than a
         # fraction of the mean one.
         step = max(mean_y - slope * mean_x, 0.25 * mean_y)

@@ -43,14 +43,27 @@ def test_growing_verify_pass_is_fitted_and_priced():
     the pass flat at its current time would keep pushing gamma up."""
     auto = simulate(0.85, 0.6e-3)
     step, slope = auto.verify_line()
-    assert step == pytest.approx(STEP_S, rel=1e-6) and slope == pytest.approx(0.6e-3, rel=1e-6)
+    # The slope is shrunk toward flat by SLOPE_PRIOR, so it comes out a little low.
+    assert step == pytest.approx(STEP_S, rel=0.1) and slope == pytest.approx(0.6e-3, rel=0.25)
     alpha = alpha_estimate(auto)
     want = theory.optimal_gamma(alpha, DRAFT_S / STEP_S, auto.max_gamma, verify_slope=0.06)
-    assert auto.gamma == want
+    assert abs(auto.gamma - want) <= 1
     # Priced flat at its time for gamma 12, the pass would ask for a longer gamma still
     # (the climb the line prevents); the costed optimum is far below.
     flat = theory.optimal_gamma(alpha, DRAFT_S / (STEP_S + 0.6e-3 * 12), auto.max_gamma)
-    assert flat > 12 and want <= 8
+    assert flat > 12 and want <= 8 and auto.gamma <= 9
+
+
+def test_a_few_noisy_rounds_do_not_fit_a_steep_line():
+    """Two timed rounds at 5 and 4 tokens whose verify times differ by 20% of noise: no
+    steep slope, and no drop of gamma. Unshrunk, least squares fits 0.2 steps a token here."""
+    auto = AutoGamma()
+    auto.observe(drafted=5, accepted=5, draft_s=0.0, verify_s=0.0)          # prefill round, untimed
+    auto.observe(drafted=5, accepted=3, draft_s=5 * DRAFT_S, verify_s=STEP_S)
+    auto.observe(drafted=4, accepted=4, draft_s=4 * DRAFT_S, verify_s=STEP_S * 0.8)
+    step, slope = auto.verify_line()
+    assert slope < 0.1 * (0.2 * STEP_S)   # a tenth of the unshrunk fit (0.2 steps a token)
+    assert auto.gamma >= 4
 
 
 def test_alpha_estimate_converges():
