@@ -43,7 +43,7 @@ class NeoXDraft:
         self.parallel = cfg.use_parallel_residual
         self.gelu = "tanh" if cfg.hidden_act != "gelu" else "none"
         # MKL multiplies x @ W faster with W stored [in, out] than [out, in] (measured on this
-        # project's CPU: a 6x128 @ 128x512 product 10 us vs 21, the 4096-wide head 120 vs 212):
+        # project's CPU: a 6x128 @ 128x512 product 10 us vs 21; a 4608x128 head 93 us vs 117 for one row):
         # on CPU the draft keeps a transposed copy of each matrix, viewed back to [out, in].
         prep = (lambda w: w.detach().t().contiguous().t()) if self.device.type == "cpu" else (lambda w: w.detach())
         ln = lambda m: (m.normalized_shape, m.weight.detach(), m.bias.detach(), m.eps)  # noqa: E731
