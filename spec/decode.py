@@ -1,9 +1,11 @@
 """Greedy decoding and speculative decoding (Leviathan et al. 2023, Algorithm 1).
 
-Both decoders run their own loop over the models' KV caches. The sequence lives
-in one preallocated buffer `seq`; `n` is how many of its tokens are final. A cache
-holds the keys and values of a prefix `seq[:cached]`, and each forward pass feeds
-exactly the tokens it has not seen, `seq[cached:...]`, so nothing is computed twice.
+Both decoders run their own loop over the models' runners (spec/runner.py). The
+sequence lives in one preallocated buffer `seq`; `n` is how many of its tokens are
+final. A runner holds a model's state for a prefix `seq[:len(run)]`, and each forward
+pass feeds exactly the tokens it has not seen, `seq[len(run):...]`. After a round both
+runners are cut back to all but the newest token (`crop(n - 1)`), which the next round
+feeds; a runner that can only restore an earlier state re-feeds the rest in that pass.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spec import hf, neox, sampling, theory
+from spec import hf, neox, runner, sampling, theory
 from spec.autogamma import AutoGamma
 from spec.measure import sync
 from spec.validate import as_prompt, check_model, check_options, check_pair, model_device, stop_ids
@@ -86,7 +88,9 @@ def draft_runner(draft, max_len: int, impl: str = "auto"):
         impl = "plain" if neox.supports(draft) else "hf"
     if impl == "plain":
         return neox.NeoXDraft(draft, max_len)
-    return hf.Cached(draft, static_len=max_len if impl == "compiled" else None)
+    if impl == "compiled":
+        return hf.Cached(draft, static_len=max_len)
+    return runner.runner_for(draft, role="draft")
 
 
 def _first_stop(tokens: list[int], stops: frozenset[int]) -> int | None:
@@ -109,13 +113,12 @@ def greedy_generate(model, input_ids, *, max_new_tokens: int = 64, eos_token_id=
     P = prompt.numel()
     seq = torch.empty(P + max_new_tokens, dtype=torch.long, device=device)
     seq[:P] = prompt
-    model_run, cached, n = hf.Cached(model), 0, P
+    model_run, n = runner.runner_for(model, role="model"), P
     result = Result(tokens=[], trace=[] if trace else None)
 
     while n - P < max_new_tokens:
         t0 = _clock(device, trace)
-        logits = model_run(seq[cached:n])[-1]
-        cached = n
+        logits = model_run(seq[len(model_run):n], keep=1)[-1]
         if do_sample:
             seq[n] = sampling.sample(sampling.probabilities(logits, temperature, top_k, top_p), generator)
         else:
@@ -171,9 +174,8 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
     P = prompt.numel()
     seq = torch.empty(P + max_new_tokens + max_gamma + 1, dtype=torch.long, device=device)
     seq[:P] = prompt
-    target_run = hf.Cached(target)
+    target_run = runner.runner_for(target)
     draft_run = draft_runner(draft, seq.numel(), draft_impl)
-    t_cached = d_cached = 0
     n = P
     result = Result(tokens=[], trace=[] if trace else None)
 
@@ -185,9 +187,8 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
         t0 = _clock(device, timed)
         q = []
         for i in range(g):
-            feed = seq[d_cached:n + i]
-            logits = draft_run(feed.clamp(max=draft_rows - 1) if clamp_for_draft else feed)[-1, :common]
-            d_cached = n + i
+            feed = seq[len(draft_run):n + i]
+            logits = draft_run(feed.clamp(max=draft_rows - 1) if clamp_for_draft else feed, keep=1)[-1, :common]
             if do_sample:
                 q.append(sampling.probabilities(logits, temperature, top_k, top_p))
                 seq[n + i] = sampling.sample(q[-1], generator)
@@ -196,8 +197,7 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
 
         # 2. Verify: Mp scores all g + 1 positions in one pass.
         t1 = _clock(device, timed)
-        logits = target_run(seq[t_cached:n + g], keep=g + 1)
-        t_cached = n + g
+        logits = target_run(seq[len(target_run):n + g], keep=g + 1)
 
         # 3. Accept the longest prefix that passes, then append one token from Mp.
         proposed = seq[n:n + g]
@@ -223,10 +223,7 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
                 emitted, result.stop_reason = cut + 1, "eos"
         n += emitted
         target_run.crop(n - 1)
-        t_cached = n - 1
-        if d_cached > n - 1:
-            draft_run.crop(n - 1)
-            d_cached = n - 1
+        draft_run.crop(n - 1)
         t2 = _clock(device, timed)
 
         accepted = min(k, emitted)  # draft tokens that reached the output (EOS may cut a block)

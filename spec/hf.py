@@ -21,14 +21,40 @@ import torch
 from transformers import DynamicCache, GenerationConfig, StaticCache
 
 
+# The keyword a model's forward takes its cache under: `cache` (5.24), `past_key_values`
+# (5.17's attention models), `cache_params` (5.17's Mamba family), `state` (RWKV). A
+# forward with none of these has no cache we can drive (OpenAI-GPT, XLNet's `mems`).
+CACHE_KWARGS = ("cache", "past_key_values", "cache_params", "state")
+
+
 @functools.lru_cache(maxsize=None)
-def _cache_kwarg(model_class: type) -> str:
-    params = inspect.signature(model_class.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+def _forward_params(model_class: type) -> frozenset[str]:
+    return frozenset(inspect.signature(model_class.forward).parameters)
+
+
+def cache_kwarg(model) -> str | None:
+    params = _forward_params(type(model))
+    return next((k for k in CACHE_KWARGS if k in params), None)
+
+
+def returned_cache(out):
+    """The cache object a forward returned, under whichever name this release uses."""
+    for name in ("cache", "past_key_values", "cache_params", "state"):
+        value = getattr(out, name, None)
+        if value is not None:
+            return value
+    return None
 
 
 def new_cache(model) -> DynamicCache:
-    return DynamicCache(config=model.config)
+    """A cache of full attention layers for every layer, sliding-window ones included.
+
+    The model's own cache (`DynamicCache(config=...)`) keeps only the last window of a
+    sliding layer and cannot be rewound once the window is full. Full layers keep every
+    position; the model's sliding-window mask still hides what lies outside the window
+    (the same mask its cache-free forward uses), so the logits are the same and a
+    rollback is a plain crop, in every release."""
+    return DynamicCache()
 
 
 def new_static_cache(model, max_len: int) -> StaticCache:
@@ -92,15 +118,33 @@ def compile_step(model):
     return torch.compile(model.forward, mode=mode, dynamic=False, fullgraph=False)
 
 
-def forward(model, ids: torch.Tensor, cache, keep: int = 0, step=None) -> torch.Tensor:
-    """Run `ids` (1-D) through `model` on top of `cache`; return logits [n, vocab].
+def step(model, ids: torch.Tensor, cache=None, *, start: int, keep: int = 0, use_cache: bool = True, fn=None):
+    """Run `ids` (1-D) at positions start.. through `model` on top of `cache` (None: the
+    model builds its own). Returns (logits [n or keep, vocab], the cache the model returned).
 
-    `keep` > 0 computes the LM head on the last `keep` positions only (a long
-    prompt's prefill needs just its last row). `step`, from compile_step, runs
-    one-token inputs; longer ones (prefill, catch-up) run eagerly."""
-    fn = step if step is not None and ids.numel() == 1 else model
-    out = fn(input_ids=ids[None], use_cache=True, logits_to_keep=keep, **{_cache_kwarg(type(model)): cache})
-    return out.logits[0]
+    Positions are always passed where the forward takes them, so that no model has to
+    infer them from a cache. `keep` > 0 computes the LM head on the last `keep` positions
+    only. use_cache=False is a cache-free pass over `ids` alone."""
+    params = _forward_params(type(model))
+    kwargs = {"input_ids": ids[None], "use_cache": use_cache}
+    if "logits_to_keep" in params:
+        kwargs["logits_to_keep"] = keep
+    if "position_ids" in params:
+        kwargs["position_ids"] = torch.arange(start, start + ids.numel(), device=ids.device)[None]
+    name = cache_kwarg(model)
+    if use_cache and cache is not None and name is not None:
+        kwargs[name] = cache
+    out = (fn or model)(**kwargs)
+    logits = out.logits[0]
+    return (logits[-keep:] if keep else logits), (returned_cache(out) if use_cache else None)
+
+
+def forward(model, ids: torch.Tensor, cache, keep: int = 0, step_fn=None) -> torch.Tensor:
+    """Run `ids` (1-D) through `model` on top of `cache` (mutated in place); return logits [n, vocab].
+
+    `step_fn`, from compile_step, runs one-token inputs; longer ones (prefill, catch-up) run eagerly."""
+    fn = step_fn if step_fn is not None and ids.numel() == 1 else None
+    return step(model, ids, cache, start=cache_len(cache), keep=keep, fn=fn)[0]
 
 
 def vocab_rows(model) -> int:

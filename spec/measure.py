@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from spec import hf
+from spec import hf, runner as runners
 from spec.validate import as_prompt, check_pair, model_device
 
 
@@ -24,11 +24,11 @@ def step_time(model, input_ids, *, steps: int = 32, warmup: int = 4, runner=None
     """Median wall time of one cached one-token forward pass after the prompt's prefill.
 
     Each step is timed alone, CUDA-synchronised, on the model's own device. `runner`:
-    the model with its cache as the decode loop runs it (hf.Cached by default; a
+    the model with its cache as the decode loop runs it (spec.runner's by default; a
     draft's is spec.decode.draft_runner's), so that c is the cost the loop pays."""
     device = model_device(model)
     prompt = as_prompt(input_ids, device, {"model": model})
-    run = runner if runner is not None else hf.Cached(model)
+    run = runner if runner is not None else runners.runner_for(model, role="model")
     last_id = hf.vocab_rows(model) - 1  # looked up once, outside the timed steps
     logits = run(prompt)
     token = logits[-1].argmax().reshape(1).clamp(max=last_id)
@@ -76,7 +76,7 @@ def pass_times(target, input_ids, gammas, *, repeats: int = 6) -> dict[int, floa
     back after each pass."""
     device = model_device(target)
     prompt = as_prompt(input_ids, device, {"target": target})
-    run = hf.Cached(target)
+    run = runners.runner_for(target)
     run(prompt)
     P = prompt.numel()
     fed = prompt[torch.arange(max(gammas) + 1, device=device) % P]  # any ids after the prompt

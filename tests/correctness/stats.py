@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import torch
+from transformers import DynamicCache
 
 from spec import hf
 from spec.models import gpt_neox_config
@@ -62,6 +63,8 @@ class TableLM(torch.nn.Module):
 
     def forward(self, input_ids, cache=None, use_cache=True, logits_to_keep=0, past_key_values=None, **_):
         cache = cache if cache is not None else past_key_values
+        if cache is None:  # a cache-free pass: the context is just input_ids
+            cache = DynamicCache()
         new = input_ids.reshape(1, 1, -1, 1)
         keys = cache.update(new, new, 0)[0]               # the whole context's ids
         n, keep = keys.shape[2], logits_to_keep or new.numel()

@@ -309,7 +309,7 @@ def test_first_token_acceptance_rate_is_alpha(scenario):
 
 def _bonus_from_draft(draft_run, feed, cached, common, like, options):
     """q at the bonus position: one more draft step, then the draft cache is put back."""
-    logits = draft_run(feed)[-1, :common]
+    logits = draft_run(feed, keep=1)[-1, :common]
     draft_run.crop(cached)
     out = torch.zeros_like(like)
     out[:common] = sampling.probabilities(logits, **options)
@@ -322,7 +322,7 @@ SOURCE_MUTANTS = {
                            "passed = torch.ones(g, dtype=torch.bool, device=device)"),
     # (c) the bonus token drawn from the draft's q instead of the target's p
     "bonus-from-q": ("if k < g else p[g]",
-                     "if k < g else (_bonus_from_draft(draft_run, seq[d_cached:n + g], d_cached, common, "
+                     "if k < g else (_bonus_from_draft(draft_run, seq[len(draft_run):n + g], len(draft_run), common, "
                      "p[g], dict(temperature=temperature, top_k=top_k, top_p=top_p)) if g else p[g])"),
 }
 

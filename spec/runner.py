@@ -1,0 +1,238 @@
+"""A model and the state it carries between forward passes, with an exact rollback.
+
+The decode loop drives every model through one small interface, a *runner*:
+`run(ids, keep)` feeds `ids` after the `len(run)` positions the runner holds and
+returns their logits (the last `keep` rows; 0: all); `run.crop(keep)` forgets every
+position from `keep` on. After a crop `len(run) <= keep`: a runner may go back further,
+and the loop then feeds it from `len(run)`, so it recomputes what it dropped in the
+same pass as the new tokens.
+
+Transformers has three kinds of state, and each gets the rollback that is exact for it:
+
+  kv-cache     attention keys and values (full or sliding-window attention, MoE, ALiBi, ...):
+               a DynamicCache of full layers, cropped to `keep`. Sliding windows are applied
+               by the model's mask, not by evicting keys, so a verify pass may cross the
+               window and still be rewound.
+  state-snapshot  recurrent, linear-attention and hybrid models (Mamba, RWKV, Jamba, ...),
+               whose state at a position cannot be recovered from a later one: the state
+               is copied before the first pass after each crop, and a crop restores that
+               copy. The next pass re-feeds the accepted tokens with the new ones, so a
+               partly rejected round costs recomputing up to gamma+1 tokens in that pass,
+               plus one state copy a round.
+  recompute    a forward with no cache it can take (OpenAI-GPT): every pass runs the whole
+               sequence. Exact, and as slow as it sounds.
+
+Which one a model gets is decided by a check of the model, not of its name: `probe`
+runs a short random sequence through each candidate with feeds and crops like the
+loop's, and takes the first whose logits match the model's own cache-free forward.
+A model none of them reproduces (a non-causal forward, a cache that cannot be driven)
+is refused with the reason, before any decoding.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from transformers import PreTrainedModel
+
+from spec import hf
+
+
+class UnsupportedModelError(ValueError):
+    """A model spec cannot decode exactly; the message says why."""
+
+
+class KVRunner(hf.Cached):
+    path = "kv-cache"
+
+    def __call__(self, ids: torch.Tensor, keep: int = 0) -> torch.Tensor:
+        return super().__call__(ids, keep)
+
+
+class SnapshotRunner:
+    """The model's own cache (whatever kind it builds), copied before the first pass after
+    each crop; a crop to a shorter length restores the copy."""
+    path = "state-snapshot"
+    stepwise = False
+
+    def __init__(self, model):
+        self.model, self.cache, self.len = model, None, 0
+        self.saved = None           # (length, cache copy) at the last commit point
+
+    def _feed(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
+        logits, self.cache = hf.step(self.model, ids, self.cache, start=self.len, keep=keep)
+        self.len += ids.numel()
+        return logits
+
+    def __call__(self, ids: torch.Tensor, keep: int = 0) -> torch.Tensor:
+        if self.saved is None:
+            self.saved = (self.len, copy.deepcopy(self.cache))
+        if not self.stepwise or ids.numel() == 1 or self.cache is None:
+            return self._feed(ids, keep)
+        rows = [self._feed(ids[i:i + 1], 1) for i in range(ids.numel())]
+        return torch.cat(rows)[-(keep or ids.numel()):]
+
+    def crop(self, keep: int) -> None:
+        if keep < self.len:
+            at, cache = self.saved
+            if keep < at:
+                raise RuntimeError(f"cannot roll back to {keep}: the last saved state is at {at}")
+            self.len, self.cache = at, cache
+        self.saved = None           # commit: the next pass saves the state it starts from
+
+    def __len__(self) -> int:
+        return self.len
+
+
+class StepwiseSnapshotRunner(SnapshotRunner):
+    """As SnapshotRunner, for models whose cached forward is exact one token at a time only
+    (a multi-token pass on top of a state drops that state: Mamba's full-sequence scan in
+    transformers 5.24 takes no initial state). A verify pass becomes gamma+1 steps: exact,
+    with no saving from the block."""
+    path = "state-stepwise"
+    stepwise = True
+
+
+class RecomputeRunner:
+    """No cache: each pass runs the model over every token held so far."""
+    path = "recompute"
+
+    def __init__(self, model):
+        self.model = model
+        self.ids = None
+
+    def __call__(self, ids: torch.Tensor, keep: int = 0) -> torch.Tensor:
+        self.ids = ids if self.ids is None else torch.cat([self.ids, ids])
+        logits, _ = hf.step(self.model, self.ids, start=0, keep=keep or ids.numel(), use_cache=False)
+        return logits
+
+    def crop(self, keep: int) -> None:
+        if self.ids is not None:
+            self.ids = self.ids[:keep]
+
+    def __len__(self) -> int:
+        return 0 if self.ids is None else self.ids.numel()
+
+
+RUNNERS = {r.path: r for r in (KVRunner, SnapshotRunner, StepwiseSnapshotRunner, RecomputeRunner)}
+
+# How far a runner's logits may stray from the cache-free forward's, relative to the
+# largest logit. Rounding alone, measured on tiny random models (CPU): up to 3e-7 in fp32
+# and 2e-8 in fp64 (RWKV and Mamba compute parts in fp32 whatever the weights), 1e-2 in
+# bf16 (NOTES.md). Real faults measured the same way: a cache that is ignored 3e-3, a
+# multi-token pass that drops the recurrent state (Mamba) 3e-4. Half precision cannot
+# tell faults that small from its own rounding; there the probe catches the gross ones.
+PROBE_TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-5, torch.bfloat16: 5e-2, torch.float16: 2e-2}
+
+
+def _dtype(model) -> torch.dtype:
+    return next(model.parameters()).dtype
+
+
+def probe_length(model) -> int:
+    """Long enough to cross a small sliding window, short enough to cost little."""
+    cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+    window = getattr(cfg, "sliding_window", None) or getattr(cfg, "attention_window_size", None) or 0
+    length = max(12, window + 6) if isinstance(window, int) and window <= 48 else 12
+    limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+    return min(length, limit) if isinstance(limit, int) and limit >= 4 else length
+
+
+def _probe_ids(model, length: int, device) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(1234)
+    rows = hf.vocab_rows(model)
+    return torch.randint(0, rows, (length,), generator=gen).to(device)
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, tol: float) -> bool:
+    if a.shape != b.shape:
+        return False
+    a, b = a.double(), b.double()
+    diff = torch.where(a == b, 0.0, (a - b).abs())      # equal infinities (masked logits) agree
+    scale = b[b.isfinite()].abs().max() if b.isfinite().any() else b.new_tensor(0.0)
+    return bool(diff.max() <= tol * (1.0 + scale))
+
+
+def _replay(runner, ids: torch.Tensor, full: torch.Tensor, tol: float) -> str | None:
+    """Feeds and crops like the decode loop's; the first disagreement with `full`, or None."""
+    L = ids.numel()
+    a, b = L // 3, (2 * L) // 3
+    schedule = [("feed", a), ("feed", b), ("crop", a + 1), ("feed", L - 2), ("crop", L - 3),
+                ("feed", L - 1), ("feed", L), ("crop", b), ("feed", L)]
+    for op, pos in schedule:
+        if op == "crop":
+            runner.crop(pos)
+            continue
+        start = len(runner)
+        got = runner(ids[start:pos], keep=pos - start)
+        if not _close(got, full[start:pos], tol):
+            return f"logits of positions {start}..{pos - 1} differ from the cache-free forward's"
+    return None
+
+
+def causal_check(model, ids: torch.Tensor, full: torch.Tensor, tol: float) -> str | None:
+    """The cache-free forward must be causal: changing the last tokens must not move the
+    logits of the earlier ones. (Speculative decoding scores a block in one pass.)"""
+    changed = ids.clone()
+    changed[-3:] = (changed[-3:] + 1) % hf.vocab_rows(model)
+    other, _ = hf.step(model, changed, start=0, use_cache=False)
+    if not _close(other[:-3], full[:-3], tol):
+        return "its forward is not causal: logits of a position change with later tokens"
+    return None
+
+
+@torch.inference_mode()
+def probe(model) -> str:
+    """The runner path that reproduces `model`'s cache-free forward; raises
+    UnsupportedModelError with each candidate's failure when none does."""
+    key = (str(_dtype(model)), str(next(model.parameters()).device))
+    known = getattr(model, "_spec_runner_path", None)
+    if known is not None and known[0] == key:
+        if isinstance(known[1], Exception):
+            raise known[1]
+        return known[1]
+    tol = PROBE_TOLERANCE.get(_dtype(model), 5e-2)
+    ids = _probe_ids(model, probe_length(model), next(model.parameters()).device)
+    reasons = []
+    try:
+        full, _ = hf.step(model, ids, start=0, use_cache=False)
+        reason = causal_check(model, ids, full, tol)
+    except Exception as e:  # noqa: BLE001 - any failure of the model is a reason to refuse it
+        reason = f"its cache-free forward fails ({type(e).__name__}: {e})"
+    if reason is None:
+        for path, cls in RUNNERS.items():
+            if path == "kv-cache" and hf.cache_kwarg(model) not in ("cache", "past_key_values"):
+                reasons.append(f"{path}: the forward takes no attention cache")
+                continue
+            try:
+                reason = _replay(cls(model), ids, full, tol)
+            except Exception as e:  # noqa: BLE001
+                reason = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            if reason is None:
+                model._spec_runner_path = (key, path)
+                return path
+            reasons.append(f"{path}: {reason}")
+        reason = "no way of running it reproduces its own cache-free forward (" + "; ".join(reasons) + ")"
+    error = UnsupportedModelError(f"{type(model).__name__} cannot be decoded exactly by spec: {reason}")
+    model._spec_runner_path = (key, error)
+    raise error
+
+
+def runner_for(model, *, role: str = "target"):
+    """A fresh runner for `model`, on the path `probe` found for it.
+
+    A draft cannot change the output of speculative decoding, only its speed (the target
+    decides every emitted token, and a sampled draft token is tested against the very
+    distribution it was drawn from). So a draft no cached path reproduces still runs, by
+    recompute; and objects that are not Hugging Face models (wrappers such as a synthetic
+    draft) run on the KV path unprobed."""
+    if role == "draft" and not isinstance(model, PreTrainedModel):
+        return KVRunner(model)
+    try:
+        path = probe(model)
+    except UnsupportedModelError as e:
+        if role == "draft" and "cache-free forward fails" not in str(e):
+            return RecomputeRunner(model)
+        raise UnsupportedModelError(f"{role}: {e}") from None
+    return RUNNERS[path](model)
