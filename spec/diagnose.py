@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from spec import hf
+from spec.runner import runner_for
 from spec.validate import model_device
 
 # Relative rounding floor per dtype (a few ulps of the largest logit), used when the
@@ -69,16 +69,16 @@ def diagnose(target, prompt_ids, expected: list[int], actual: list[int]) -> Dive
     act_tok = actual[i] if i < len(actual) else None
 
     # Path 1, greedy's: prefill the prompt, then one token at a time.
-    cache = hf.new_cache(target)
-    step = hf.forward(target, context[:prompt.numel()], cache, keep=1)[-1]
+    run = runner_for(target)
+    step = run(context[:prompt.numel()], keep=1)[-1]
     for t in range(prompt.numel(), context.numel()):
-        step = hf.forward(target, context[t:t + 1], cache, keep=1)[-1]
+        step = run(context[t:t + 1], keep=1)[-1]
     # Path 2, a block's: the last positions in one pass, as a verify round computes them.
     block_start = max(prompt.numel() - 1, context.numel() - 6)
-    cache = hf.new_cache(target)
+    run = runner_for(target)
     if block_start > 0:
-        hf.forward(target, context[:block_start], cache, keep=1)
-    block = hf.forward(target, context[block_start:], cache, keep=1)[-1]
+        run(context[:block_start], keep=1)
+    block = run(context[block_start:], keep=1)[-1]
 
     measured = float((step.double() - block.double()).abs().max())
     floor = _ULPS * torch.finfo(dtype).eps * float(step.double().abs().max())

@@ -236,3 +236,11 @@ def runner_for(model, *, role: str = "target"):
             return RecomputeRunner(model)
         raise UnsupportedModelError(f"{role}: {e}") from None
     return RUNNERS[path](model)
+
+
+def path_of(model) -> str:
+    """The path `model` runs on ("kv-cache", "state-snapshot", "state-stepwise", "recompute"),
+    or "plain"/"custom" for objects that are not Hugging Face models; for reports."""
+    if not isinstance(model, PreTrainedModel):
+        return "custom"
+    return probe(model)
