@@ -89,5 +89,5 @@ def shipped_pair():
     """The small trained pair shipped in spec/assets/pair, target in fp64 and draft in fp32."""
     from spec import load_pair
     if not (SHIPPED_PAIR / "target" / "config.json").exists():
-        pytest.skip(f"no shipped pair at {SHIPPED_PAIR} (python -m spec.train makes it)")
+        pytest.skip(f"no shipped pair at {SHIPPED_PAIR} (python recipes/train_pair.py makes it)")
     return load_pair(target_dtype=torch.float64, draft_dtype=torch.float32)

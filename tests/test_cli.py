@@ -12,7 +12,7 @@ import torch
 
 import spec.__main__ as cli
 import spec.decode
-from spec import theory
+from spec import defaults, experiment, theory
 from spec.models import build_gpt_neox, truncated_copy
 from spec.report import TABLE_COLUMNS
 
@@ -102,19 +102,19 @@ def test_end_to_end(pair_dirs, tmp_path, capsys):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_auto_gamma_peer_prompt_file_and_progress(pair_dirs, tmp_path, capsys):
+def test_calibrated_gamma_peer_prompt_file_and_progress(pair_dirs, tmp_path, capsys):
     out = tmp_path / "out"
     prompts = _prompts(tmp_path, "def f(x):\\n    return", "", "import os")
-    rc = cli.main(["--target", pair_dirs[0], "--draft", pair_dirs[1], "--max-new-tokens", "8", "--gamma", "auto",
+    rc = cli.main(["--target", pair_dirs[0], "--draft", pair_dirs[1], "--max-new-tokens", "8", "--gamma", "calibrated",
                    "--peer", "hf", "--prompts", prompts, "--out", str(out), "--no-plots"])
     stdout, stderr = capsys.readouterr()
     assert rc == 0, stderr
     res = _results(out)
     assert [r["prompt"] for r in res["prompts"]] == ["def f(x):\n    return", "import os"]
     cal, gamma = res["summary"]["calibration"], res["summary"]["gamma"]
-    assert isinstance(gamma, int) and 1 <= gamma <= cli.MAX_AUTO_GAMMA and cal["chosen_gamma"] == gamma
+    assert isinstance(gamma, int) and 1 <= gamma <= defaults.MAX_AUTO_GAMMA and cal["chosen_gamma"] == gamma
     assert cal["verify_slope"] >= 0
-    assert gamma == theory.optimal_gamma(min(cal["alpha"], 0.999), cal["c"], cli.MAX_AUTO_GAMMA,
+    assert gamma == theory.optimal_gamma(min(cal["alpha"], 0.999), cal["c"], defaults.MAX_AUTO_GAMMA,
                                          verify_slope=cal["verify_slope"])
     assert f"-> gamma={gamma}" in stdout
     for r in res["prompts"]:
@@ -183,7 +183,7 @@ def test_bad_options_exit_2(argv, option, tmp_path, capsys):
 def test_help(capsys):
     assert cli.main(["--help"]) == 0
     text = capsys.readouterr().out
-    assert "--max-new-tokens" in text and str(cli.CPU_MAX_NEW_TOKENS) in text and "code" in text
+    assert "--max-new-tokens" in text and str(defaults.CPU_MAX_NEW_TOKENS) in text and "code" in text
 
 
 def test_without_matplotlib_writes_json_and_says_how_to_get_plots(pair_dirs, monkeypatch, tmp_path, capsys):
@@ -198,10 +198,17 @@ def test_without_matplotlib_writes_json_and_says_how_to_get_plots(pair_dirs, mon
 
 
 def test_missing_weights_exit_2(tmp_path, capsys):
+    """A local path that does not exist is named as missing (not looked up on the hub); a folder
+    that exists but holds no weights is named as holding none."""
     missing = str(tmp_path / "no-such-model")
     assert cli.main(["--target", missing, "--draft", missing, "--out", str(tmp_path)]) == 2
     stderr = capsys.readouterr().err
-    assert "no weights" in stderr and "no-such-model" in stderr and "Traceback" not in stderr
+    assert "--target: no such folder" in stderr and "no-such-model" in stderr and "Traceback" not in stderr
+    empty = tmp_path / "empty-model"
+    empty.mkdir()
+    assert cli.main(["--target", str(empty), "--draft", str(empty), "--out", str(tmp_path)]) == 2
+    stderr = capsys.readouterr().err
+    assert "no weights" in stderr and "empty-model" in stderr and "Traceback" not in stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
@@ -250,7 +257,7 @@ def test_divergence_exits_1_naming_prompt_and_position(pair_dirs, monkeypatch, t
 
 def test_proven_tie_is_reported_and_exits_0(pair_dirs, monkeypatch, tmp_path, capsys):
     _corrupt_second_prompt(monkeypatch, 5)
-    monkeypatch.setattr(cli, "_diagnose", lambda target, prompt, expected, actual: {
+    monkeypatch.setattr(experiment, "diagnose_outputs", lambda target, prompt, expected, actual: {
         "position": 5, "expected": expected[5], "actual": actual[5], "gap_step": 1e-7, "gap_block": -1e-7,
         "noise": 1e-6, "verdict": "tie", "message": "top-2 gap within fp32 noise"})
     out = tmp_path / "out"

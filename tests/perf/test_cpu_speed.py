@@ -2,7 +2,7 @@
 assisted generation, on the same prompts, with the paper's numbers in extra_info.
 
 The gates: test_speculative_speedup[gamma=5]: speculative and greedy timed side by
-side in this run, token-identical, speedup above spec.thresholds' floor for this
+side in this run, token-identical, speedup above thresholds.py's floor for this
 hardware and pair, and within the stated band of Theorem 3.8's prediction from the
 alpha and c measured in this run (with the verify pass at its measured cost);
 test_faster_than_hf_assisted[constant]: ours and HF assisted generation side by side,
@@ -18,7 +18,8 @@ import torch
 
 from perfkit import (NEW_TOKENS, REPEATS, acceptance, assert_same_tokens, overhead, prediction, report,
                      side_by_side)
-from spec import greedy_generate, hf, speculative_generate, theory, thresholds
+from spec import greedy_generate, hf, speculative_generate, theory
+import thresholds
 
 pytestmark = pytest.mark.perf
 HARDWARE = "cpu"
@@ -54,7 +55,7 @@ def test_speculative_speedup(benchmark, cpu_pair, cpu_greedy, cpu_costs, cpu_ver
 
     acc = acceptance(run.candidate)
     spent = statistics.median(map(sum, run.candidate_s))
-    cost = overhead(spent, sum(r.drafted for r in run.candidate), sum(r.rounds for r in run.candidate),
+    cost = overhead(spent, sum(r.drafted for r in run.candidate), sum(len(r.rounds) for r in run.candidate),
                     cpu_costs, cpu_verify)
     # For gamma="auto", the prediction is Theorem 3.8 at its own optimal gamma for this run's alpha and c
     # (the best the theorem promises; AutoGamma itself also prices the verify pass, see spec.autogamma).
@@ -78,7 +79,7 @@ def test_speculative_speedup(benchmark, cpu_pair, cpu_greedy, cpu_costs, cpu_ver
             f"verify pass at {cpu_verify:.2f} steps (alpha {acc['alpha']:.3f}, c {cpu_costs.c:.3f}): "
             f"ratio {costed:.2f} outside {lo}..{hi}")
         if floor is None:
-            pytest.skip(f"no speedup floor for {HARDWARE}/{cpu_pair.key} in spec/thresholds.py "
+            pytest.skip(f"no speedup floor for {HARDWARE}/{cpu_pair.key} in tests/perf/thresholds.py "
                         f"(measured {speedup:.2f}x; exactness and the theory band checked)")
         assert speedup >= floor, f"speedup {speedup:.2f}x below the floor {floor}x for {HARDWARE}/{cpu_pair.key}"
 
@@ -119,7 +120,7 @@ def test_faster_than_hf_assisted(benchmark, cpu_pair, cpu_greedy, cpu_costs, cpu
                        rounds=REPEATS)
     assert_same_tokens(cpu_pair.target, cpu_pair.prompts, cpu_greedy, run.baseline, f"HF assisted ({schedule})")
     assert_same_tokens(cpu_pair.target, cpu_pair.prompts, cpu_greedy, [r.tokens for r in run.candidate], "ours")
-    drafted, rounds = sum(r.drafted for r in run.candidate), sum(r.rounds for r in run.candidate)
+    drafted, rounds = sum(r.drafted for r in run.candidate), sum(len(r.rounds) for r in run.candidate)
     ours_cost = overhead(statistics.median(map(sum, run.candidate_s)), drafted, rounds, cpu_costs, cpu_verify)
     ratio = run.mean_speedup
     floor = thresholds.hf_assisted_floor(HARDWARE, cpu_pair.key) if schedule == "constant" else None
