@@ -202,7 +202,7 @@ def render(results: dict) -> str:
     if s.get("hf_speedup") is not None:
         parts.append(f"HF assisted: {s['hf_speedup']:.2f}x over greedy; ours is {s['ours_vs_hf']:.2f}x HF's speed")
     if results.get("warnings"):
-        parts.append("WARNING: these figures are not trustworthy: " + "; ".join(results["warnings"]))
+        parts.append("WARNING: the run's own figures disagree: " + "; ".join(results["warnings"]))
     return "\n".join(parts)
 
 

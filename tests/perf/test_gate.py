@@ -41,3 +41,25 @@ def test_changes_are_shown_old_against_new():
     rows = gate.exact_changes(old, new)
     assert rows == [["prompt 1: accepted per round (from round 2)", "[5, 1]", "[4, 1]"],
                     ["alpha", "0.8", "0.75"]]
+
+
+def test_exact_failure_is_a_short_table_without_traceback():
+    stored = gate.load()["exact"]["shipped-pair"]
+    with pytest.raises(pytest.fail.Exception) as failure:
+        gate.check_exact("shipped-pair", {**stored, "alpha": 0.5})
+    assert not failure.value.pytrace
+    lines = str(failure.value).splitlines()
+    assert "acceptance of shipped-pair changed" in lines[0] and lines[1].split() == ["what", "baseline", "now"]
+    assert lines[3].split() == ["alpha", repr(stored["alpha"]), "0.5"] and len(lines) == 4
+
+
+def test_speed_failure_names_the_ratio_and_the_allowance():
+    speed = gate.load()["speed"]
+    base = speed["ratios"]["shipped-pair"]["speculative / greedy"]
+    floor = base * (1 - speed["tolerance"])
+    gate.check_speed("shipped-pair", "speculative / greedy", floor * 1.01)  # inside the tolerance: passes
+    with pytest.raises(pytest.fail.Exception) as failure:
+        gate.check_speed("shipped-pair", "speculative / greedy", base / 2)
+    assert not failure.value.pytrace
+    row = str(failure.value).splitlines()[-1].split()
+    assert row == ["speculative", "/", "greedy", f"{base:.2f}x", f"{base / 2:.2f}x", ">=", f"{floor:.2f}x", "-50%"]
