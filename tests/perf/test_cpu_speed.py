@@ -19,10 +19,10 @@ import pytest
 import torch
 
 import gate
+import thresholds
 from perfkit import (NEW_TOKENS, REPEATS, acceptance, assert_same_tokens, overhead, prediction, report,
                      side_by_side)
 from spec import greedy_generate, hf, speculative_generate, theory
-import thresholds
 
 pytestmark = pytest.mark.perf
 HARDWARE = "cpu"

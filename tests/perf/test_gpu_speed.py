@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
+import thresholds
 from perfkit import SEED_PROMPTS, acceptance, assert_same_tokens, prediction, report, side_by_side
 from spec import build_gpt_neox, greedy_generate, hf, load_pair, speculative_generate
-import thresholds
 from spec.measure import cost_ratio, verify_cost
 from synthetic import SyntheticDraft
 
