@@ -27,7 +27,52 @@ settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHES
 torch.set_num_threads(1)
 
 
+pytest_plugins = ["pytester"]  # tests/test_markers.py runs pytest on a scratch project
+
+# --- markers that compose ----------------------------------------------------------------
+# An opt-in marker keeps its tests out of every run that does not ask for them: asked for by
+# its option (--thorough) or by an -m expression that selects the test only because it carries
+# the marker (-m thorough, -m "perf and thorough"). Whatever else -m, -k or a path selects
+# ("not perf", "perf", -k name), they stay out. Add a marker here (and in pytest.ini) to make
+# it opt-in the same way.
+OPT_IN_MARKERS = {"thorough": "long statistical or exhaustive runs"}
+
+
+def _asked_by_expression(expr: str, names: set[str], marker: str) -> bool:
+    """True when -m `expr` selects a test with markers `names` but not the same test without `marker`."""
+    from _pytest.mark.expression import Expression
+
+    compiled = Expression.compile(expr)
+    return (compiled.evaluate(lambda name, **kwargs: name in names)
+            and not compiled.evaluate(lambda name, **kwargs: name in names - {marker}))
+
+
+def _opt_in_left_out(item, config) -> bool:
+    names = {m.name for m in item.iter_markers()}
+    expr = config.getoption("markexpr") or ""
+    return any(marker in names and not config.getoption(marker)
+               and not (expr and _asked_by_expression(expr, names, marker))
+               for marker in OPT_IN_MARKERS)
+
+
+def pytest_collection_modifyitems(config, items):
+    left_out = [item for item in items if _opt_in_left_out(item, config)]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        dropped = set(left_out)
+        items[:] = [item for item in items if item not in dropped]
+    if not torch.cuda.is_available():
+        no_cuda = pytest.mark.skip(reason="gpu: no CUDA device on this machine")
+        for item in items:
+            if item.get_closest_marker("gpu") is not None:
+                item.add_marker(no_cuda)
+
+
 def pytest_addoption(parser):
+    markers = parser.getgroup("spec markers", "opt-in test groups (see conftest.OPT_IN_MARKERS)")
+    for marker, what in OPT_IN_MARKERS.items():
+        markers.addoption(f"--{marker}", action="store_true", default=False, dest=marker,
+                          help=f"also run the tests marked {marker} ({what}); -m {marker} runs only those")
     group = parser.getgroup("spec", "spec: real checkpoints for the GPU cases")
     group.addoption("--target", default=os.environ.get("SPEC_TARGET", "EleutherAI/pythia-12b"),
                     help="target model: local folder or cached hub id (env SPEC_TARGET)")
@@ -89,5 +134,5 @@ def shipped_pair():
     """The small trained pair shipped in spec/assets/pair, target in fp64 and draft in fp32."""
     from spec import load_pair
     if not (SHIPPED_PAIR / "target" / "config.json").exists():
-        pytest.skip(f"no shipped pair at {SHIPPED_PAIR} (python -m spec.train makes it)")
+        pytest.skip(f"no shipped pair at {SHIPPED_PAIR} (python recipes/train_pair.py makes it)")
     return load_pair(target_dtype=torch.float64, draft_dtype=torch.float32)

@@ -1,8 +1,23 @@
-"""Exact speculative decoding for Hugging Face causal LMs (Leviathan, Kalman & Matias, ICML 2023)."""
+"""Exact speculative decoding for Hugging Face causal LMs (Leviathan, Kalman & Matias, ICML 2023).
 
-from spec.decode import Result, Round, greedy_generate, speculative_generate
-from spec.models import SHIPPED_PAIR, Pair, build_gpt_neox, load_pair
+The names below are imported on first use, so that `python -m spec --help` does not
+pay for importing torch and transformers."""
 
-__all__ = ["Result", "Round", "greedy_generate", "speculative_generate", "SHIPPED_PAIR", "Pair",
-           "build_gpt_neox", "load_pair"]
+import importlib
+
+_EXPORTS = {"Result": "spec.decode", "Round": "spec.decode", "greedy_generate": "spec.decode",
+            "speculative_generate": "spec.decode", "SHIPPED_PAIR": "spec.models", "Pair": "spec.models",
+            "build_gpt_neox": "spec.models", "load_pair": "spec.models"}
+
+__all__ = list(_EXPORTS)
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'spec' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

@@ -10,49 +10,60 @@ feeds; a runner that can only restore an earlier state re-feeds the rest in that
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
 
-from spec import hf, neox, runner, sampling, theory
+from spec import clock, hf, neox, runner, sampling, theory
 from spec.autogamma import AutoGamma
-from spec.measure import sync
-from spec.validate import as_prompt, check_model, check_options, check_pair, model_device, stop_ids
+from spec.validate import as_prompt, check_model, check_options, check_pair, check_positions, model_device, stop_ids
 
 
 @dataclass
 class Round:
-    """One round of the decode loop, recorded with trace=True."""
-    drafted: int          # draft tokens proposed (gamma, fewer near max_new_tokens)
-    accepted: int         # of those, the agreeing prefix kept
-    emitted: int          # tokens added to the output (accepted + 1, cut at EOS)
-    draft_s: float        # wall time of the draft phase
-    verify_s: float       # wall time of the target pass and acceptance
-    target_cache: int     # positions held by each cache after rollback
-    draft_cache: int
+    """One round of the decode loop: what was drafted, accepted and emitted, and with
+    trace=True how long its phases took and what the caches held after the rollback."""
+    drafted: int                       # draft tokens proposed (gamma, fewer near max_new_tokens)
+    accepted: int                      # of those, the agreeing prefix kept
+    emitted: int                       # tokens added to the output (accepted + 1, cut at EOS)
+    draft_s: float | None = None       # wall time of the draft phase (trace=True)
+    verify_s: float | None = None      # wall time of the target pass and acceptance (trace=True)
+    target_cache: int | None = None    # positions held by each cache after rollback (trace=True)
+    draft_cache: int | None = None
 
 
 @dataclass
 class Result:
+    """A decode run: the new tokens and one Round per round; every other figure is derived."""
     tokens: list[int]                       # new tokens, prompt excluded
-    drafted_per_round: list[int] = field(default_factory=list)
-    accepted_per_round: list[int] = field(default_factory=list)
-    tokens_per_round: list[int] = field(default_factory=list)
+    rounds: list[Round] = field(default_factory=list)
     stop_reason: str = "max_new_tokens"     # or "eos"
-    trace: list[Round] | None = None
+    traced: bool = False                    # rounds carry their timings (trace=True)
 
     @property
-    def rounds(self) -> int:
-        return len(self.tokens_per_round)
+    def trace(self) -> list[Round] | None:
+        """The rounds with their timings, or None when the run was not traced."""
+        return self.rounds if self.traced else None
+
+    @property
+    def drafted_per_round(self) -> list[int]:
+        return [r.drafted for r in self.rounds]
+
+    @property
+    def accepted_per_round(self) -> list[int]:
+        return [r.accepted for r in self.rounds]
+
+    @property
+    def tokens_per_round(self) -> list[int]:
+        return [r.emitted for r in self.rounds]
 
     @property
     def drafted(self) -> int:
-        return sum(self.drafted_per_round)
+        return sum(r.drafted for r in self.rounds)
 
     @property
     def accepted(self) -> int:
-        return sum(self.accepted_per_round)
+        return sum(r.accepted for r in self.rounds)
 
     @property
     def accept_rate(self) -> float:
@@ -67,14 +78,11 @@ class Result:
 
     @property
     def mean_tokens_per_round(self) -> float:
-        return len(self.tokens) / self.rounds if self.rounds else float("nan")
+        return len(self.tokens) / len(self.rounds) if self.rounds else float("nan")
 
 
 def _clock(device: torch.device, on: bool) -> float:
-    if not on:
-        return 0.0
-    sync(device)
-    return time.perf_counter()
+    return clock.now(device) if on else 0.0
 
 
 DRAFT_IMPLS = ("auto", "plain", "hf", "compiled")
@@ -110,11 +118,12 @@ def greedy_generate(model, input_ids, *, max_new_tokens: int = 64, eos_token_id=
     device = model_device(model)
     prompt = as_prompt(input_ids, device, {"model": model})
     stops = stop_ids(eos_token_id, {"model": model})
+    check_positions(prompt.numel(), max_new_tokens, {"model": model})
     P = prompt.numel()
     seq = torch.empty(P + max_new_tokens, dtype=torch.long, device=device)
     seq[:P] = prompt
     model_run, n = runner.runner_for(model, role="model"), P
-    result = Result(tokens=[], trace=[] if trace else None)
+    result = Result(tokens=[], traced=trace)
 
     while n - P < max_new_tokens:
         t0 = _clock(device, trace)
@@ -124,14 +133,12 @@ def greedy_generate(model, input_ids, *, max_new_tokens: int = 64, eos_token_id=
         else:
             seq[n] = logits.argmax()
         n += 1
-        result.tokens_per_round.append(1)
-        if trace:
-            result.trace.append(Round(0, 0, 1, 0.0, _clock(device, trace) - t0, len(model_run), 0))
+        timings = dict(draft_s=0.0, verify_s=_clock(device, trace) - t0, target_cache=len(model_run),
+                       draft_cache=0) if trace else {}
+        result.rounds.append(Round(0, 0, 1, **timings))
         if stops and int(seq[n - 1]) in stops:
             result.stop_reason = "eos"
             break
-    result.drafted_per_round = [0] * result.rounds
-    result.accepted_per_round = [0] * result.rounds
     result.tokens = seq[P:n].tolist()
     return result
 
@@ -161,6 +168,7 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
     models = {"target": target, "draft": draft}
     prompt = as_prompt(input_ids, device, models)
     stops = stop_ids(eos_token_id, models)
+    check_positions(prompt.numel(), max_new_tokens, models)
     auto = AutoGamma() if gamma == "auto" else None
     max_gamma = auto.max_gamma if auto else gamma
     # The draft proposes only ids the target can score and the draft can embed again.
@@ -177,7 +185,7 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
     target_run = runner.runner_for(target)
     draft_run = draft_runner(draft, seq.numel(), draft_impl)
     n = P
-    result = Result(tokens=[], trace=[] if trace else None)
+    result = Result(tokens=[], traced=trace)
 
     while n - P < max_new_tokens:
         g = auto.gamma if auto else gamma
@@ -227,14 +235,11 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
         t2 = _clock(device, timed)
 
         accepted = min(k, emitted)  # draft tokens that reached the output (EOS may cut a block)
-        result.drafted_per_round.append(g)
-        result.accepted_per_round.append(accepted)
-        result.tokens_per_round.append(emitted)
         if auto:
             auto.observe(drafted=g, accepted=k, draft_s=t1 - t0, verify_s=t2 - t1)
-        if trace:
-            result.trace.append(Round(g, accepted, emitted, t1 - t0, t2 - t1,
-                                      len(target_run), len(draft_run)))
+        timings = dict(draft_s=t1 - t0, verify_s=t2 - t1, target_cache=len(target_run),
+                       draft_cache=len(draft_run)) if trace else {}
+        result.rounds.append(Round(g, accepted, emitted, **timings))
         if result.stop_reason == "eos":
             break
 

@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 
 import torch
 
 from spec import hf, runner as runners
+from spec.clock import now, sync  # noqa: F401  (sync: re-exported for callers of spec.measure.sync)
+from spec.decode import draft_runner
 from spec.validate import as_prompt, check_pair, model_device
-
-
-def sync(device) -> None:
-    """Wait for queued CUDA work on `device` (a torch.device or a string) so a timer reads true."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @torch.inference_mode()
@@ -34,12 +28,10 @@ def step_time(model, input_ids, *, steps: int = 32, warmup: int = 4, runner=None
     token = logits[-1].argmax().reshape(1).clamp(max=last_id)
     times = []
     for i in range(warmup + steps):
-        sync(device)
-        t0 = time.perf_counter()
+        t0 = now(device)
         token = run(token)[-1].argmax().reshape(1).clamp(max=last_id)
-        sync(device)
         if i >= warmup:
-            times.append(time.perf_counter() - t0)
+            times.append(now(device) - t0)
     return statistics.median(times)
 
 
@@ -57,8 +49,6 @@ def cost_ratio(target, draft, input_ids, *, steps: int = 32, warmup: int = 4, dr
     """c = draft step time / target step time, both measured in this run, interleaved
     twice (draft, target, draft, target) so that drift on a shared machine hits both.
     The draft runs as speculative_generate(draft_impl=...) runs it."""
-    from spec.decode import draft_runner  # decode imports this module
-
     check_pair(target, draft)
     n = as_prompt(input_ids, model_device(draft), {"draft": draft}).numel() + warmup + steps + 1
     d, t = [], []
@@ -83,11 +73,9 @@ def pass_times(target, input_ids, gammas, *, repeats: int = 6) -> dict[int, floa
     times = {g: [] for g in gammas}
     for _ in range(repeats):
         for g in gammas:
-            sync(device)
-            t0 = time.perf_counter()
+            t0 = now(device)
             run(fed[:g + 1], keep=g + 1)
-            sync(device)
-            times[g].append(time.perf_counter() - t0)
+            times[g].append(now(device) - t0)
             run.crop(P)
     return {g: statistics.median(t) for g, t in times.items()}
 

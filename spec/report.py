@@ -116,34 +116,112 @@ def peer_table(records: list[dict]) -> str:
     return format_table(PEER_COLUMNS, rows, left=frozenset())
 
 
+def gamma_label(s: dict) -> str:
+    """gamma as the run chose it: '5', 'calibrated 8', 'auto (online; mostly 7)'."""
+    option, g = s.get("gamma_option", s["gamma"]), s["gamma"]
+    if option == "calibrated":
+        return f"{g} (calibrated)"
+    if option == "auto":
+        return f"auto (online; mostly {s['theory_gamma']})"
+    return str(g)
+
+
+def header(args, pair_info: dict, ps: dict) -> str:
+    """The lines printed before the run: what is compared, on what."""
+    device, eos = args.device, ps["eos"]
+    lines = [f"note: {pair_info['note']}"] if pair_info["note"] else []
+    lines.append(f"target: {pair_info['target_name']} ({pair_info['target_params'] / 1e6:.2f}M params, "
+                 f"{args.target_dtype}) | draft: {pair_info['draft_name']} ({pair_info['draft_params'] / 1e6:.2f}M "
+                 f"params, {args.draft_dtype}) | device: {device}"
+                 + (f" | threads: {args.threads}" + (" (default)" if args.threads_default else "")
+                    if args.threads is not None else ""))
+    lines.append(f"prompts: {len(ps['texts'])} ({ps['set']}) | max new tokens: {args.max_new_tokens}"
+                 + (f" (default on {'CUDA' if device.startswith('cuda') else 'CPU'})" if args.max_new_tokens_default
+                    else "")
+                 + f" | EOS: {eos if eos is not None else 'none'} | repeats: {args.repeats}")
+    return "\n".join(lines)
+
+
+def calibration_line(cal: dict) -> str:
+    return (f"gamma=calibrated: calibration alpha={cal['alpha']:.3f}, c={cal['c']:.3f}, verify pass 1 + "
+            f"{cal['verify_slope']:.3f} x gamma steps -> gamma={cal['chosen_gamma']} (Theorem 3.8's optimum with "
+            f"that verify cost, at most {cal['max_gamma']})")
+
+
+def _in_run_lines(s: dict) -> list[str]:
+    r, g = s.get("in_run"), s.get("theory_gamma", s["gamma"])
+    if r is None:
+        return []
+    return [
+        f"  from the timed runs themselves: c = {r['c']:.3f} (draft time per drafted token / greedy time per "
+        f"token), a {g + 1}-token verify pass = {r['verify_over_step']:.2f} target steps",
+        f"  Theorem 3.8 with that c: {r['predicted_speedup']:.2f}x (measured/predicted "
+        f"{r['measured_over_predicted']:.2f}); it assumes a verify pass costs one step, and priced at "
+        f"its measured cost: {r['predicted_speedup_verify_costed']:.2f}x "
+        f"({r['measured_over_verify_costed']:.2f})",
+        f"  share of speculative time inside the draft and verify phases: {r['share_in_model_phases']:.1%}",
+    ]
+
+
+def _optimal_line(s: dict) -> str:
+    if s.get("optimal_gamma") is None:
+        return "optimal gamma: - (no alpha measured)"
+    if s.get("draft_cannot_win"):
+        return (f"optimal gamma: none, the draft cannot win here: at alpha={_fmt(s['alpha'], 3)} and "
+                f"c={s['c']:.3f} Theorem 3.8 predicts at best {_fmt(s['optimal_predicted_speedup'])}x "
+                f"(gamma={s['optimal_gamma']}); a speedup needs alpha well above c (Corollary 3.9)")
+    return (f"optimal gamma for the measured alpha and c: {s['optimal_gamma']} "
+            f"(predicted {_fmt(s['optimal_predicted_speedup'])}x)")
+
+
 def summary_lines(s: dict) -> list[str]:
-    g = s["gamma"]
+    spread = ""
+    if s.get("repeats", 1) > 1:
+        spread = (f"; over {s['repeats']} repeats {min(s['repeat_speedups']):.2f}x to "
+                  f"{max(s['repeat_speedups']):.2f}x")
     lines = [
         f"c (draft step / target step): {s['c']:.3f}  "
         f"({s['draft_step_s'] * 1e3:.2f} ms / {s['target_step_s'] * 1e3:.2f} ms, median cached one-token step)",
         f"alpha (pooled, per-token acceptance MLE): {_fmt(s['alpha'], 3)}   "
         f"accept rate (accepted/drafted): {_fmt(s['accept_rate'], 3)}   tokens/round: {_fmt(s['tokens_per_round'])}",
-        f"speedup at gamma={g}: predicted {_fmt(s['predicted_speedup'])}x (Theorem 3.8), "
+        f"speedup at gamma={gamma_label(s)}: predicted {_fmt(s['predicted_speedup'])}x (Theorem 3.8), "
         f"measured {_fmt(s['measured_speedup'])}x (total greedy s / total spec s; "
-        f"per prompt {_fmt(s['speedup_min'])}x to {_fmt(s['speedup_max'])}x)",
+        f"per prompt {_fmt(s['speedup_min'])}x to {_fmt(s['speedup_max'])}x{spread})",
     ]
-    r = s.get("in_run")
-    if r is not None:
-        lines += [
-            f"  from the timed runs themselves: c = {r['c']:.3f} (draft time per drafted token / greedy time per "
-            f"token), a {g + 1}-token verify pass = {r['verify_over_step']:.2f} target steps",
-            f"  Theorem 3.8 with that c: {r['predicted_speedup']:.2f}x (measured/predicted "
-            f"{r['measured_over_predicted']:.2f}); it assumes a verify pass costs one step, and priced at "
-            f"its measured cost: {r['predicted_speedup_verify_costed']:.2f}x "
-            f"({r['measured_over_verify_costed']:.2f})",
-            f"  share of speculative time inside the draft and verify phases: {r['share_in_model_phases']:.1%}",
-        ]
-    if s.get("optimal_gamma") is not None:
-        lines.append(f"optimal gamma for the measured alpha and c: {s['optimal_gamma']} "
-                     f"(predicted {_fmt(s['optimal_predicted_speedup'])}x)")
-    else:
-        lines.append("optimal gamma: - (no alpha measured)")
-    return lines
+    return lines + _in_run_lines(s) + [_optimal_line(s)]
+
+
+def render(results: dict) -> str:
+    """The report after the run: tables, summary, the peer's figures and any warning."""
+    records, s = results["prompts"], results["summary"]
+    parts = [results_table(records)]
+    if s.get("hf_speedup") is not None:
+        parts += ["", f"peer: Hugging Face assisted generation (gamma={s['peer_gamma']}, speedup vs our greedy)",
+                  peer_table(records)]
+    parts += [""] + summary_lines(s)
+    if s.get("hf_speedup") is not None:
+        parts.append(f"HF assisted: {s['hf_speedup']:.2f}x over greedy; ours is {s['ours_vs_hf']:.2f}x HF's speed")
+    if results.get("warnings"):
+        parts.append("WARNING: the run's own figures disagree: " + "; ".join(results["warnings"]))
+    return "\n".join(parts)
+
+
+def tie_lines(results: dict) -> list[str]:
+    return [f"prompt {r['index']} ({short_prompt(r['prompt'])!r}) differs from greedy at new token "
+            f"{r['divergence']['position']}, a proven numerical tie (not a failure):\n  {r['divergence']['message']}"
+            for r in results["prompts"] if not r["ids_identical"] and r["divergence"]["verdict"] == "tie"]
+
+
+def failure_lines(results: dict) -> list[str]:
+    out = []
+    for r in results["prompts"]:
+        div = r["divergence"]
+        if r["ids_identical"] or div["verdict"] == "tie":
+            continue
+        out.append(f"spec: FAIL: prompt {r['index']} ({short_prompt(r['prompt'])!r}): speculative output differs "
+                   f"from greedy at new token {div['position']} (greedy {div['expected']}, speculative "
+                   f"{div['actual']})" + (f"\n  {div['message']}" if div.get("message") else ""))
+    return out
 
 
 # --------------------------------------------------------------------------- JSON
@@ -173,6 +251,14 @@ def write_json(path: Path, data: dict) -> None:
 # --------------------------------------------------------------------------- figure
 
 
+def can_plot() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def plot(results: dict, path: Path) -> bool:
     """results.png like the seed's: throughput per prompt, acceptance, one traced generation.
 
@@ -183,23 +269,40 @@ def plot(results: dict, path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-
-    records = results["prompts"]
-    summary = results["summary"]
-    gamma = summary["gamma"]
-    labels = [f"P{r['index']}" for r in records]
-    x = list(range(len(records)))
     fig, axes = plt.subplots(1, 3, figsize=(17, 5.2))
+    _throughput_panel(axes[0], results)
+    _acceptance_panel(axes[1], results)
+    _trace_panel(axes[2], results)
+    fig.suptitle(figure_title(results), fontsize=10.5)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
 
-    # 1. Throughput per prompt.
-    ax = axes[0]
+
+def figure_title(results: dict) -> str:
+    pair, opts, summary = results["pair"], results["options"], results["summary"]
+    title = (f"Speculative vs greedy: target {pair['target_name']} ({opts['target_dtype']}) + draft "
+             f"{pair['draft_name']} ({opts['draft_dtype']}) on {results['machine']['gpu'] or 'CPU'}; "
+             f"γ={gamma_label(summary)}, {opts['max_new_tokens']} new tokens; c={summary['c']:.3f}; speedup measured "
+             f"{_fmt(summary['measured_speedup'])}x, Thm 3.8 predicts {_fmt(summary['predicted_speedup'])}x")
+    if results.get("warnings"):
+        title += "\n(WARNING: the run's own figures disagree; see results.json 'warnings')"
+    return title
+
+
+def _throughput_panel(ax, results: dict) -> None:
+    """Tokens per second per prompt, greedy and speculative (and HF assisted), labelled with the speedup."""
+    records, summary = results["prompts"], results["summary"]
+    x = list(range(len(records)))
     peer = all(r.get("peer") for r in records)
     n_bars = 3 if peer else 2
     w = 0.8 / n_bars
     g_tok = [r["greedy_tok_s"] for r in records]
     s_tok = [r["spec_tok_s"] for r in records]
     ax.bar([i - w * (n_bars - 1) / 2 for i in x], g_tok, w, color=C_G, label="greedy")
-    ax.bar([i - w * (n_bars - 1) / 2 + w for i in x], s_tok, w, color=C_S, label=f"speculative (γ={gamma})")
+    ax.bar([i - w * (n_bars - 1) / 2 + w for i in x], s_tok, w, color=C_S,
+           label=f"speculative (γ={gamma_label(summary)})")
     if peer:
         ax.bar([i + w for i in x], [r["peer"]["hf_tok_s"] for r in records], w, color=C_P, label="HF assisted")
     top = max(g_tok + s_tok + ([r["peer"]["hf_tok_s"] for r in records] if peer else []))
@@ -208,38 +311,40 @@ def plot(results: dict, path: Path) -> bool:
         ax.text(i - w * (n_bars - 1) / 2 + w, s_tok[i] + top * 0.02, f"{r['speedup']:.2f}x{mark}",
                 ha="center", va="bottom", fontsize=9)
     ax.set_ylim(0, top * 1.3)
-    ax.set_xticks(x, labels)
+    ax.set_xticks(x, [f"P{r['index']}" for r in records])
     ax.set_ylabel("tokens / s")
-    ax.set_title("Throughput per prompt (label: speedup)")
+    ax.set_title(f"Throughput per prompt (label: speedup, median of {summary.get('repeats', 1)} repeats)")
     ax.legend(loc="upper center", fontsize=8, ncol=n_bars, frameon=False)
     ax.grid(axis="y", alpha=0.3)
 
-    # 2. Acceptance: accept rate and alpha (left axis), tokens per round (right axis).
-    ax = axes[1]
+
+def _acceptance_panel(ax, results: dict) -> None:
+    """Accept rate and alpha (left axis), tokens per round (right axis)."""
+    records, summary = results["prompts"], results["summary"]
+    x = list(range(len(records)))
+    top = max([summary.get("theory_gamma", summary["gamma"])] + [d for r in records for d in r["drafted_per_round"]])
     w = 0.38
-    ax.bar([i - w / 2 for i in x], [r["accept_rate"] or 0 for r in records], w, color=C_A,
-           label="accept rate")
-    ax.bar([i + w / 2 for i in x], [r["alpha"] or 0 for r in records], w, color=C_A, alpha=0.45,
-           label="α (MLE)")
+    ax.bar([i - w / 2 for i in x], [r["accept_rate"] or 0 for r in records], w, color=C_A, label="accept rate")
+    ax.bar([i + w / 2 for i in x], [r["alpha"] or 0 for r in records], w, color=C_A, alpha=0.45, label="α (MLE)")
     ax.set_ylim(0, 1.35)
     ax.set_ylabel("acceptance")
-    ax.set_xticks(x, labels)
+    ax.set_xticks(x, [f"P{r['index']}" for r in records])
     ax2 = ax.twinx()
     ax2.plot(x, [r["tokens_per_round"] for r in records], "D-", color="#333333", label="tokens / round")
-    ax2.axhline(gamma + 1, color="#333333", ls=":", lw=1)
-    ax2.text(len(x) - 0.5, gamma + 1, f"max γ+1 = {gamma + 1}", ha="right", va="top", fontsize=8)
-    ax2.set_ylim(0, (gamma + 1) * 1.35)
+    ax2.axhline(top + 1, color="#333333", ls=":", lw=1)
+    ax2.text(len(x) - 0.5, top + 1, f"max γ+1 = {top + 1}", ha="right", va="top", fontsize=8)
+    ax2.set_ylim(0, (top + 1) * 1.35)
     ax2.set_ylabel("tokens / round")
-    handles = ax.get_legend_handles_labels()
-    handles2 = ax2.get_legend_handles_labels()
+    handles, handles2 = ax.get_legend_handles_labels(), ax2.get_legend_handles_labels()
     ax.legend(handles[0] + handles2[0], handles[1] + handles2[1], loc="upper center", fontsize=8, ncol=3,
               frameon=False)
-    ax.set_title(f"Acceptance (pooled α={_fmt(summary['alpha'])}, "
-                 f"{_fmt(summary['tokens_per_round'])} tok/round)")
+    ax.set_title(f"Acceptance (pooled α={_fmt(summary['alpha'])}, {_fmt(summary['tokens_per_round'])} tok/round)")
     ax.grid(axis="y", alpha=0.3)
 
-    # 3. A traced generation: draft vs verify time per round (the median-speedup prompt).
-    ax = axes[2]
+
+def _trace_panel(ax, results: dict) -> None:
+    """A traced generation: draft vs verify time per round (the median-speedup prompt)."""
+    records = results["prompts"]
     order = sorted(range(len(records)), key=lambda i: records[i]["speedup"])
     pick = records[order[len(order) // 2]]
     trace = pick["trace"]
@@ -259,22 +364,10 @@ def plot(results: dict, path: Path) -> bool:
             ax.text(1, ymax * 0.97, f"{d_ms[0] + v_ms[0]:.0f} ms\n(prefill)", ha="left", va="top", fontsize=7)
     ax3 = ax.twinx()
     ax3.plot(rounds, [t["emitted"] for t in trace], "o", ms=3, color="#333333", label="tokens emitted")
-    ax3.set_ylim(0, (gamma + 1) * 1.12 * 1.35)
+    ax3.set_ylim(0, (max([t["emitted"] for t in trace], default=1)) * 1.12 * 1.35)
     ax3.set_ylabel("tokens emitted")
     total_d, total_v = sum(d_ms), sum(v_ms)
     share = total_d / (total_d + total_v) if total_d + total_v else float("nan")
     h1, h3 = ax.get_legend_handles_labels(), ax3.get_legend_handles_labels()
     ax.legend(h1[0] + h3[0], h1[1] + h3[1], loc="upper center", fontsize=8, ncol=3, frameon=False)
     ax.set_title(f"Traced generation, P{pick['index']} ({len(trace)} rounds, draft {share:.0%} of time)")
-
-    pair = results["pair"]
-    opts = results["options"]
-    fig.suptitle(f"Speculative vs greedy: target {pair['target_name']} ({opts['target_dtype']}) + draft "
-                 f"{pair['draft_name']} ({opts['draft_dtype']}) on {results['machine']['gpu'] or 'CPU'}; "
-                 f"γ={gamma}, {opts['max_new_tokens']} new tokens; c={summary['c']:.3f}; speedup measured "
-                 f"{_fmt(summary['measured_speedup'])}x, Thm 3.8 predicts {_fmt(summary['predicted_speedup'])}x",
-                 fontsize=10.5)
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True

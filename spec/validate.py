@@ -93,3 +93,20 @@ def check_options(*, max_new_tokens, gamma=1, temperature=1.0, top_k=None, top_p
         raise ValueError(f"top_k must be None or an integer >= 1, got {top_k!r}")
     if top_p is not None and (not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
         raise ValueError(f"top_p must be None or a number in (0, 1], got {top_p!r}")
+
+
+def position_limit(model) -> int | None:
+    """The longest sequence `model` is configured for (config.max_position_embeddings), if it says."""
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+
+
+def check_positions(prompt_len: int, max_new_tokens: int, models: dict) -> None:
+    """Refuse a prompt that, with max_new_tokens, runs past a model's position limit: past
+    it, position embeddings are out of range or never trained, and the output is wrong."""
+    for name, model in models.items():
+        limit = position_limit(model)
+        if limit is not None and prompt_len + max_new_tokens > limit:
+            raise ValueError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) = "
+                             f"{prompt_len + max_new_tokens} positions exceeds the {name}'s limit of {limit} "
+                             f"(config.max_position_embeddings); shorten the prompt or lower max_new_tokens")

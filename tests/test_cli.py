@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import statistics
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 import spec.__main__ as cli
 import spec.decode
-from spec import theory
+from spec import defaults, experiment, report, theory
 from spec.models import build_gpt_neox, truncated_copy
 from spec.report import TABLE_COLUMNS
 
@@ -53,7 +57,7 @@ def _results(out):
 def test_end_to_end(pair_dirs, tmp_path, capsys):
     out = tmp_path / "out"
     rc = cli.main(["--target", pair_dirs[0], "--draft", pair_dirs[1], "--max-new-tokens", str(N), "--gamma", "3",
-                   "--out", str(out), "--quiet", "--threads", "1"])
+                   "--out", str(out), "--quiet", "--threads", "1", "--repeats", "2"])
     stdout, stderr = capsys.readouterr()
     assert rc == 0, stderr
     assert stderr == ""  # --quiet: no progress
@@ -102,19 +106,19 @@ def test_end_to_end(pair_dirs, tmp_path, capsys):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_auto_gamma_peer_prompt_file_and_progress(pair_dirs, tmp_path, capsys):
+def test_calibrated_gamma_peer_prompt_file_and_progress(pair_dirs, tmp_path, capsys):
     out = tmp_path / "out"
     prompts = _prompts(tmp_path, "def f(x):\\n    return", "", "import os")
-    rc = cli.main(["--target", pair_dirs[0], "--draft", pair_dirs[1], "--max-new-tokens", "8", "--gamma", "auto",
-                   "--peer", "hf", "--prompts", prompts, "--out", str(out), "--no-plots"])
+    rc = cli.main(["--target", pair_dirs[0], "--draft", pair_dirs[1], "--max-new-tokens", "8", "--gamma", "calibrated",
+                   "--peer", "hf", "--repeats", "1", "--prompts", prompts, "--out", str(out), "--no-plots"])
     stdout, stderr = capsys.readouterr()
     assert rc == 0, stderr
     res = _results(out)
     assert [r["prompt"] for r in res["prompts"]] == ["def f(x):\n    return", "import os"]
     cal, gamma = res["summary"]["calibration"], res["summary"]["gamma"]
-    assert isinstance(gamma, int) and 1 <= gamma <= cli.MAX_AUTO_GAMMA and cal["chosen_gamma"] == gamma
+    assert isinstance(gamma, int) and 1 <= gamma <= defaults.MAX_AUTO_GAMMA and cal["chosen_gamma"] == gamma
     assert cal["verify_slope"] >= 0
-    assert gamma == theory.optimal_gamma(min(cal["alpha"], 0.999), cal["c"], cli.MAX_AUTO_GAMMA,
+    assert gamma == theory.optimal_gamma(min(cal["alpha"], 0.999), cal["c"], defaults.MAX_AUTO_GAMMA,
                                          verify_slope=cal["verify_slope"])
     assert f"-> gamma={gamma}" in stdout
     for r in res["prompts"]:
@@ -129,7 +133,7 @@ def test_draft_impl_hf_is_recorded_and_exact(pair_dirs, tmp_path, capsys):
     """--draft-impl hf: the draft through its own forward; output and bookkeeping as with the default."""
     out = tmp_path / "out"
     rc = cli.main(["--target", pair_dirs[0], "--draft", pair_dirs[1], "--max-new-tokens", "8", "--quiet",
-                   "--draft-impl", "hf", "--gamma", "3", "--out", str(out), "--no-plots"])
+                   "--draft-impl", "hf", "--gamma", "3", "--out", str(out), "--no-plots", "--repeats", "1"])
     assert rc == 0, capsys.readouterr().err
     res = _results(out)
     assert res["options"]["draft_impl"] == "hf" and res["summary"]["draft_impl"] == "hf"
@@ -148,7 +152,7 @@ def test_draft_impl_hf_is_recorded_and_exact(pair_dirs, tmp_path, capsys):
 def test_default_pair(tmp_path, capsys):
     """No --target/--draft: the shipped pair, or the random stand-in (said so) while it is absent."""
     out = tmp_path / "out"
-    rc = cli.main(["--max-new-tokens", "4", "--out", str(out), "--quiet", "--no-plots"])
+    rc = cli.main(["--max-new-tokens", "4", "--out", str(out), "--quiet", "--no-plots", "--repeats", "1"])
     stdout, stderr = capsys.readouterr()
     assert rc == 0, stderr
     res = _results(out)
@@ -183,7 +187,7 @@ def test_bad_options_exit_2(argv, option, tmp_path, capsys):
 def test_help(capsys):
     assert cli.main(["--help"]) == 0
     text = capsys.readouterr().out
-    assert "--max-new-tokens" in text and str(cli.CPU_MAX_NEW_TOKENS) in text and "code" in text
+    assert "--max-new-tokens" in text and str(defaults.CPU_MAX_NEW_TOKENS) in text and "code" in text
 
 
 def test_without_matplotlib_writes_json_and_says_how_to_get_plots(pair_dirs, monkeypatch, tmp_path, capsys):
@@ -198,10 +202,17 @@ def test_without_matplotlib_writes_json_and_says_how_to_get_plots(pair_dirs, mon
 
 
 def test_missing_weights_exit_2(tmp_path, capsys):
+    """A local path that does not exist is named as missing (not looked up on the hub); a folder
+    that exists but holds no weights is named as holding none."""
     missing = str(tmp_path / "no-such-model")
     assert cli.main(["--target", missing, "--draft", missing, "--out", str(tmp_path)]) == 2
     stderr = capsys.readouterr().err
-    assert "no weights" in stderr and "no-such-model" in stderr and "Traceback" not in stderr
+    assert "--target: no such folder" in stderr and "no-such-model" in stderr and "Traceback" not in stderr
+    empty = tmp_path / "empty-model"
+    empty.mkdir()
+    assert cli.main(["--target", str(empty), "--draft", str(empty), "--out", str(tmp_path)]) == 2
+    stderr = capsys.readouterr().err
+    assert "no weights" in stderr and "empty-model" in stderr and "Traceback" not in stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
@@ -250,7 +261,7 @@ def test_divergence_exits_1_naming_prompt_and_position(pair_dirs, monkeypatch, t
 
 def test_proven_tie_is_reported_and_exits_0(pair_dirs, monkeypatch, tmp_path, capsys):
     _corrupt_second_prompt(monkeypatch, 5)
-    monkeypatch.setattr(cli, "_diagnose", lambda target, prompt, expected, actual: {
+    monkeypatch.setattr(experiment, "diagnose_outputs", lambda target, prompt, expected, actual: {
         "position": 5, "expected": expected[5], "actual": actual[5], "gap_step": 1e-7, "gap_block": -1e-7,
         "noise": 1e-6, "verdict": "tie", "message": "top-2 gap within fp32 noise"})
     out = tmp_path / "out"
@@ -260,3 +271,112 @@ def test_proven_tie_is_reported_and_exits_0(pair_dirs, monkeypatch, tmp_path, ca
     assert rc == 0, stderr
     assert "TIE@5" in stdout and "numerical tie" in stdout
     assert _results(out)["summary"]["ties"] == 1
+
+
+# --------------------------------------------------------------------------- issue 18: a fast, honest CLI
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _spec_subprocess(*args, timeout=300):
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env,
+                          cwd=ROOT)
+
+
+def test_help_imports_neither_torch_nor_transformers():
+    """--help answers before anything heavy is imported (measured: 0.6-0.8 s here, the same as
+    `python -c pass` on this loaded box; importing torch and transformers first took 6 to 20 s)."""
+    proc = _spec_subprocess("-X", "importtime", "-m", "spec", "--help")
+    assert proc.returncode == 0 and "usage: spec" in proc.stdout and "calibrated" in proc.stdout
+    imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time")}
+    assert "spec.defaults" in imported  # the check sees our own imports...
+    assert not {name for name in imported if name.split(".")[0] in ("torch", "transformers")}  # ...and no heavy one
+
+
+def test_real_run_in_a_subprocess(pair_dirs, tmp_path):
+    """`python -m spec` as a user runs it: our progress lines on stderr, no third-party progress
+    bars or logging anywhere, a warnings list in results.json, the repeats recorded."""
+    out = tmp_path / "out"
+    proc = _spec_subprocess("-m", "spec", "--target", pair_dirs[0], "--draft", pair_dirs[1], "--max-new-tokens", "6",
+                            "--gamma", "auto", "--repeats", "2", "--prompts", _prompts(tmp_path, "x = 1", "y = 2"),
+                            "--out", str(out), "--no-plots")
+    assert proc.returncode == 0, proc.stderr
+    assert "[4/4] repeat 2, greedy 2/2" in proc.stderr
+    for noise in ("Loading weights", "it/s]", "%|", "[transformers]", "Warning", "Traceback"):
+        assert noise not in proc.stdout + proc.stderr, noise
+    res = _results(out)
+    assert isinstance(res["warnings"], list) and res["summary"]["repeats"] == 2
+    assert res["summary"]["gamma"] == "auto" and isinstance(res["summary"]["theory_gamma"], int)
+    assert "gamma=auto (online; mostly" in proc.stdout
+    for r in res["prompts"]:
+        assert r["ids_identical"] and len(r["greedy_s_repeats"]) == len(r["spec_s_repeats"]) == 2
+        assert r["greedy_s"] == statistics.median(r["greedy_s_repeats"])
+
+
+def test_prompt_past_the_position_limit_is_refused(pair_dirs, tmp_path, capsys):
+    """tiny-target allows 2048 positions (config.max_position_embeddings): 3 prompt bytes + 2046
+    new tokens = 2049 is one too many; + 2045 would fit."""
+    base = ["--target", pair_dirs[0], "--draft", pair_dirs[1], "--prompts", _prompts(tmp_path, "abc"),
+            "--out", str(tmp_path), "--quiet", "--no-plots"]
+    assert cli.main(base + ["--max-new-tokens", "2046"]) == 2
+    err = capsys.readouterr().err
+    assert "prompt 1" in err and "2049 positions" in err and "limit of 2048" in err and "Traceback" not in err
+
+
+def test_draft_impls_match_the_decoder():
+    assert defaults.DRAFT_IMPLS == spec.decode.DRAFT_IMPLS
+
+
+def _summary(**over):
+    s = {"gamma": 5, "gamma_option": 5, "theory_gamma": 5, "c": 0.05, "draft_step_s": 1e-3, "target_step_s": 2e-2,
+         "alpha": 0.8, "accept_rate": 0.6, "tokens_per_round": 3.0, "predicted_speedup": 2.5, "measured_speedup": 2.0,
+         "speedup_min": 1.8, "speedup_max": 2.2, "repeats": 3, "repeat_speedups": [1.9, 2.0, 2.1],
+         "optimal_gamma": 7, "optimal_predicted_speedup": 2.7, "draft_cannot_win": False,
+         "in_run": {"c": 0.06, "verify_over_step": 1.2, "predicted_speedup": 2.4, "measured_over_predicted": 0.83,
+                    "predicted_speedup_verify_costed": 2.1, "measured_over_verify_costed": 2.0 / 2.1,
+                    "share_in_model_phases": 0.99}}
+    s.update(over)
+    s["repeat_spread"] = max(s["repeat_speedups"]) - min(s["repeat_speedups"])
+    return s
+
+
+def test_consistent_figures_carry_no_warning():
+    assert experiment.consistency_warnings(_summary()) == []
+
+
+def test_each_inconsistency_is_one_warning():
+    # c 0.01 from steps vs 0.06 in the runs: 6-fold, over the 2x limit.
+    assert ["6.0-fold" in w for w in experiment.consistency_warnings(_summary(c=0.01))] == [True]
+    # repeats 1.2x to 2.6x: a spread of 1.4, wider than the effect |2.0 - 1| = 1.0.
+    [w] = experiment.consistency_warnings(_summary(repeat_speedups=[1.2, 2.0, 2.6]))
+    assert "1.20x to 2.60x" in w
+    # measured 2.0x against a verify-costed 1.4x: 43% above, over the 30% limit.
+    run = {**_summary()["in_run"], "predicted_speedup_verify_costed": 1.4, "measured_over_verify_costed": 2.0 / 1.4}
+    [w] = experiment.consistency_warnings(_summary(in_run=run))
+    assert "43% above" in w
+
+
+def test_warning_is_one_visible_line_of_the_report():
+    summary = _summary(c=0.01)
+    results = {"prompts": [], "summary": summary, "warnings": experiment.consistency_warnings(summary)}
+    lines = [line for line in report.render(results).splitlines() if "WARNING" in line]
+    assert len(lines) == 1 and "6.0-fold" in lines[0]
+
+
+def test_draft_that_cannot_win_is_said_so():
+    """alpha 0.1, c 0.5: Theorem 3.8 at gamma 1 gives (1 + 0.1) / (0.5 + 1) = 0.73x, and more
+    drafting only costs more, so no gamma beats greedy."""
+    th = experiment._theory(0.1, 5, 0.5)
+    assert th["draft_cannot_win"] is True and th["optimal_predicted_speedup"] == pytest.approx(1.1 / 1.5)
+    line = report.summary_lines(_summary(alpha=0.1, c=0.5, **{k: th[k] for k in th if k != "predicted_tokens_per_round"}))[-1]
+    assert "cannot win" in line and "optimal gamma: none" in line
+
+
+def test_plot_title_says_how_gamma_was_chosen():
+    base = {"pair": {"target_name": "t", "draft_name": "d"}, "machine": {"gpu": None},
+            "options": {"target_dtype": "fp32", "draft_dtype": "fp32", "max_new_tokens": 8}, "warnings": []}
+    calibrated = report.figure_title({**base, "summary": _summary(gamma=8, gamma_option="calibrated")})
+    online = report.figure_title({**base, "summary": _summary(gamma="auto", gamma_option="auto", theory_gamma=7)})
+    assert "γ=8 (calibrated)" in calibrated and "γ=auto (online; mostly 7)" in online

@@ -19,7 +19,7 @@ def test_round_statistics_are_consistent(target, drafts, draft_kind, draft_impl,
                                max_new_tokens=max_new_tokens, trace=True, draft_impl=draft_impl)
     P = len(prompt)
     assert len(run.tokens) == max_new_tokens                    # no EOS given: never short, never over
-    assert run.rounds == len(run.drafted_per_round) == len(run.accepted_per_round) == len(run.trace)
+    assert len(run.rounds) == len(run.drafted_per_round) == len(run.accepted_per_round) == len(run.trace)
     assert sum(run.tokens_per_round) == len(run.tokens)
     assert run.drafted == sum(r.drafted for r in run.trace)
     assert run.accepted == sum(r.accepted for r in run.trace) <= run.drafted
@@ -62,10 +62,10 @@ def test_partial_acceptance_statistics(target, partial_draft):
     assert run.accept_rate == pytest.approx(run.accepted / run.drafted)
     # alpha (per-token) exceeds accepted/drafted: tokens after a rejection are never tested.
     assert run.alpha > run.accept_rate
-    assert run.mean_tokens_per_round == pytest.approx(len(run.tokens) / run.rounds)
+    assert run.mean_tokens_per_round == pytest.approx(len(run.tokens) / len(run.rounds))
 
 
 def test_greedy_result_shape(target):
     run = greedy_generate(target, [1, 2, 3], max_new_tokens=9, trace=True)
-    assert len(run.tokens) == 9 and run.rounds == 9 and run.drafted == 0 and run.accepted == 0
+    assert len(run.tokens) == 9 and len(run.rounds) == 9 and run.drafted == 0 and run.accepted == 0
     assert [r.target_cache for r in run.trace] == list(range(3, 12))

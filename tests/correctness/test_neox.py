@@ -18,7 +18,7 @@ from strategies import gammas, max_new_tokens_values, short_token_id_prompts
 from spec import hf, neox, speculative_generate
 from spec.decode import draft_runner
 from spec.models import build_gpt_neox, perturbed_copy
-from spec.synthetic import SyntheticDraft
+from synthetic import SyntheticDraft
 
 VOCAB = 500
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=512)

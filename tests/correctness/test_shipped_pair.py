@@ -1,4 +1,4 @@
-"""The small target/draft pair shipped in spec/assets/pair (made by `python -m spec.train`).
+"""The small target/draft pair shipped in spec/assets/pair (made by `python recipes/train_pair.py`).
 
 Loads both models the way a user would (AutoModelForCausalLM / AutoTokenizer from the
 package folder, fp32, eager attention) and checks the properties the rest of the project

@@ -12,7 +12,6 @@ while the target still computes all twelve layers.
 from __future__ import annotations
 
 import statistics
-import time
 import warnings
 from dataclasses import dataclass
 
@@ -20,7 +19,7 @@ import pytest
 import torch
 
 from spec import theory
-from spec.measure import sync
+from spec.clock import timed
 from spec.diagnose import diagnose
 from spec.models import SHIPPED_PAIR, build_gpt_neox, truncated_copy
 from spec.prompts import CODE_PROMPTS, SEED_PROMPTS
@@ -38,7 +37,7 @@ DAMPED_SHAPE = dict(hidden_size=256, num_hidden_layers=12, num_attention_heads=4
 
 @dataclass
 class PerfPair:
-    key: str                    # the pair's key in spec.thresholds
+    key: str                    # the pair's key in thresholds.py
     target: torch.nn.Module
     draft: torch.nn.Module
     prompts: list[list[int]]
@@ -68,11 +67,6 @@ def seeded_pair() -> PerfPair:
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 4000, (16,), generator=gen).tolist() for _ in range(len(CODE_PROMPTS))]
     return PerfPair("seeded-damped-256x12", target, draft, prompts)
-
-
-def _sync(device: torch.device | None) -> None:
-    if device is not None:
-        sync(device)
 
 
 @dataclass
@@ -113,11 +107,9 @@ def side_by_side(benchmark, baseline, candidate, items, *, rounds: int, device: 
         outs.clear()
         row = []
         for item in items:
-            _sync(device)
-            t0 = time.perf_counter()
-            outs.append(fn(item))
-            _sync(device)
-            row.append(time.perf_counter() - t0)
+            out, seconds = timed(lambda: fn(item), device)
+            outs.append(out)
+            row.append(seconds)
         times.append(row)
 
     def setup():
@@ -136,7 +128,7 @@ def acceptance(results) -> dict:
     accepted = [k for r in results for k in r.accepted_per_round]
     drafted = [g for r in results for g in r.drafted_per_round]
     tokens = sum(len(r.tokens) for r in results)
-    rounds = sum(r.rounds for r in results)
+    rounds = sum(len(r.rounds) for r in results)
     return {
         "alpha": theory.alpha_from_accepted(accepted, drafted),
         "accept_rate": sum(accepted) / sum(drafted),

@@ -3,7 +3,7 @@
 1. The seed experiment: the real pair from --target/--draft (default pythia-12b and
    pythia-410m, local weights only), target fp32 with TF32 off, draft bf16, the seed's
    five prompts, 256 new tokens, gamma 5. Gate: token-identical to greedy, mean
-   per-prompt speedup over greedy at least spec.thresholds' floor for this GPU, and
+   per-prompt speedup over greedy at least thresholds.py's floor for this GPU, and
    within the GPU band of Theorem 3.8's prediction from the alpha and c measured here.
 2. The same shapes with random weights (no download needed) and a SyntheticDraft at
    alpha 0.8 around the random pythia-410m: times the real shapes at a known alpha.
@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 
+import thresholds
 from perfkit import SEED_PROMPTS, acceptance, assert_same_tokens, prediction, report, side_by_side
-from spec import build_gpt_neox, greedy_generate, hf, load_pair, speculative_generate, thresholds
+from spec import build_gpt_neox, greedy_generate, hf, load_pair, speculative_generate
 from spec.measure import cost_ratio, verify_cost
-from spec.synthetic import SyntheticDraft
+from synthetic import SyntheticDraft
 
 pytestmark = [pytest.mark.gpu, pytest.mark.perf]
 GPU_NEW_TOKENS = 256
@@ -85,7 +86,7 @@ def _gate(benchmark, device, key, run, costs, verify, eos_stops: bool) -> None:
     assert lo <= ratio <= hi, (f"measured {speedup:.2f}x vs Theorem 3.8's {pred['predicted_speedup']:.2f}x "
                                f"(alpha {acc['alpha']:.3f}, c {costs.c:.3f}): ratio {ratio:.2f} outside {lo}..{hi}")
     if floor is None:
-        pytest.skip(f"no speedup floor for {hardware}/{key} in spec/thresholds.py (measured {speedup:.2f}x; "
+        pytest.skip(f"no speedup floor for {hardware}/{key} in tests/perf/thresholds.py (measured {speedup:.2f}x; "
                     f"exactness and the theory band checked)")
     assert speedup >= floor, f"speedup {speedup:.2f}x below the floor {floor}x for {hardware}/{key}"
 

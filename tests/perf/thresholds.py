@@ -1,7 +1,7 @@
 """The performance gate's thresholds, kept as data: one table, looked up by hardware and pair.
 
-SPEEDUP_FLOOR[hardware][pair]: the least speedup of speculative decoding (gamma = 5)
-over greedy decoding of the target alone, both measured side by side in one run
+SPEEDUP_FLOOR[hardware][pair] (GPUs; the CPU gate uses tests/perf/baseline.json): the
+least speedup of speculative decoding (gamma = 5) over greedy decoding of the target alone, both measured side by side in one run
 (tests/perf), as the mean of the per-prompt speedups. It is a ratio, so it survives a
 slower or faster machine of the same kind; absolute times are left to
 pytest-benchmark's --benchmark-compare (docs/BENCHMARKS.md).
@@ -40,28 +40,8 @@ SPEEDUP_FLOOR: dict[str, dict[str, float]] = {
         "pythia-12b/pythia-410m": 0.8,
         "synthetic-pythia-12b/pythia-410m@0.8": 0.8,
     },
-    "cpu": {
-        # Measured on the shared 2-core development box (tests/perf: 3 prompts x 40-48 tokens, 3 rounds,
-        # 1 thread), set well under what was seen because the box is noisy:
-        # shipped pair, 128x24 target + 1-layer draft (alpha 0.80-0.83, c ~0.10): 1.94x, 1.68x;
-        #   with the plain-tensor draft (c 0.03-0.04): 1.87x, 2.36x
-        #   (an earlier 128x16 training, alpha ~0.78, c ~0.14: 1.83x, 1.91x);
-        # seeded stand-in (alpha ~0.80, c 0.13-0.21): 1.43x, 1.44x in the suite, 1.23x..1.72x exploring.
-        # Re-measure the shipped pair's entry whenever the pair is retrained.
-        "shipped-pair": 1.1,
-        "seeded-damped-256x12": 1.0,
-    },
-}
-
-# HF_ASSISTED_FLOOR[hardware][pair]: the least ratio HF assisted generation's time / ours, same
-# pair, same gamma (5, HF's constant schedule), same prompts, timed side by side in one run.
-HF_ASSISTED_FLOOR: dict[str, dict[str, float]] = {
-    "cpu": {
-        # Measured on the shared 2-core box, 1 thread, with the plain-tensor draft (spec.neox):
-        # tests/perf (3 prompts x 40 tokens, 3 rounds): 1.71x, 1.53x; `python -m spec --peer hf --threads 1`
-        # (5 prompts x 128 tokens, runs interleaved): 1.59x, 1.49x. Set under what was seen.
-        "shipped-pair": 1.15,
-    },
+    # CPU: the speed gate compares side-by-side ratios with tests/perf/baseline.json instead
+    # (docs/BENCHMARKS.md, "Choosing the tolerance"); the floors once here are history there.
 }
 
 THEORY_TOLERANCE: dict[str, tuple[float, float]] = {
@@ -89,11 +69,6 @@ def hardware_key(device: torch.device | str) -> str | None:
 def speedup_floor(hardware: str | None, pair: str) -> float | None:
     """The gate's least same-run speedup, or None where no entry exists (report, don't gate)."""
     return SPEEDUP_FLOOR.get(hardware or "", {}).get(pair)
-
-
-def hf_assisted_floor(hardware: str | None, pair: str) -> float | None:
-    """The least same-run ratio HF assisted time / ours, or None where no entry exists."""
-    return HF_ASSISTED_FLOOR.get(hardware or "", {}).get(pair)
 
 
 def theory_tolerance(hardware: str | None) -> tuple[float, float]:

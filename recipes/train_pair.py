@@ -1,6 +1,6 @@
 """Recipe for the small target/draft pair shipped in ``spec/assets/pair``.
 
-Run ``python -m spec.train`` (about 17 minutes on a shared 2-core CPU; pass ``--out``
+Run ``python recipes/train_pair.py`` (about 17 minutes on a shared 2-core CPU; pass ``--out``
 to write elsewhere). The recipe:
 
 1. Corpus: the ``*.py`` sources of the running Python's standard library
@@ -55,7 +55,7 @@ import sysconfig
 import time
 from pathlib import Path
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "assets" / "pair"
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "spec" / "assets" / "pair"
 EOS_TOKEN = "<|endoftext|>"
 SKIP_DIRS = frozenset(
     {
@@ -495,7 +495,7 @@ def load_pair(out: Path, dtype=None):
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m spec.train", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python recipes/train_pair.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: %(default)s)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument(
@@ -536,96 +536,86 @@ def parse_args(argv=None):
     return ap.parse_args(argv)
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    import tokenizers
+def setup(args):
+    """Threads, determinism and the seed: the recipe's results depend on all three bit for bit."""
     import torch
-    import transformers
-    from transformers import GenerationConfig, GPTNeoXForCausalLM
 
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(args.seed)
-    t_start = time.perf_counter()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
 
-    # 1. corpus
+
+def prepare_data(args) -> dict:
+    """Steps 1 and 2: the corpus split by file, and the tokenizer trained on the train split only."""
     files = stdlib_files(args.stdlib)
     train_files, held_files = split_corpus(files, args.heldout_frac)
     print(f"corpus: {len(files)} files, train {len(train_files)}, held-out {len(held_files)}", flush=True)
-
-    # 2. tokenizer (train split only)
     t0 = time.perf_counter()
     raw_tok = train_tokenizer([t for _, t in train_files], args.vocab_size)
     hf_tok = wrap_tokenizer(raw_tok)
-    n_tok = len(hf_tok)
-    train_stream = encode_stream(raw_tok, [t for _, t in train_files])
-    held_stream = encode_stream(raw_tok, [t for _, t in held_files])
-    tok_seconds = time.perf_counter() - t0
-    print(f"tokenizer: {n_tok} tokens; train {len(train_stream)} held-out {len(held_stream)} tokens", flush=True)
+    data = dict(files=files, train_files=train_files, held_files=held_files, hf_tok=hf_tok, n_tok=len(hf_tok),
+                train_stream=encode_stream(raw_tok, [t for _, t in train_files]),
+                held_stream=encode_stream(raw_tok, [t for _, t in held_files]))
+    data["tok_seconds"] = time.perf_counter() - t0
+    print(f"tokenizer: {data['n_tok']} tokens; train {len(data['train_stream'])} held-out "
+          f"{len(data['held_stream'])} tokens", flush=True)
+    data["draft_width"] = pad_to(data["n_tok"] + 1, args.draft_pad)  # at least one padding row, like pythia
+    data["target_width"] = pad_to(data["draft_width"] + 1, args.target_pad)
+    assert data["n_tok"] < data["draft_width"] < data["target_width"]
+    return data
 
-    draft_width = pad_to(n_tok + 1, args.draft_pad)  # at least one padding row, like pythia
-    target_width = pad_to(draft_width + 1, args.target_pad)
-    assert n_tok < draft_width < target_width
 
-    # 3. target in two stages (shallow, then grown deep), then the draft distilled from it
+def train_target(args, data):
+    """Step 3a: the target in two stages, shallow then grown deep; returns (stage1, target, infos)."""
+    import torch
+    from transformers import GPTNeoXForCausalLM
+
     if args.target_layers % args.stage1_layers:
         raise SystemExit("--target-layers must be a multiple of --stage1-layers")
     factor = args.target_layers // args.stage1_layers
     total = args.stage1_steps + args.target_steps
     common = dict(batch=args.batch, seq_len=args.seq_len, weight_decay=args.weight_decay)
+    train, held = data["train_stream"], data["held_stream"]
     torch.manual_seed(args.seed)
-    stage1 = GPTNeoXForCausalLM(make_config(target_width, args.target_hidden, args.stage1_layers, args.target_heads))
-    s1_info = train_model(
-        stage1,
-        train_stream,
-        steps=args.stage1_steps,
-        lr=args.target_lr,
-        warmup=args.warmup,
-        seed=args.seed,
-        schedule=(0, total),
-        name=f"target-{args.stage1_layers}L",
-        **common,
-    )
-    s1_info["heldout_loss"] = heldout_loss(stage1, held_stream, args.seq_len)
+    stage1 = GPTNeoXForCausalLM(make_config(data["target_width"], args.target_hidden, args.stage1_layers,
+                                            args.target_heads))
+    s1_info = train_model(stage1, train, steps=args.stage1_steps, lr=args.target_lr, warmup=args.warmup,
+                          seed=args.seed, schedule=(0, total), name=f"target-{args.stage1_layers}L", **common)
+    s1_info["heldout_loss"] = heldout_loss(stage1, held, args.seq_len)
     target = grow(stage1, factor)
-    s1_info["heldout_loss_after_growth"] = heldout_loss(target, held_stream, args.seq_len)
+    s1_info["heldout_loss_after_growth"] = heldout_loss(target, held, args.seq_len)
     print(f"stage 1: {json.dumps(s1_info)}", flush=True)
-    t_info = train_model(
-        target,
-        train_stream,
-        steps=args.target_steps,
-        lr=args.target_lr,
-        warmup=args.stage2_warmup,
-        seed=args.seed + 1,
-        schedule=(args.stage1_steps, total),
-        name=f"target-{args.target_layers}L",
-        **common,
-    )
-    t_info["heldout_loss"] = heldout_loss(target, held_stream, args.seq_len)
+    t_info = train_model(target, train, steps=args.target_steps, lr=args.target_lr, warmup=args.stage2_warmup,
+                         seed=args.seed + 1, schedule=(args.stage1_steps, total),
+                         name=f"target-{args.target_layers}L", **common)
+    t_info["heldout_loss"] = heldout_loss(target, held, args.seq_len)
     t_info["added_layer_output_norm_ratio"] = added_layer_ratio(target, factor)
     print(f"stage 2: {json.dumps(t_info)}", flush=True)
+    return stage1, target, {"stage1": s1_info, "training": t_info}
+
+
+def train_draft(args, data, stage1, target):
+    """Step 3b: the draft, started from the target's stage-1 weights and distilled from the target."""
+    import torch
+    from transformers import GPTNeoXForCausalLM
+
     torch.manual_seed(args.seed + 2)
-    draft = GPTNeoXForCausalLM(make_config(draft_width, args.draft_hidden, args.draft_layers, args.draft_heads))
+    draft = GPTNeoXForCausalLM(make_config(data["draft_width"], args.draft_hidden, args.draft_layers,
+                                           args.draft_heads))
     if args.draft_hidden == args.target_hidden:
         draft_from(stage1, draft)
-    del stage1
     print(f"target {n_params(target) / 1e6:.2f}M params, draft {n_params(draft) / 1e6:.2f}M params", flush=True)
-    d_info = train_model(
-        draft,
-        train_stream,
-        steps=args.draft_steps,
-        lr=args.draft_lr,
-        warmup=args.warmup,
-        seed=args.seed + 3,
-        teacher=target,
-        kl_weight=args.kl_weight,
-        name="draft",
-        **common,
-    )
+    info = train_model(draft, data["train_stream"], steps=args.draft_steps, lr=args.draft_lr, warmup=args.warmup,
+                       seed=args.seed + 3, teacher=target, kl_weight=args.kl_weight, name="draft",
+                       batch=args.batch, seq_len=args.seq_len, weight_decay=args.weight_decay)
+    return draft, info
 
-    # 4. save (bf16 safetensors, tokenizer in each folder)
+
+def save_pair(out: Path, target, draft, hf_tok) -> None:
+    """Step 4: bf16 safetensors, the tokenizer in each folder."""
+    import torch
+    from transformers import GenerationConfig
+
     for name, model in (("target", target), ("draft", draft)):
         d = out / name
         model = model.to(torch.bfloat16)
@@ -634,93 +624,111 @@ def main(argv=None):
         hf_tok.save_pretrained(d)
         for f in d.iterdir():
             f.chmod(0o644)
-    del target, draft
-    train_seconds = time.perf_counter() - t_start
 
-    # 5. evaluate the saved weights, loaded in fp32
+
+def evaluate_saved(args, out: Path, data) -> tuple:
+    """Step 5: the saved weights loaded in fp32: held-out losses, agreement and step times."""
     target, draft = load_pair(out)
-    ev = evaluate_pair(
-        target,
-        draft,
-        held_stream,
-        args.seq_len,
-        max_windows=args.eval_windows,
-        n_prompts=args.eval_prompts,
-        prompt_len=args.eval_prompt_len,
-        new_tokens=args.eval_new_tokens,
-    )
+    ev = evaluate_pair(target, draft, data["held_stream"], args.seq_len, max_windows=args.eval_windows,
+                       n_prompts=args.eval_prompts, prompt_len=args.eval_prompt_len,
+                       new_tokens=args.eval_new_tokens)
     print(json.dumps(ev), flush=True)
     cost = None
     if args.timing_steps:
-        cost = measure_cost(target, draft, held_stream[: args.eval_prompt_len][None], steps=args.timing_steps)
+        cost = measure_cost(target, draft, data["held_stream"][: args.eval_prompt_len][None],
+                            steps=args.timing_steps)
         print(json.dumps(cost), flush=True)
+    return target, draft, ev, cost
 
-    def cfg_summary(m):
-        c = m.config
-        return {
-            "hidden_size": c.hidden_size,
-            "num_hidden_layers": c.num_hidden_layers,
-            "num_attention_heads": c.num_attention_heads,
-            "intermediate_size": c.intermediate_size,
-            "vocab_size": c.vocab_size,
-            "params": n_params(m),
-        }
 
-    recipe = {
-        "command": "python -m spec.train " + " ".join(sys.argv[1:] if argv is None else argv),
+def config_summary(model) -> dict:
+    c = model.config
+    return {"hidden_size": c.hidden_size, "num_hidden_layers": c.num_hidden_layers,
+            "num_attention_heads": c.num_attention_heads, "intermediate_size": c.intermediate_size,
+            "vocab_size": c.vocab_size, "params": n_params(model)}
+
+
+def versions() -> dict:
+    import tokenizers
+    import torch
+    import transformers
+
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "tokenizers": tokenizers.__version__}
+
+
+def corpus_record(data) -> dict:
+    train_files, held_files = data["train_files"], data["held_files"]
+    return {
+        "source": "Python standard library *.py (sysconfig.get_paths()['stdlib'])",
+        "python_version": platform.python_version(),
+        "skipped_dirs": sorted(SKIP_DIRS),
+        "files_train": len(train_files),
+        "files_heldout": len(held_files),
+        "bytes_train": sum(len(t.encode()) for _, t in train_files),
+        "bytes_heldout": sum(len(t.encode()) for _, t in held_files),
+        "heldout_files": [r for r, _ in held_files],
+        "digest_sha256": corpus_digest(data["files"]),
+    }
+
+
+def recipe_record(args, argv, data, models: dict, infos: dict, ev, cost, seconds: dict) -> dict:
+    """RECIPE.json: settings, corpus, tokenizer, both models, evaluation and timings."""
+    factor = args.target_layers // args.stage1_layers
+    draft_width, target_width = data["draft_width"], data["target_width"]
+    return {
+        "command": "python recipes/train_pair.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "out"},
-        "versions": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "tokenizers": tokenizers.__version__,
-        },
-        "corpus": {
-            "source": "Python standard library *.py (sysconfig.get_paths()['stdlib'])",
-            "python_version": platform.python_version(),
-            "skipped_dirs": sorted(SKIP_DIRS),
-            "files_train": len(train_files),
-            "files_heldout": len(held_files),
-            "bytes_train": sum(len(t.encode()) for _, t in train_files),
-            "bytes_heldout": sum(len(t.encode()) for _, t in held_files),
-            "heldout_files": [r for r, _ in held_files],
-            "digest_sha256": corpus_digest(files),
-        },
+        "versions": versions(),
+        "corpus": corpus_record(data),
         "tokenizer": {
-            "type": "byte-level BPE (tokenizers), no normaliser",
-            "len": n_tok,
-            "eos_bos_unk": EOS_TOKEN,
-            "eos_token_id": 0,
-            "bos_token_id": 0,
-            "tokens_train": len(train_stream),
-            "tokens_heldout": len(held_stream),
-            "seconds": round(tok_seconds, 1),
+            "type": "byte-level BPE (tokenizers), no normaliser", "len": data["n_tok"], "eos_bos_unk": EOS_TOKEN,
+            "eos_token_id": 0, "bos_token_id": 0, "tokens_train": len(data["train_stream"]),
+            "tokens_heldout": len(data["held_stream"]), "seconds": round(data["tok_seconds"], 1),
         },
         "target": {
-            **cfg_summary(target),
+            **config_summary(models["target"]),
             "objective": "next-token cross-entropy",
             "method": f"progressive stacking: {args.stage1_layers} layers for {args.stage1_steps} steps, then each "
             f"layer followed by {factor - 1} copies of itself whose residual output projections start at zero "
             "(the grown model computes the same function), then "
             f"{args.target_steps} steps at {args.target_layers} layers; one cosine schedule over both stages",
-            "stage1": s1_info,
-            "training": t_info,
+            **infos["target"],
         },
         "draft": {
-            **cfg_summary(draft),
+            **config_summary(models["draft"]),
             "objective": f"{args.kl_weight}*KL(target||draft) on logits[:{min(draft_width, target_width)}] "
             f"+ {1 - args.kl_weight:.2f}*CE",
             "init": "target's stage-1 embeddings, first layer, final LayerNorm and output rows (first "
             f"{draft_width} rows)" if args.draft_hidden == args.target_hidden else "random",
-            "training": d_info,
+            "training": infos["draft"],
         },
         "saved_dtype": "bfloat16",
         "eval_note": "saved weights loaded in fp32, eager attention; losses in nats/token",
         "eval": ev,
         "cost": cost,
-        "total_seconds_training_and_saving": round(train_seconds, 1),
-        "total_seconds": round(time.perf_counter() - t_start, 1),
+        "total_seconds_training_and_saving": round(seconds["train"], 1),
+        "total_seconds": round(seconds["total"], 1),
     }
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    setup(args)
+    t_start = time.perf_counter()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    data = prepare_data(args)
+    stage1, target, target_info = train_target(args, data)
+    draft, draft_info = train_draft(args, data, stage1, target)
+    del stage1
+    save_pair(out, target, draft, data["hf_tok"])
+    del target, draft
+    train_seconds = time.perf_counter() - t_start
+    target, draft, ev, cost = evaluate_saved(args, out, data)
+    seconds = {"train": train_seconds, "total": time.perf_counter() - t_start}
+    recipe = recipe_record(args, argv, data, {"target": target, "draft": draft},
+                           {"target": target_info, "draft": draft_info}, ev, cost, seconds)
     (out / "RECIPE.json").write_text(json.dumps(recipe, indent=2) + "\n")
     print(f"wrote {out} in {recipe['total_seconds']:.0f}s", flush=True)
     return recipe
