@@ -111,9 +111,23 @@ def peer_table(records: list[dict]) -> str:
     rows = []
     for r in records:
         p = r["peer"]
-        rows.append([str(r["index"]), _fmt(p["hf_s"]), _fmt(p["hf_tok_s"], 1), f"{p['hf_speedup']:.2f}x",
-                     f"{p['ours_vs_hf']:.2f}x", "YES" if p["ids_identical"] else "NO"])
+        same = p["ids_identical"]
+        # A peer that generated something else did other work: its time is not comparable.
+        rows.append([str(r["index"]), _fmt(p["hf_s"]), _fmt(p["hf_tok_s"], 1),
+                     f"{p['hf_speedup']:.2f}x" if same else "-", f"{p['ours_vs_hf']:.2f}x" if same else "-",
+                     "YES" if same else f"NO: {peer_difference(p['tokens'], r['greedy_tokens'])}"])
     return format_table(PEER_COLUMNS, rows, left=frozenset())
+
+
+def peer_difference(peer: list[int], greedy: list[int]) -> str | None:
+    """Why a peer's output is not greedy's: None when identical."""
+    if peer == greedy:
+        return None
+    at = next((i for i, (a, b) in enumerate(zip(peer, greedy)) if a != b), None)
+    if at is None:
+        return f"{len(peer)} tokens where greedy made {len(greedy)} (it stopped " + \
+            ("early)" if len(peer) < len(greedy) else "later)")
+    return f"differs at new token {at} ({peer[at]} vs greedy's {greedy[at]})"
 
 
 def summary_lines(s: dict) -> list[str]:
