@@ -85,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
             "  1 a speculative output differs from greedy, 2 bad options / missing weights / unusable device."
         ),
     )
-    p.add_argument("--target", help="target model: local folder or cached hub id (default: the shipped pair)")
+    p.add_argument("--target", help="target model: local folder, .gguf file (needs spec[gguf]) or cached hub id "
+                                    "(default: the shipped pair)")
     p.add_argument("--draft", help="draft model: local folder or cached hub id (give with --target)")
     p.add_argument("--device", type=_device, default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
     p.add_argument("--target-dtype", choices=list(DTYPES), default="fp32", help="(default: %(default)s)")
@@ -97,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=_positive_int, default=None,
                    help=f"new tokens per prompt (default: {CUDA_MAX_NEW_TOKENS} on CUDA, {CPU_MAX_NEW_TOKENS} on CPU)")
     p.add_argument("--prompts", type=Path, metavar="FILE", help="prompt file, one prompt a line")
+    p.add_argument("--chat", action="store_true",
+                   help="wrap each prompt as a user turn in the tokenizer's chat template (instruction-tuned models)")
     p.add_argument("--ignore-eos", action="store_true",
                    help="always generate --max-new-tokens (default: stop at the tokenizer's EOS)")
     p.add_argument("--threads", type=_positive_int, default=None,
@@ -211,7 +214,7 @@ def load(args, say) -> tuple[models.Pair, dict]:
         say(f"loading target {t_path} ({args.target_dtype}) and draft {d_path} ({args.draft_dtype}) on {args.device}")
         try:
             pair = models.load_pair(t_path, d_path, device=args.device, target_dtype=td, draft_dtype=dd)
-        except (FileNotFoundError, ValueError, OSError) as err:
+        except (FileNotFoundError, ValueError, OSError, ImportError) as err:
             raise UsageError(str(err)) from None
         info = {"source": "shipped" if shipped else "paths", "target": t_path, "draft": d_path,
                 "target_name": "shipped target" if shipped else _short_name(t_path),
@@ -222,10 +225,15 @@ def load(args, say) -> tuple[models.Pair, dict]:
     return pair, info
 
 
-def encode(prompt: str, pair: models.Pair, index: int) -> list[int]:
+def encode(prompt: str, pair: models.Pair, index: int, chat: bool = False) -> list[int]:
     rows = min(hf.vocab_rows(pair.target), hf.vocab_rows(pair.draft))
     if pair.tokenizer is not None:
-        ids = list(pair.tokenizer.encode(prompt))
+        try:
+            ids = models.encode_prompt(pair.tokenizer, prompt, chat=chat)
+        except ValueError as err:
+            raise UsageError(f"--chat: {err}") from None
+    elif chat:
+        raise UsageError("--chat: the model has no tokenizer, so no chat template")
     else:
         ids = [b % rows for b in prompt.encode("utf-8")]
     if not ids:
@@ -298,7 +306,7 @@ def run(args) -> int:
         prompts, prompt_set = CODE_PROMPTS, "code (shipped pair)"
     else:
         prompts, prompt_set = SEED_PROMPTS, "seed"
-    prompt_ids = [encode(p, pair, i) for i, p in enumerate(prompts, 1)]
+    prompt_ids = [encode(p, pair, i, args.chat) for i, p in enumerate(prompts, 1)]
     eos = None if args.ignore_eos or tok is None else tok.eos_token_id
     N = args.max_new_tokens
 
