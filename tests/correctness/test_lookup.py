@@ -24,7 +24,7 @@ VOCAB = 500
 ALPHA = 1e-3
 
 
-def lookup_reference(history: list[int], limit: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
+def lookup_reference(history: list[int], limit: int, max_ngram: int = 3, min_ngram: int = 2) -> list[int]:
     for k in range(max_ngram, min_ngram - 1, -1):
         if k >= len(history):
             continue
@@ -50,13 +50,18 @@ def lookup_reference(history: list[int], limit: int, max_ngram: int = 3, min_ngr
     ([1, 2, 3, 9, 2, 3, 5, 1, 2, 3], 3, [9, 2, 3]),  # 3-gram 1 2 3 at 0 beats the later 2-gram 2 3 at 4
 ])
 def test_proposals(history, limit, expected):
-    assert PromptLookup().propose(torch.tensor(history), limit) == expected
-    assert lookup_reference(history, limit) == expected
+    assert PromptLookup(min_ngram=1).propose(torch.tensor(history), limit) == expected
+    assert lookup_reference(history, limit, min_ngram=1) == expected
+
+
+def test_default_needs_two_tokens_to_match():
+    assert PromptLookup().propose(torch.tensor([4, 1, 9, 1, 8, 1]), 3) == []      # only 1-grams repeat
+    assert PromptLookup().propose(torch.tensor([4, 2, 1, 9, 2, 1]), 3) == [9, 2, 1]
 
 
 def test_ngram_bounds():
     h = torch.tensor([1, 2, 3, 9, 2, 3, 5, 1, 2, 3])
-    assert PromptLookup(max_ngram=2).propose(h, 2) == [5, 1]   # 2-gram 2 3, most recent at 4
+    assert PromptLookup(max_ngram=2, min_ngram=1).propose(h, 2) == [5, 1]   # 2-gram 2 3, most recent at 4
     assert PromptLookup(max_ngram=3, min_ngram=3).propose(torch.tensor([4, 1, 9, 1]), 2) == []
     for bad in (dict(max_ngram=0), dict(min_ngram=0), dict(max_ngram=2, min_ngram=3), dict(max_ngram=1.5)):
         with pytest.raises(ValueError, match="ngram"):
@@ -64,10 +69,11 @@ def test_ngram_bounds():
 
 
 @given(history=st.lists(st.integers(0, 4), min_size=1, max_size=40), limit=st.integers(0, 12),
-       max_ngram=st.integers(1, 4))
-def test_proposals_match_the_reference(history, limit, max_ngram):
-    assert PromptLookup(max_ngram=max_ngram).propose(torch.tensor(history), limit) == \
-        lookup_reference(history, limit, max_ngram=max_ngram)
+       max_ngram=st.integers(1, 4), min_ngram=st.integers(1, 4))
+def test_proposals_match_the_reference(history, limit, max_ngram, min_ngram):
+    min_ngram = min(min_ngram, max_ngram)
+    assert PromptLookup(max_ngram=max_ngram, min_ngram=min_ngram).propose(torch.tensor(history), limit) == \
+        lookup_reference(history, limit, max_ngram=max_ngram, min_ngram=min_ngram)
 
 
 # --- greedy: exact, whatever was proposed ---------------------------------------------------
@@ -82,7 +88,7 @@ def repetitive_prompts(vocab: int):
        max_new_tokens=max_new_tokens_values(64), max_ngram=st.integers(1, 4))
 def test_lookup_equals_greedy(target, prompt, gamma, max_new_tokens, max_ngram):
     expected = greedy_generate(target, prompt, max_new_tokens=max_new_tokens).tokens
-    actual = speculative_generate(target, PromptLookup(max_ngram=max_ngram), prompt, gamma=gamma,
+    actual = speculative_generate(target, PromptLookup(max_ngram=max_ngram, min_ngram=1), prompt, gamma=gamma,
                                   max_new_tokens=max_new_tokens).tokens
     assert_exact(target, prompt, expected, actual)
 
@@ -145,7 +151,7 @@ def _draw(model, prompt, gamma, n, seed, m):
     gen = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(n):
-        r = speculative_generate(model, PromptLookup(), list(prompt), gamma=gamma, do_sample=True,
+        r = speculative_generate(model, PromptLookup(min_ngram=1), list(prompt), gamma=gamma, do_sample=True,
                                  max_new_tokens=m, generator=gen)
         out.append((tuple(r.tokens), r.drafted_per_round[0], r.accepted_per_round[0]))
     return out
@@ -169,7 +175,7 @@ def test_lookup_sampling_matches_exact_law(table_target, prompt, gamma, n, seed)
 
     # First token by path. A one-hot q at the proposal x: accepted with probability p(x); on
     # rejection drawn from norm(max(0, p - q)) = p without x, so (x, rejected) is impossible.
-    proposal = lookup_reference(list(prompt), gamma)
+    proposal = lookup_reference(list(prompt), gamma, min_ngram=1)
     p = P(prompt)
     if proposal:
         x = proposal[0]
