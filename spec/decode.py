@@ -152,9 +152,16 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
     tensors on a preallocated KV buffer, GPT-NeoX only), "hf" (the model's own
     forward on a DynamicCache), "compiled" (its forward on a StaticCache with the
     one-token step compiled: CUDA graphs on GPU), "auto" ("plain" where it applies,
-    else "hf")."""
+    else "hf").
+
+    draft may also be a spec.PromptLookup (no model): each round it proposes at most gamma
+    tokens copied from an earlier occurrence in the prompt and output, and none where
+    nothing matches (that round is one target step); draft_impl does not apply."""
     lookup = isinstance(draft, PromptLookup)  # a model-free draft (spec.lookup): proposals, no model
-    check_model(target, "target") if lookup else check_pair(target, draft)
+    if lookup:
+        check_model(target, "target")
+    else:
+        check_pair(target, draft)
     check_options(max_new_tokens=max_new_tokens, gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p)
     device = model_device(target)
     models = {"target": target} if lookup else {"target": target, "draft": draft}
