@@ -9,6 +9,9 @@ image's) up to the newest 5.x.
   - `DynamicCache.crop(n)`: 5.17 reads a positive n as the length to keep (deprecated),
     5.24 raises on it. A negative n (tokens to remove) means the same in both, so we
     only ever pass a negative n.
+  - `generate()` (5.17 and 5.24 alike) fills every unset field of the GenerationConfig it
+    is given from the model's own generation_config: the HF peers below set the model's
+    aside for the call, so that eos_token_id=None means no EOS stop.
 """
 
 from __future__ import annotations
