@@ -7,7 +7,8 @@ import importlib
 
 _EXPORTS = {"Result": "spec.decode", "Round": "spec.decode", "greedy_generate": "spec.decode",
             "speculative_generate": "spec.decode", "SHIPPED_PAIR": "spec.models", "Pair": "spec.models",
-            "build_gpt_neox": "spec.models", "load_pair": "spec.models"}
+            "build_gpt_neox": "spec.models", "load_pair": "spec.models",
+            "PromptLookup": "spec.lookup"}
 
 __all__ = list(_EXPORTS)
 __version__ = "0.1.0"

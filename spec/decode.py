@@ -16,6 +16,7 @@ import torch
 
 from spec import clock, hf, neox, runner, sampling, theory
 from spec.autogamma import AutoGamma
+from spec.lookup import PromptLookup
 from spec.validate import as_prompt, check_model, check_options, check_pair, check_positions, model_device, stop_ids
 
 
@@ -161,19 +162,28 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
     tensors on a preallocated KV buffer, GPT-NeoX only), "hf" (the model's own
     forward on a DynamicCache), "compiled" (its forward on a StaticCache with the
     one-token step compiled: CUDA graphs on GPU), "auto" ("plain" where it applies,
-    else "hf")."""
-    check_pair(target, draft)
+    else "hf").
+
+    draft may also be a spec.PromptLookup (no model): each round it proposes at most gamma
+    tokens copied from an earlier occurrence in the prompt and output, and none where
+    nothing matches (that round is one target step); draft_impl does not apply."""
+    lookup = isinstance(draft, PromptLookup)  # a model-free draft (spec.lookup): proposals, no model
+    if lookup:
+        check_model(target, "target")
+    else:
+        check_pair(target, draft)
     check_options(max_new_tokens=max_new_tokens, gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p)
     device = model_device(target)
-    models = {"target": target, "draft": draft}
+    models = {"target": target} if lookup else {"target": target, "draft": draft}
     prompt = as_prompt(input_ids, device, models)
     stops = stop_ids(eos_token_id, models)
     check_positions(prompt.numel(), max_new_tokens, models)
     auto = AutoGamma() if gamma == "auto" else None
     max_gamma = auto.max_gamma if auto else gamma
     # The draft proposes only ids the target can score and the draft can embed again.
-    draft_rows = hf.vocab_rows(draft)
-    common = min(hf.logit_width(draft), hf.logit_width(target), draft_rows)
+    draft_rows = hf.vocab_rows(target if lookup else draft)
+    common = min(hf.logit_width(target), draft_rows) if lookup else \
+        min(hf.logit_width(draft), hf.logit_width(target), draft_rows)
     # The target may emit an id the draft cannot embed (pythia-12b's head is wider than
     # pythia-410m's embedding); the draft is fed a stand-in. That changes only its guesses.
     clamp_for_draft = hf.logit_width(target) > draft_rows
@@ -183,7 +193,7 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
     seq = torch.empty(P + max_new_tokens + max_gamma + 1, dtype=torch.long, device=device)
     seq[:P] = prompt
     target_run = runner.runner_for(target)
-    draft_run = draft_runner(draft, seq.numel(), draft_impl)
+    draft_run = draft if lookup else draft_runner(draft, seq.numel(), draft_impl)
     n = P
     result = Result(tokens=[], traced=trace)
 
@@ -194,7 +204,12 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
         # 1. Draft: Mq proposes g tokens autoregressively (first catching up on tokens it has not seen).
         t0 = _clock(device, timed)
         q = []
-        for i in range(g):
+        if lookup:  # up to g tokens, maybe none; q one-hot at each (a deterministic draft)
+            proposal = draft.propose(seq[:n], g)
+            g = len(proposal)
+            seq[n:n + g] = torch.tensor(proposal, dtype=torch.long, device=device)
+            q = list(torch.nn.functional.one_hot(seq[n:n + g], common).double()) if do_sample else []
+        for i in range(0 if lookup else g):
             feed = seq[len(draft_run):n + i]
             logits = draft_run(feed.clamp(max=draft_rows - 1) if clamp_for_draft else feed, keep=1)[-1, :common]
             if do_sample:

@@ -119,7 +119,7 @@ def load(args, say) -> tuple[models.Pair, dict]:
         try:
             pair = models.load_pair(t_path, d_path, device=args.device, target_dtype=DTYPES[args.target_dtype],
                                     draft_dtype=DTYPES[args.draft_dtype])
-        except (FileNotFoundError, ValueError, OSError) as err:
+        except (FileNotFoundError, ValueError, OSError, ImportError) as err:
             raise UsageError(str(err)) from None
         info = {"source": "shipped" if shipped else "paths", "target": t_path, "draft": d_path,
                 "target_name": "shipped target" if shipped else _short_name(t_path),
@@ -148,10 +148,15 @@ def read_prompts(path: Path) -> list[str]:
     return prompts
 
 
-def encode(prompt: str, pair: models.Pair, index: int) -> list[int]:
+def encode(prompt: str, pair: models.Pair, index: int, chat: bool = False) -> list[int]:
     rows = min(hf.vocab_rows(pair.target), hf.vocab_rows(pair.draft))
     if pair.tokenizer is not None:
-        ids = list(pair.tokenizer.encode(prompt))
+        try:
+            ids = models.encode_prompt(pair.tokenizer, prompt, chat=chat)
+        except ValueError as err:
+            raise UsageError(f"--chat: {err}") from None
+    elif chat:
+        raise UsageError("--chat: the model has no tokenizer, so no chat template")
     else:
         ids = [b % rows for b in prompt.encode("utf-8")]
     if not ids:
@@ -170,7 +175,7 @@ def prompts(args, pair: models.Pair, pair_info: dict) -> dict:
         texts, prompt_set = CODE_PROMPTS, "code (shipped pair)"
     else:
         texts, prompt_set = SEED_PROMPTS, "seed"
-    ids = [encode(p, pair, i) for i, p in enumerate(texts, 1)]
+    ids = [encode(p, pair, i, args.chat) for i, p in enumerate(texts, 1)]
     for i, row in enumerate(ids, 1):
         try:
             validate.check_positions(len(row), args.max_new_tokens, {"target": pair.target, "draft": pair.draft})
@@ -210,10 +215,10 @@ def choose_gamma(args, pair, ps: dict, cost: measure.Costs, say) -> tuple[int | 
     cal = _spec(args, pair, ps["ids"][0], g0, min(n0, args.max_new_tokens), ps["eos"])
     alpha = cal.alpha if cal.drafted else 0.0
     say("measuring the verify pass's cost per drafted token")
-    slope = measure.verify_slope(pair.target, ps["ids"][0], max_gamma=top)
-    gamma = theory.optimal_gamma(min(alpha, 0.999), cost.c, top, verify_slope=slope)
-    return gamma, {"tokens": len(cal.tokens), "gamma": g0, "alpha": alpha, "c": cost.c, "verify_slope": slope,
-                   "chosen_gamma": gamma, "max_gamma": top}
+    line = measure.verify_line(pair.target, ps["ids"][0], max_gamma=top)
+    gamma = theory.optimal_gamma(min(alpha, 0.999), cost.c, top, verify_slope=line.slope, verify_fixed=line.fixed)
+    return gamma, {"tokens": len(cal.tokens), "gamma": g0, "alpha": alpha, "c": cost.c, "verify_slope": line.slope,
+                   "verify_fixed": line.fixed, "chosen_gamma": gamma, "max_gamma": top}
 
 
 # --------------------------------------------------------------------------- timing
@@ -428,9 +433,12 @@ def summarize(args, records: list[dict], gamma, calibration: dict | None, cost: 
     }
     summary["failures"] = sum(1 for r in records if not r["ids_identical"]) - summary["ties"]
     if args.peer == "hf":
-        hf_total = sum(r["peer"]["hf_s"] for r in records)
-        summary["hf_speedup"] = total_g / hf_total
-        summary["ours_vs_hf"] = hf_total / total_s
+        # Speed ratios only over prompts where HF produced greedy's tokens: other output is other work.
+        same = [r for r in records if r["peer"]["ids_identical"]]
+        hf_total = sum(r["peer"]["hf_s"] for r in same)
+        summary["hf_compared_prompts"] = len(same)
+        summary["hf_speedup"] = sum(r["greedy_s"] for r in same) / hf_total if same else None
+        summary["ours_vs_hf"] = hf_total / sum(r["spec_s"] for r in same) if same else None
         summary["peer_gamma"] = gamma if isinstance(gamma, int) else defaults.CALIBRATION_GAMMA
     summary["exit_status"] = 1 if summary["failures"] else 0
     return summary

@@ -9,10 +9,14 @@ image's) up to the newest 5.x.
   - `DynamicCache.crop(n)`: 5.17 reads a positive n as the length to keep (deprecated),
     5.24 raises on it. A negative n (tokens to remove) means the same in both, so we
     only ever pass a negative n.
+  - `generate()` (5.17 and 5.24 alike) fills every unset field of the GenerationConfig it
+    is given from the model's own generation_config: the HF peers below set the model's
+    aside for the call, so that eos_token_id=None means no EOS stop.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import inspect
@@ -157,21 +161,46 @@ def logit_width(model) -> int:
     return model.get_output_embeddings().weight.shape[0]
 
 
-def _greedy_config(model, max_new_tokens: int, eos_token_id) -> GenerationConfig:
-    # A fresh config rather than kwargs: with eos_token_id=None, kwargs would fall
-    # back to the model's own EOS, and we want "no EOS" to mean exactly that.
+def _greedy_config(max_new_tokens: int, eos_token_id) -> GenerationConfig:
+    """Plain greedy decoding for exactly max_new_tokens, or to `eos_token_id` (None: no EOS).
+
+    Every field left unset here would be filled by generate() from the model's own
+    generation_config (5.17 and 5.24 alike: `_prepare_generation_config` updates the
+    None fields from it), so this config is only half the fix: `_as_only_config`
+    puts it in place of the model's for the call."""
     cfg = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
                            num_beams=1)
     cfg.pad_token_id = eos_token_id if eos_token_id is not None else 0
     return cfg
 
 
+@contextlib.contextmanager
+def _as_only_config(cfg: GenerationConfig, *models):
+    """`cfg` as the generation config of each of `models` for the duration of a generate() call.
+
+    generate() merges the model's generation_config into the config it is passed, None
+    fields first: a model shipped with an EOS (every real checkpoint) would stop there
+    although eos_token_id=None was asked for, and a shipped repetition_penalty or
+    min_length would change the "greedy" reference. With the model's config replaced by
+    `cfg` itself there is nothing left to merge in."""
+    saved = [m.generation_config for m in models]
+    try:
+        for m in models:
+            m.generation_config = copy.deepcopy(cfg)
+        yield
+    finally:
+        for m, old in zip(models, saved):
+            m.generation_config = old
+
+
 @torch.inference_mode()
 def hf_greedy(model, prompt: torch.Tensor, max_new_tokens: int, eos_token_id=None) -> list[int]:
-    """New tokens of `model.generate(do_sample=False)`: the reference oracle."""
+    """New tokens of `model.generate(do_sample=False)`: the reference oracle.
+    eos_token_id=None: exactly max_new_tokens tokens, whatever the model's own generation_config says."""
     ids = prompt.reshape(1, -1).to(model.device)
-    out = model.generate(ids, attention_mask=torch.ones_like(ids),
-                         generation_config=_greedy_config(model, max_new_tokens, eos_token_id))
+    cfg = _greedy_config(max_new_tokens, eos_token_id)
+    with _as_only_config(cfg, model):
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=cfg)
     return out[0, ids.shape[1]:].tolist()
 
 
@@ -203,12 +232,29 @@ def hf_assisted(target, assistant, prompt: torch.Tensor, gamma: int, max_new_tok
     """New tokens of HF assisted generation with `gamma` draft tokens a round.
 
     HF reads gamma from the assistant's generation_config, not from generate()'s
-    kwargs; the confidence threshold is zeroed so that every round drafts gamma."""
+    kwargs; the confidence threshold is zeroed so that every round drafts gamma.
+    As in hf_greedy, the target's own generation_config is set aside for the call."""
     gc = assistant.generation_config
     gc.num_assistant_tokens = gamma
     gc.num_assistant_tokens_schedule = schedule
     gc.assistant_confidence_threshold = 0.0
     ids = prompt.reshape(1, -1).to(target.device)
-    out = target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=assistant,
-                          generation_config=_greedy_config(target, max_new_tokens, eos_token_id))
+    cfg = _greedy_config(max_new_tokens, eos_token_id)
+    with _as_only_config(cfg, target):
+        out = target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=assistant,
+                              generation_config=cfg)
+    return out[0, ids.shape[1]:].tolist()
+
+
+@torch.inference_mode()
+def hf_prompt_lookup(model, prompt: torch.Tensor, max_new_tokens: int, eos_token_id=None,
+                     num_tokens: int = 10, max_ngram: int = 2) -> list[int]:
+    """New tokens of HF's prompt-lookup decoding (`prompt_lookup_num_tokens`): greedy,
+    drafting by n-gram match in the prompt and output so far, verified by `model`."""
+    ids = prompt.reshape(1, -1).to(model.device)
+    cfg = _greedy_config(max_new_tokens, eos_token_id)
+    cfg.prompt_lookup_num_tokens = num_tokens
+    cfg.max_matching_ngram_size = max_ngram
+    with _as_only_config(cfg, model):
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=cfg)
     return out[0, ids.shape[1]:].tolist()

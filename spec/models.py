@@ -89,21 +89,73 @@ class Pair:
     tokenizer: object | None
 
 
+GGUF_HINT = "pip install 'spec[gguf]' (the gguf and accelerate packages)"
+
+
+def _gguf(name_or_path: str) -> tuple[str, str] | None:
+    """(folder, file name) for a path to a .gguf file, else None."""
+    if not str(name_or_path).lower().endswith(".gguf"):
+        return None
+    path = Path(name_or_path).expanduser()
+    return str(path.parent), path.name
+
+
+def _looks_local(name_or_path: str) -> bool:
+    """A path rather than a hub id ("org/name"): what a missing one should be called."""
+    text = str(name_or_path)
+    return (text.startswith(("/", ".", "~")) or text.lower().endswith(".gguf") or text.count("/") > 1
+            or "\\" in text or os.sep != "/" and os.sep in text)
+
+
+def _check_gguf_support(role: str, name_or_path: str) -> None:
+    from importlib.util import find_spec
+    missing = [m for m in ("gguf", "accelerate") if find_spec(m) is None]
+    if missing:
+        raise ImportError(f"{role}: {name_or_path!r} is a GGUF file; reading it needs the "
+                          f"{' and '.join(missing)} package{'s' if len(missing) > 1 else ''}: {GGUF_HINT}")
+
+
 def _load(name_or_path: str, role: str, dtype: torch.dtype, device: str):
     local = Path(name_or_path).expanduser()
+    if not local.exists() and _looks_local(name_or_path):
+        raise FileNotFoundError(f"{role}: no weights for {name_or_path!r} on this machine: no such "
+                                f"{'GGUF file' if _gguf(name_or_path) else 'file or folder'} ({str(local)!r} "
+                                f"does not exist)")
+    gguf = _gguf(name_or_path)
+    if gguf is not None:
+        _check_gguf_support(role, name_or_path)
+        try:  # GGUF weights are dequantized to `dtype` as they load (about 20 s for a 135M model)
+            model = AutoModelForCausalLM.from_pretrained(gguf[0], gguf_file=gguf[1], dtype=dtype,
+                                                         local_files_only=True)
+        except (OSError, ValueError, RuntimeError) as err:
+            raise ValueError(f"{role}: cannot load the GGUF file {str(local)!r}: {type(err).__name__}: {err}") \
+                from None
+        return model.to(device).eval()
     source = str(local) if local.exists() else name_or_path
     try:
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=True)
     except (OSError, ValueError) as err:
+        if local.exists():
+            raise FileNotFoundError(
+                f"{role}: {str(local)!r} holds no loadable model: a folder needs config.json and weights "
+                f"(*.safetensors or pytorch_model.bin), or pass a .gguf file. ({type(err).__name__}: {err})"
+            ) from None
         raise FileNotFoundError(
-            f"{role}: no weights for {name_or_path!r} on this machine. spec loads offline only: pass a local "
-            f"folder with config.json and weights, or fetch the hub id into the cache on a connected machine "
+            f"{role}: no weights for {name_or_path!r} on this machine: it is no local path, and no hub id "
+            f"in the local cache. spec loads offline only: pass a local folder with config.json and weights "
+            f"or a .gguf file, or fetch the hub id into the cache on a connected machine "
             f"(e.g. `hf download {name_or_path}`) and copy the cache here. ({type(err).__name__}: {err})"
         ) from None
     return model.to(device).eval()
 
 
 def _tokenizer(name_or_path: str):
+    gguf = _gguf(name_or_path)
+    if gguf is not None:
+        try:
+            return AutoTokenizer.from_pretrained(gguf[0], gguf_file=gguf[1], local_files_only=True)
+        except (OSError, ValueError):
+            return None
     local = Path(name_or_path).expanduser()
     if local.is_dir() and not any((local / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
         return None  # a weights-only folder: AutoTokenizer would hand back an empty tokenizer
@@ -113,10 +165,31 @@ def _tokenizer(name_or_path: str):
         return None
 
 
+def load_model(name_or_path: str | os.PathLike, *, device: str = "cpu", dtype: torch.dtype = torch.float32,
+               role: str = "model"):
+    """One model and its tokenizer (None if it has none), offline: a local folder, a .gguf file
+    or a cached hub id. For a target alone, e.g. with the model-free spec.PromptLookup draft."""
+    name_or_path = str(name_or_path)
+    return _load(name_or_path, role, dtype, str(device)), _tokenizer(name_or_path)
+
+
+def encode_prompt(tokenizer, text: str, *, chat: bool = False) -> list[int]:
+    """Token ids of `text`; chat=True wraps it as one user turn in the tokenizer's chat
+    template, ending where the assistant's answer begins."""
+    if not chat:
+        return list(tokenizer.encode(text))
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("chat=True: this tokenizer has no chat template (an instruction-tuned model's has one)")
+    wrapped = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                            add_generation_prompt=True)
+    return list(tokenizer.encode(wrapped, add_special_tokens=False))
+
+
 def load_pair(target: str | os.PathLike = SHIPPED_PAIR / "target", draft: str | os.PathLike = SHIPPED_PAIR / "draft",
               *, device: str = "cpu", target_dtype: torch.dtype = torch.float32,
               draft_dtype: torch.dtype = torch.float32) -> Pair:
-    """Load a target/draft pair offline from local folders or cached hub ids.
+    """Load a target/draft pair offline from local folders, .gguf files (dequantized to the
+    dtype; needs the `gguf` extra) or cached hub ids.
 
     TF32 is turned off when the target is fp32 on CUDA: TF32 rounding flips
     near-tie argmaxes between the one-token and the block-verify matmul shapes."""

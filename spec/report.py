@@ -111,8 +111,11 @@ def peer_table(records: list[dict]) -> str:
     rows = []
     for r in records:
         p = r["peer"]
-        rows.append([str(r["index"]), _fmt(p["hf_s"]), _fmt(p["hf_tok_s"], 1), f"{p['hf_speedup']:.2f}x",
-                     f"{p['ours_vs_hf']:.2f}x", "YES" if p["ids_identical"] else "NO"])
+        same = p["ids_identical"]
+        # A peer that generated something else did other work: its time is not comparable.
+        rows.append([str(r["index"]), _fmt(p["hf_s"]), _fmt(p["hf_tok_s"], 1),
+                     f"{p['hf_speedup']:.2f}x" if same else "-", f"{p['ours_vs_hf']:.2f}x" if same else "-",
+                     "YES" if same else f"NO: {peer_difference(p['tokens'], r['greedy_tokens'])}"])
     return format_table(PEER_COLUMNS, rows, left=frozenset())
 
 
@@ -143,7 +146,8 @@ def header(args, pair_info: dict, ps: dict) -> str:
 
 
 def calibration_line(cal: dict) -> str:
-    return (f"gamma=calibrated: calibration alpha={cal['alpha']:.3f}, c={cal['c']:.3f}, verify pass 1 + "
+    return (f"gamma=calibrated: calibration alpha={cal['alpha']:.3f}, c={cal['c']:.3f}, verify pass "
+            f"{cal.get('verify_fixed', 1.0):.2f} + "
             f"{cal['verify_slope']:.3f} x gamma steps -> gamma={cal['chosen_gamma']} (Theorem 3.8's optimum with "
             f"that verify cost, at most {cal['max_gamma']})")
 
@@ -174,6 +178,17 @@ def _optimal_line(s: dict) -> str:
             f"(predicted {_fmt(s['optimal_predicted_speedup'])}x)")
 
 
+def peer_difference(peer: list[int], greedy: list[int]) -> str | None:
+    """Why a peer's output is not greedy's: None when identical."""
+    if peer == greedy:
+        return None
+    at = next((i for i, (a, b) in enumerate(zip(peer, greedy)) if a != b), None)
+    if at is None:
+        return f"{len(peer)} tokens where greedy made {len(greedy)} (it stopped " + \
+            ("early)" if len(peer) < len(greedy) else "later)")
+    return f"differs at new token {at} ({peer[at]} vs greedy's {greedy[at]})"
+
+
 def summary_lines(s: dict) -> list[str]:
     spread = ""
     if s.get("repeats", 1) > 1:
@@ -195,12 +210,21 @@ def render(results: dict) -> str:
     """The report after the run: tables, summary, the peer's figures and any warning."""
     records, s = results["prompts"], results["summary"]
     parts = [results_table(records)]
-    if s.get("hf_speedup") is not None:
+    if "hf_compared_prompts" in s:
         parts += ["", f"peer: Hugging Face assisted generation (gamma={s['peer_gamma']}, speedup vs our greedy)",
                   peer_table(records)]
     parts += [""] + summary_lines(s)
-    if s.get("hf_speedup") is not None:
-        parts.append(f"HF assisted: {s['hf_speedup']:.2f}x over greedy; ours is {s['ours_vs_hf']:.2f}x HF's speed")
+    if "hf_compared_prompts" in s:
+        for r in records:
+            if not r["peer"]["ids_identical"]:
+                parts.append(f"HF assisted, prompt {r['index']}: output is not greedy's: "
+                             f"{peer_difference(r['peer']['tokens'], r['greedy_tokens'])}; its time is left out")
+        if s["hf_compared_prompts"]:
+            parts.append(f"HF assisted: {s['hf_speedup']:.2f}x over greedy; ours is {s['ours_vs_hf']:.2f}x HF's "
+                         f"speed (on the {s['hf_compared_prompts']} of {len(records)} prompts where its output is "
+                         "greedy's)")
+        else:
+            parts.append("HF assisted: no output equal to greedy's, so no speed comparison")
     if results.get("warnings"):
         parts.append("WARNING: the run's own figures disagree: " + "; ".join(results["warnings"]))
     return "\n".join(parts)

