@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spec import hf, neox, sampling, theory
+from spec import hf, neox, sampling, seq2seq, theory
 from spec.autogamma import AutoGamma
 from spec.measure import sync
 from spec.validate import as_prompt, check_model, check_options, check_pair, model_device, stop_ids
@@ -96,20 +96,28 @@ def _first_stop(tokens: list[int], stops: frozenset[int]) -> int | None:
 @torch.inference_mode()
 def greedy_generate(model, input_ids, *, max_new_tokens: int = 64, eos_token_id=None, do_sample: bool = False,
                     temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-                    generator: torch.Generator | None = None, trace: bool = False) -> Result:
+                    generator: torch.Generator | None = None, trace: bool = False,
+                    input_features=None, decoder_input_ids=None) -> Result:
     """Plain autoregressive decoding with `model` alone: one cached forward pass per token.
 
     do_sample=False takes the argmax (equal to HF generate(do_sample=False));
-    do_sample=True is ancestral sampling from the processed distribution."""
+    do_sample=True is ancestral sampling from the processed distribution.
+    Encoder-decoder models (spec.seq2seq): input_ids (or input_features, Whisper) is the
+    encoder input, the tokens are the decoder's after its prompt (decoder_input_ids)."""
     check_model(model, "model")
     check_options(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
     device = model_device(model)
-    prompt = as_prompt(input_ids, device, {"model": model})
+    if seq2seq.is_encoder_decoder(model):  # the same loop, over the decoder (spec.seq2seq)
+        prompt, (model_run,) = seq2seq.prepare({"model": model}, input_ids, input_features=input_features,
+                                               decoder_input_ids=decoder_input_ids)
+    else:
+        seq2seq.refuse_inputs(input_features, decoder_input_ids)
+        prompt, model_run = as_prompt(input_ids, device, {"model": model}), hf.Cached(model)
     stops = stop_ids(eos_token_id, {"model": model})
     P = prompt.numel()
     seq = torch.empty(P + max_new_tokens, dtype=torch.long, device=device)
     seq[:P] = prompt
-    model_run, cached, n = hf.Cached(model), 0, P
+    cached, n = 0, P
     result = Result(tokens=[], trace=[] if trace else None)
 
     while n - P < max_new_tokens:
@@ -138,7 +146,8 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
                          eos_token_id=None, do_sample: bool = False, temperature: float = 1.0,
                          top_k: int | None = None, top_p: float | None = None,
                          generator: torch.Generator | None = None, trace: bool = False,
-                         draft_impl: str = "auto") -> Result:
+                         draft_impl: str = "auto", input_features=None, decoder_input_ids=None,
+                         share_encoder: bool = False) -> Result:
     """Speculative decoding: `draft` (Mq) proposes, `target` (Mp) verifies.
 
     Greedy (do_sample=False): the output equals greedy_generate(target, ...) token
@@ -151,12 +160,24 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
     tensors on a preallocated KV buffer, GPT-NeoX only), "hf" (the model's own
     forward on a DynamicCache), "compiled" (its forward on a StaticCache with the
     one-token step compiled: CUDA graphs on GPU), "auto" ("plain" where it applies,
-    else "hf")."""
+    else "hf").
+
+    Encoder-decoder pairs (spec.seq2seq): input_ids (or input_features, Whisper) is the
+    encoder input, each model encodes it once (share_encoder=True: the draft's decoder
+    attends to the target's encoder output), and the loop speculates over the decoders."""
     check_pair(target, draft)
     check_options(max_new_tokens=max_new_tokens, gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p)
     device = model_device(target)
     models = {"target": target, "draft": draft}
-    prompt = as_prompt(input_ids, device, models)
+    if seq2seq.is_encoder_decoder(target) or seq2seq.is_encoder_decoder(draft):  # spec.seq2seq's runners
+        seq2seq.check_draft_impl(draft_impl)
+        prompt, (target_run, draft_run) = seq2seq.prepare(models, input_ids, input_features=input_features,
+                                                          decoder_input_ids=decoder_input_ids,
+                                                          share_encoder=share_encoder)
+    else:
+        seq2seq.refuse_inputs(input_features, decoder_input_ids, share_encoder)
+        prompt = as_prompt(input_ids, device, models)
+        target_run, draft_run = hf.Cached(target), None
     stops = stop_ids(eos_token_id, models)
     auto = AutoGamma() if gamma == "auto" else None
     max_gamma = auto.max_gamma if auto else gamma
@@ -171,8 +192,8 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
     P = prompt.numel()
     seq = torch.empty(P + max_new_tokens + max_gamma + 1, dtype=torch.long, device=device)
     seq[:P] = prompt
-    target_run = hf.Cached(target)
-    draft_run = draft_runner(draft, seq.numel(), draft_impl)
+    if draft_run is None:
+        draft_run = draft_runner(draft, seq.numel(), draft_impl)
     t_cached = d_cached = 0
     n = P
     result = Result(tokens=[], trace=[] if trace else None)
