@@ -109,7 +109,7 @@ def greedy_generate(model, input_ids, *, max_new_tokens: int = 64, eos_token_id=
     device = model_device(model)
     if seq2seq.is_encoder_decoder(model):  # the same loop, over the decoder (spec.seq2seq)
         prompt, (model_run,) = seq2seq.prepare({"model": model}, input_ids, input_features=input_features,
-                                               decoder_input_ids=decoder_input_ids)
+                                               decoder_input_ids=decoder_input_ids, max_new_tokens=max_new_tokens)
     else:
         seq2seq.refuse_inputs(input_features, decoder_input_ids)
         prompt, model_run = as_prompt(input_ids, device, {"model": model}), hf.Cached(model)
@@ -173,7 +173,7 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
         seq2seq.check_draft_impl(draft_impl)
         prompt, (target_run, draft_run) = seq2seq.prepare(models, input_ids, input_features=input_features,
                                                           decoder_input_ids=decoder_input_ids,
-                                                          share_encoder=share_encoder)
+                                                          share_encoder=share_encoder, max_new_tokens=max_new_tokens)
     else:
         seq2seq.refuse_inputs(input_features, decoder_input_ids, share_encoder)
         prompt = as_prompt(input_ids, device, models)

@@ -210,38 +210,54 @@ def _whisper_init_tokens(model, start: int, name: str) -> list[int]:
 
 @dataclass(frozen=True)
 class TokenMasks:
-    """Logit masks HF generate applies in greedy decoding (see the module docstring)."""
-    suppress: tuple[int, ...] = ()        # never emitted
+    """Logit masks HF generate applies in greedy decoding (see the module docstring), by the
+    decoder position of the token a logit row predicts."""
+    suppress: tuple[int, ...] = ()        # never emitted (suppress_tokens, one-token bad_words_ids)
     begin_suppress: tuple[int, ...] = ()  # not emitted as the first new token
     forced_bos: int | None = None         # the only token allowed first
-    begin_at: int = 1                     # decoder position whose next token is "first": prompt length
+    forced_eos: int | None = None         # the only token allowed last (at max_new_tokens)
+    begin_at: int = 1                     # position of the first new token: the prompt's length
+    end_at: int | None = None             # position of the last new token
 
     @classmethod
-    def of(cls, model, prompt_len: int) -> "TokenMasks":
+    def of(cls, model, prompt_len: int, max_new_tokens: int | None = None) -> "TokenMasks":
         gen = getattr(model, "generation_config", None)
         if gen is None:
             return cls(begin_at=prompt_len)
         ids = lambda v: tuple(int(t) for t in (v or ()))  # noqa: E731
-        forced = getattr(gen, "forced_bos_token_id", None)
-        return cls(ids(getattr(gen, "suppress_tokens", None)), ids(getattr(gen, "begin_suppress_tokens", None)),
-                   int(forced) if forced is not None else None, prompt_len)
+        bad = [w[0] for w in (getattr(gen, "bad_words_ids", None) or ()) if len(w) == 1]
+        one = lambda v: int(v) if v is not None else None  # noqa: E731
+        return cls(ids(getattr(gen, "suppress_tokens", None)) + ids(bad),
+                   ids(getattr(gen, "begin_suppress_tokens", None)),
+                   one(getattr(gen, "forced_bos_token_id", None)), one(getattr(gen, "forced_eos_token_id", None)),
+                   prompt_len, prompt_len + max_new_tokens - 1 if max_new_tokens else None)
 
     def apply(self, logits: torch.Tensor, first_pos: int) -> torch.Tensor:
-        """logits[i] predicts the token after decoder position first_pos + i."""
-        if not (self.suppress or self.begin_suppress or self.forced_bos is not None):
+        """logits[i] predicts the token at decoder position first_pos + i + 1."""
+        if not (self.suppress or self.begin_suppress or self.forced_bos is not None or self.forced_eos is not None):
             return logits
         logits = logits.clone()
         width = logits.shape[-1]
         if self.suppress:
             logits[:, [t for t in self.suppress if t < width]] = -float("inf")
-        row = self.begin_at - 1 - first_pos
-        if 0 <= row < logits.shape[0]:
-            if self.begin_suppress:
-                logits[row, [t for t in self.begin_suppress if t < width]] = -float("inf")
-            if self.forced_bos is not None:
-                keep = logits[row, self.forced_bos].clone()
-                logits[row] = -float("inf")
-                logits[row, self.forced_bos] = keep
+
+        def row(position):
+            i = position - 1 - first_pos
+            return i if 0 <= i < logits.shape[0] else None
+
+        def force(i, token):
+            keep = logits[i, token].clone()
+            logits[i] = -float("inf")
+            logits[i, token] = keep
+
+        first = row(self.begin_at)
+        if first is not None and self.begin_suppress:
+            logits[first, [t for t in self.begin_suppress if t < width]] = -float("inf")
+        if first is not None and self.forced_bos is not None:
+            force(first, self.forced_bos)
+        last = row(self.end_at) if self.end_at is not None else None
+        if last is not None and self.forced_eos is not None:
+            force(last, self.forced_eos)
         return logits
 
 
@@ -311,7 +327,7 @@ def _check_shared(target, draft, encoder_outputs) -> None:
 
 
 def prepare(models: dict, input_ids=None, *, input_features=None, decoder_input_ids=None,
-            share_encoder: bool = False) -> tuple[torch.Tensor, list[Decoder]]:
+            share_encoder: bool = False, max_new_tokens: int | None = None) -> tuple[torch.Tensor, list[Decoder]]:
     """The decoder prompt (1-D LongTensor) and one Decoder runner per model, in order.
 
     models: {"target": model} (greedy) or {"target": target, "draft": draft}."""
@@ -328,7 +344,7 @@ def prepare(models: dict, input_ids=None, *, input_features=None, decoder_input_
     device = next(target.parameters()).device
     prompt = torch.tensor(decoder_prompt(target, decoder_input_ids, name=names[0]), dtype=torch.long, device=device)
     _check_ids_fit(prompt, "decoder_input_ids" if decoder_input_ids is not None else "the decoder prompt", models)
-    masks = TokenMasks.of(target, prompt.numel())
+    masks = TokenMasks.of(target, prompt.numel(), max_new_tokens)
     target_out = encode(target, input_ids, input_features, name=names[0])
     runners = [Decoder(target, target_out, masks)]
     for name in names[1:]:
