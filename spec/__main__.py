@@ -216,6 +216,9 @@ def load(args, say) -> tuple[models.Pair, dict]:
         info = {"source": "shipped" if shipped else "paths", "target": t_path, "draft": d_path,
                 "target_name": "shipped target" if shipped else _short_name(t_path),
                 "draft_name": "shipped draft" if shipped else _short_name(d_path), "note": None}
+    from spec.seq2seq import cli_refusal  # encoder-decoder pairs: prompts are the encoder's input
+    if (why := cli_refusal(pair.target, args.peer)) is not None:
+        raise UsageError(why)
     info["target_params"] = sum(p.numel() for p in pair.target.parameters())
     info["draft_params"] = sum(p.numel() for p in pair.draft.parameters())
     info["tokenizer"] = pair.tokenizer is not None

@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GPTNeoXConfig, GPTNeoXForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GPTNeoXConfig, GPTNeoXForCausalLM
 
 from spec.validate import check_pair
 
@@ -93,7 +93,12 @@ def _load(name_or_path: str, role: str, dtype: torch.dtype, device: str):
     local = Path(name_or_path).expanduser()
     source = str(local) if local.exists() else name_or_path
     try:
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=True)
+        auto = AutoModelForCausalLM
+        config = AutoConfig.from_pretrained(source, local_files_only=True)
+        if getattr(config, "is_encoder_decoder", False):  # T5, BART, Whisper, ...: spec.seq2seq
+            from spec.seq2seq import auto_class
+            auto = auto_class(config)
+        model = auto.from_pretrained(source, dtype=dtype, local_files_only=True)
     except (OSError, ValueError) as err:
         raise FileNotFoundError(
             f"{role}: no weights for {name_or_path!r} on this machine. spec loads offline only: pass a local "

@@ -33,6 +33,7 @@ exactly as for decoder-only models: spec decodes the model's own argmax.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,8 +98,12 @@ def _start_token(model) -> int | None:
 
 
 def _encoder_kwarg(model) -> str:
-    return "input_features" if "input_features" in inspect.signature(model.get_encoder().forward).parameters \
-        else "input_ids"
+    return _kwarg_of(type(model.get_encoder()), "input_features") or "input_ids"
+
+
+@functools.lru_cache(maxsize=None)
+def _kwarg_of(module_class: type, name: str) -> str | None:
+    return name if name in inspect.signature(module_class.forward).parameters else None
 
 
 def _as_ids(value, arg: str, device) -> torch.Tensor:
@@ -266,7 +271,9 @@ def new_cache(model) -> EncoderDecoderCache:
     one for its cross-attention, both configured from the decoder's text config. Where that
     config miscounts the decoder's layers (T5 with num_decoder_layers != num_layers: HF
     generate itself fails there in 5.24), config-free caches that grow a layer per use."""
-    config = model.config.get_text_config(decoder=True)
+    config = getattr(model, "_spec_decoder_config", None)
+    if config is None:  # get_text_config deep-copies: a few ms, once per model rather than per call
+        config = model._spec_decoder_config = model.config.get_text_config(decoder=True)
     layers = getattr(model.config, "num_decoder_layers", None) or getattr(model.config, "decoder_layers", None)
     if layers is not None and layers != getattr(config, "num_hidden_layers", layers):
         return EncoderDecoderCache(DynamicCache(), DynamicCache())
@@ -280,8 +287,7 @@ class Decoder:
     def __init__(self, model, encoder_outputs: BaseModelOutput, masks: TokenMasks = TokenMasks()):
         self.model, self.encoder_outputs, self.masks = model, encoder_outputs, masks
         self.cache = new_cache(model)
-        params = inspect.signature(model.forward).parameters
-        self.positions = "decoder_position_ids" in params
+        self.positions = _kwarg_of(type(model), "decoder_position_ids") is not None
         self.cache_kwarg = hf._cache_kwarg(type(model))
         self.encoder_mask = torch.ones(encoder_outputs.last_hidden_state.shape[:2], dtype=torch.long,
                                        device=encoder_outputs.last_hidden_state.device)
@@ -374,37 +380,28 @@ def refuse_inputs(input_features=None, decoder_input_ids=None, share_encoder=Fal
         raise ValueError("share_encoder=True is for encoder-decoder pairs; these models are decoder-only")
 
 
-# --------------------------------------------------------------------------- CLI helpers
+# --------------------------------------------------------------------------- loading, timing, the CLI
 
 
-def load_features(path) -> torch.Tensor:
-    """A Whisper log-mel features file: a tensor saved with torch.save (.pt) or numpy (.npy)."""
-    path = Path(path)
-    try:
-        if path.suffix == ".npy":
-            import numpy as np
-            value = torch.from_numpy(np.load(path))
-        else:
-            value = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - any unreadable file is the user's to fix
-        raise ValueError(f"--features: cannot read {str(path)!r}: {err}") from None
-    if not isinstance(value, torch.Tensor) or not value.dtype.is_floating_point:
-        raise ValueError(f"--features: {str(path)!r} must hold one float tensor [num_mel_bins, frames]")
-    return value
+def auto_class(config):
+    """The Auto class that loads an encoder-decoder checkpoint with its LM head."""
+    from transformers import AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq
+    return AutoModelForSpeechSeq2Seq if config.model_type in SPEECH_FAMILIES else AutoModelForSeq2SeqLM
 
 
-def encode_prompt(pair, text: str | None = None, features: torch.Tensor | None = None) -> dict:
-    """Keyword arguments for speculative_generate / greedy_generate for one prompt of a pair:
-    text through the tokenizer as the encoder input, or Whisper features."""
-    if _encoder_kwarg(pair.target) == "input_features":
-        if features is None:
-            raise ValueError(f"{type(pair.target).__name__} encodes audio features: give a features file "
-                             "(--features FILE.pt or .npy)")
-        return {"input_ids": None, "input_features": features}
-    if pair.tokenizer is None:
-        ids = [b % hf.vocab_rows(pair.target) for b in text.encode("utf-8")]
-    else:
-        ids = list(pair.tokenizer(text).input_ids)
-    if not ids:
-        raise ValueError("prompt: no tokens")
-    return {"input_ids": ids}
+def decoder_runner(model, input_ids) -> tuple[torch.Tensor, Decoder]:
+    """For spec.measure: the decoder prompt and a runner over the encoder output of input_ids."""
+    prompt, (run,) = prepare({"model": model}, input_ids)
+    return prompt, run
+
+
+def cli_refusal(target, peer: str | None) -> str | None:
+    """Why `python -m spec` cannot run this encoder-decoder pair, or None when it can."""
+    if not is_encoder_decoder(target):
+        return None
+    if _encoder_kwarg(target) == "input_features":
+        return (f"{type(target).__name__} encodes audio features; the command line feeds text prompts only: "
+                "call spec.speculative_generate(target, draft, None, input_features=...) from Python")
+    if peer is not None:
+        return "--peer hf: the HF assisted-generation peer is run for decoder-only pairs only"
+    return None
