@@ -219,7 +219,7 @@ class TokenMasks:
     decoder position of the token a logit row predicts."""
     suppress: tuple[int, ...] = ()        # never emitted (suppress_tokens, one-token bad_words_ids)
     begin_suppress: tuple[int, ...] = ()  # not emitted as the first new token
-    forced_bos: int | None = None         # the only token allowed first
+    forced_bos: int | None = None         # the only token allowed at decoder position 1
     forced_eos: int | None = None         # the only token allowed last (at max_new_tokens)
     begin_at: int = 1                     # position of the first new token: the prompt's length
     end_at: int | None = None             # position of the last new token
@@ -258,8 +258,9 @@ class TokenMasks:
         first = row(self.begin_at)
         if first is not None and self.begin_suppress:
             logits[first, [t for t in self.begin_suppress if t < width]] = -float("inf")
-        if first is not None and self.forced_bos is not None:
-            force(first, self.forced_bos)
+        bos = row(1)  # HF forces BOS when the decoder holds one token, whatever the prompt's length
+        if bos is not None and self.forced_bos is not None:
+            force(bos, self.forced_bos)
         last = row(self.end_at) if self.end_at is not None else None
         if last is not None and self.forced_eos is not None:
             force(last, self.forced_eos)

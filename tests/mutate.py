@@ -87,9 +87,6 @@ MUTANTS = {
     "seq2seq-shared-encoder-zeroed": ("share_encoder=True feeds the draft a zeroed encoder output (output stays exact)",
                                       "last_hidden_state=target_out.last_hidden_state.to(",
                                       "last_hidden_state=0 * target_out.last_hidden_state.to(", "spec/seq2seq.py"),
-    "seq2seq-masks-misplaced": ("token masks applied by the block's first position, not each row's",
-                                "return self.masks.apply(logits, start + ids.numel() - logits.shape[0])",
-                                "return self.masks.apply(logits, start)", "spec/seq2seq.py"),
 }
 
 

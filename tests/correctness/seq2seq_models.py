@@ -176,6 +176,7 @@ def token_mask(model, prompt_len: int, max_new_tokens: int):
         if position == prompt_len:
             for t in gen.begin_suppress_tokens or ():
                 logits[t] = -math.inf
+        if position == 1:  # ForcedBOSTokenLogitsProcessor: cur_len == 1
             if gen.forced_bos_token_id is not None:
                 logits[torch.arange(logits.numel()) != gen.forced_bos_token_id] = -math.inf
         if position == prompt_len + max_new_tokens - 1 and gen.forced_eos_token_id is not None:

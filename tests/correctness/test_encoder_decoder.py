@@ -174,11 +174,13 @@ def test_self_draft_accepts_everything_and_t5_decoder_depth_may_differ():
     assert speculative_generate(deep, draft_for("t5"), gamma=3, max_new_tokens=16, **inputs).tokens == expected
 
 
-@pytest.mark.parametrize("family", CORE)
+@pytest.mark.parametrize("family", [*CORE, "m2m_100"])
 def test_decoder_input_ids_continue_a_given_decoder_prompt(family):
+    """A longer decoder prompt: Whisper's begin suppression acts at the first NEW token; M2M100's
+    forced BOS only at decoder position 1 (inside this prompt, so not at all), as in HF generate."""
     model, draft = build(family), draft_for(family)
     inputs = _inputs(family, list(range(5, 17)), 3)
-    dec = decoder_start(model, family) + [11, 12]
+    dec = decoder_start(model, family) + [30, 31]
     expected = cache_free_greedy(model, encoder_output(model, inputs), dec, 12, mask=token_mask(model, len(dec), 12))
     assert greedy_generate(model, max_new_tokens=12, decoder_input_ids=dec, **inputs).tokens == expected
     assert speculative_generate(model, draft, gamma=3, max_new_tokens=12, decoder_input_ids=dec,
