@@ -304,3 +304,33 @@ def test_report_share_encoder_timing():
             speculative_generate(target, draft, gamma=4, max_new_tokens=16, share_encoder=share, **inputs)
         times.setdefault(share, []).append(time.perf_counter() - t0)
     print({k: min(v) / 20 for k, v in times.items()})
+
+
+# --- python -m spec on a saved encoder-decoder pair ---------------------------------------------
+
+def test_cli_runs_a_saved_t5_pair_and_refuses_what_it_cannot_run(tmp_path, capsys):
+    """Prompts become the encoder's input (bytes as ids: the pair has no tokenizer); the table and
+    results.json are the decoder-only ones. Whisper (features) and the HF peer exit 2 with a reason."""
+    import json
+
+    import spec.__main__ as cli
+    for name, model in (("target", build("t5")), ("draft", draft_for("t5")), ("whisper", build("whisper"))):
+        model.save_pretrained(tmp_path / name)
+    base = ["--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"), "--max-new-tokens", "6",
+            "--gamma", "2", "--quiet", "--threads", "1", "--no-plots", "--target-dtype", "fp64",
+            "--draft-dtype", "fp64"]
+    rc = cli.main([*base, "--out", str(tmp_path / "out")])
+    stdout, stderr = capsys.readouterr()
+    assert rc == 0, stderr
+    assert any(line.startswith("#  prompt") for line in stdout.splitlines())
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["summary"]["all_identical"] and len(results["prompts"]) == 5
+    record = results["prompts"][0]
+    inputs = {"input_ids": [b % VOCAB for b in record["prompt"].encode("utf-8")]}
+    assert record["spec_tokens"] == greedy_generate(build("t5"), max_new_tokens=6, **inputs).tokens
+    assert cli.main([*base, "--out", str(tmp_path / "peer"), "--peer", "hf"]) == 2
+    assert "--peer hf" in capsys.readouterr().err
+    whisper = ["--target", str(tmp_path / "whisper"), "--draft", str(tmp_path / "whisper"), "--quiet",
+               "--out", str(tmp_path / "w")]
+    assert cli.main(whisper) == 2
+    assert "encodes audio features" in capsys.readouterr().err
