@@ -206,3 +206,44 @@ def hf_generate(model, inputs: dict, max_new_tokens: int, eos=None, decoder_inpu
         return tokens + [eos] if eos is not None and len(tokens) < max_new_tokens else tokens
     start = len(decoder_input_ids) if decoder_input_ids is not None else 1
     return out[0, start:].tolist()
+
+
+def save_t5_benchmark_pair(out, *, gain: float = 1.5, damp: float = 0.1, seed: int = 0) -> None:
+    """The T5 pair of docs/BENCHMARKS.md, saved to out/target and out/draft with the shipped pair's
+    tokenizer (4000 tokens, EOS 0). Random weights agree with nothing, so the agreement is built in:
+    the target (4+4 layers, d_model 256, 8.4M parameters) has its decoder layers 2-4 damped (their
+    attention and MLP output projections scaled by `damp`), and the draft is the target with the
+    decoder cut to its first layer (same encoder, 5.2M parameters)."""
+    import shutil
+    from pathlib import Path
+
+    global GAIN
+    out = Path(out)
+    config = T.T5Config(vocab_size=4000, d_model=256, d_kv=32, d_ff=1024, num_layers=4, num_decoder_layers=4,
+                        num_heads=8, decoder_start_token_id=0, pad_token_id=0, eos_token_id=0, bos_token_id=0)
+    torch.manual_seed(seed)
+    saved, GAIN = GAIN, gain
+    try:
+        target = sharpen(T.T5ForConditionalGeneration(config), seed).eval()
+    finally:
+        GAIN = saved
+    with torch.no_grad():
+        for block in target.decoder.block[1:]:
+            for layer in block.layer:
+                for name, p in layer.named_parameters():
+                    if name.endswith(("o.weight", "wo.weight")):
+                        p.mul_(damp)
+    draft = copy.deepcopy(target)
+    draft.decoder.block = draft.decoder.block[:1]
+    draft.config.num_decoder_layers = 1
+    tokenizer = Path(__file__).resolve().parents[2] / "spec" / "assets" / "pair" / "target"
+    for name, model in (("target", target), ("draft", draft)):
+        model.generation_config.eos_token_id = 0
+        model.save_pretrained(out / name)
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(tokenizer / f, out / name / f)
+
+
+if __name__ == "__main__":  # python tests/correctness/seq2seq_models.py OUT_DIR
+    import sys
+    save_t5_benchmark_pair(sys.argv[1])
