@@ -26,8 +26,8 @@ from seq2seq_models import (CORE, FAMILIES, VOCAB, build, cache_free_greedy, dec
 from spec import greedy_generate, speculative_generate
 from spec.diagnose import diagnose
 
-# A fifth of the profile's examples per family (ci: 8, thorough: 400): eight families share the budget.
-EXAMPLES = settings(max_examples=max(4, settings().max_examples // 5))
+# A sixth of the profile's examples per family (ci: 6, thorough: 333): eight families share the budget.
+EXAMPLES = settings(max_examples=max(4, settings().max_examples // 6))
 
 
 def encoder_token_ids():
