@@ -193,6 +193,8 @@ def _whisper_init_tokens(model, start: int, name: str) -> list[int]:
                          "(e.g. [<|startoftranscript|>, <|en|>, <|transcribe|>, <|notimestamps|>])")
     tokens = [start]
     forced = getattr(gen, "forced_decoder_ids", None) or getattr(model.config, "forced_decoder_ids", None)
+    if forced and hasattr(gen, "lang_to_id") and any(i == 1 and t is None for i, t in forced):
+        forced = None  # the language left open: HF generate detects it (refused below)
     if forced:
         forced = sorted((int(i), t) for i, t in forced)
         for position, (i, token) in enumerate(forced, 1):
@@ -200,7 +202,7 @@ def _whisper_init_tokens(model, start: int, name: str) -> list[int]:
                 raise ValueError(f"{name}: forced_decoder_ids {forced} do not follow Whisper's prompt pattern "
                                  "(one token for each index 1, 2, ...): pass decoder_input_ids=")
             tokens.append(int(token))
-    elif hasattr(gen, "lang_to_id"):
+    if hasattr(gen, "lang_to_id") and len(tokens) < 2:
         raise ValueError(f"{name}: a multilingual Whisper without a language: HF generate would detect it with "
                          "an extra pass; pass the decoder prompt as decoder_input_ids= "
                          "(e.g. [<|startoftranscript|>, <|en|>, <|transcribe|>, <|notimestamps|>])")
