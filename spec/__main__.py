@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from spec import decode, hf, measure, models, report, theory
+from spec import decode, hf, measure, models, report, seq2seq, theory
 from spec.prompts import CODE_PROMPTS, SEED_PROMPTS
 
 DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=_positive_int, default=None,
                    help=f"new tokens per prompt (default: {CUDA_MAX_NEW_TOKENS} on CUDA, {CPU_MAX_NEW_TOKENS} on CPU)")
     p.add_argument("--prompts", type=Path, metavar="FILE", help="prompt file, one prompt a line")
+    p.add_argument("--features", type=Path, metavar="FILE", action="append",
+                   help="Whisper-style pairs: a log-mel features file (.pt or .npy, [num_mel_bins, frames]) as "
+                        "the encoder input of one prompt; repeat for more")
     p.add_argument("--ignore-eos", action="store_true",
                    help="always generate --max-new-tokens (default: stop at the tokenizer's EOS)")
     p.add_argument("--threads", type=_positive_int, default=None,
@@ -216,8 +219,7 @@ def load(args, say) -> tuple[models.Pair, dict]:
         info = {"source": "shipped" if shipped else "paths", "target": t_path, "draft": d_path,
                 "target_name": "shipped target" if shipped else _short_name(t_path),
                 "draft_name": "shipped draft" if shipped else _short_name(d_path), "note": None}
-    from spec.seq2seq import cli_refusal  # encoder-decoder pairs: prompts are the encoder's input
-    if (why := cli_refusal(pair.target, args.peer)) is not None:
+    if (why := seq2seq.cli_refusal(pair.target, args.peer, args.features)) is not None:
         raise UsageError(why)
     info["target_params"] = sum(p.numel() for p in pair.target.parameters())
     info["draft_params"] = sum(p.numel() for p in pair.draft.parameters())
@@ -301,7 +303,9 @@ def run(args) -> int:
         prompts, prompt_set = CODE_PROMPTS, "code (shipped pair)"
     else:
         prompts, prompt_set = SEED_PROMPTS, "seed"
-    prompt_ids = [encode(p, pair, i) for i, p in enumerate(prompts, 1)]
+    prompt_ids = [encode(p, pair, i) for i, p in enumerate(prompts, 1)] if not args.features else None
+    if args.features:  # encoder-decoder pairs on audio features (spec.seq2seq): each file is one prompt
+        prompts, prompt_set, prompt_ids = seq2seq.feature_prompts(args.features, UsageError)
     eos = None if args.ignore_eos or tok is None else tok.eos_token_id
     N = args.max_new_tokens
 

@@ -63,7 +63,8 @@ def cost_ratio(target, draft, input_ids, *, steps: int = 32, warmup: int = 4, dr
     from spec.decode import draft_runner  # decode imports this module
 
     check_pair(target, draft)
-    n = as_prompt(input_ids, model_device(draft), {"draft": draft}).numel() + warmup + steps + 1
+    n = 0 if seq2seq.is_encoder_decoder(draft) else \
+        as_prompt(input_ids, model_device(draft), {"draft": draft}).numel() + warmup + steps + 1
     d, t = [], []
     for _ in range(2):
         d.append(step_time(draft, input_ids, steps=steps // 2, warmup=warmup,

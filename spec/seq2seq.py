@@ -127,7 +127,8 @@ def _check_ids_fit(ids: torch.Tensor, arg: str, models: dict) -> None:
     for name, model in models.items():
         rows = hf.vocab_rows(model)
         if lo < 0 or hi >= rows:
-            raise ValueError(f"{arg} holds token id {lo if lo < 0 else hi}, outside the {name}'s vocabulary [0, {rows})")
+            raise ValueError(f"{arg} holds token id {lo if lo < 0 else hi}, "
+                             f"outside the {name}'s vocabulary [0, {rows})")
 
 
 def _features(value, model, device) -> torch.Tensor:
@@ -150,6 +151,8 @@ def encode(model, input_ids=None, input_features=None, *, name: str = "model") -
     """The encoder's output for one input sequence (run once per model)."""
     device = next(model.parameters()).device
     if _encoder_kwarg(model) == "input_features":
+        if input_features is None and isinstance(input_ids, torch.Tensor) and input_ids.dtype.is_floating_point:
+            input_ids, input_features = None, input_ids  # features given positionally (as the CLI does)
         if input_features is None:
             raise ValueError(f"{name} ({type(model).__name__}) takes input_features (log-mel spectrogram), "
                              "not input_ids, as its encoder input: pass input_features=")
@@ -398,13 +401,43 @@ def decoder_runner(model, input_ids) -> tuple[torch.Tensor, Decoder]:
     return prompt, run
 
 
-def cli_refusal(target, peer: str | None) -> str | None:
-    """Why `python -m spec` cannot run this encoder-decoder pair, or None when it can."""
+def cli_refusal(target, peer: str | None, features=None) -> str | None:
+    """Why `python -m spec` cannot run this pair with these options, or None when it can."""
     if not is_encoder_decoder(target):
-        return None
-    if _encoder_kwarg(target) == "input_features":
-        return (f"{type(target).__name__} encodes audio features; the command line feeds text prompts only: "
-                "call spec.speculative_generate(target, draft, None, input_features=...) from Python")
+        return "--features: the target is decoder-only; its prompts are text (--prompts)" if features else None
+    takes_features = _encoder_kwarg(target) == "input_features"
+    if takes_features and not features:
+        return (f"{type(target).__name__} encodes audio features: give a features file per prompt, "
+                "--features FILE.pt or FILE.npy ([num_mel_bins, frames])")
+    if features and not takes_features:
+        return f"--features: {type(target).__name__} encodes token ids; give text prompts (--prompts)"
     if peer is not None:
         return "--peer hf: the HF assisted-generation peer is run for decoder-only pairs only"
     return None
+
+
+def feature_prompts(paths, error=ValueError) -> tuple[list[str], str, list[torch.Tensor]]:
+    """For the CLI: (prompt names, prompt-set name, features tensors), one prompt a file."""
+    tensors = []
+    for path in paths:
+        try:
+            tensors.append(load_features(path))
+        except ValueError as err:
+            raise error(str(err)) from None
+    return [str(p) for p in paths], "features files", tensors
+
+
+def load_features(path) -> torch.Tensor:
+    """A log-mel features file: a tensor saved with torch.save (.pt) or numpy.save (.npy)."""
+    path = Path(path)
+    try:
+        if path.suffix == ".npy":
+            import numpy as np
+            value = torch.from_numpy(np.load(path, allow_pickle=False))
+        else:
+            value = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - whatever makes the file unreadable, the user fixes it
+        raise ValueError(f"--features: cannot read {str(path)!r}: {err}") from None
+    if not isinstance(value, torch.Tensor) or not value.dtype.is_floating_point:
+        raise ValueError(f"--features: {str(path)!r} must hold one floating-point tensor [num_mel_bins, frames]")
+    return value

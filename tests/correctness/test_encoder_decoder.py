@@ -346,3 +346,23 @@ def test_cli_runs_a_saved_t5_pair_and_refuses_what_it_cannot_run(tmp_path, capsy
                "--out", str(tmp_path / "w")]
     assert cli.main(whisper) == 2
     assert "encodes audio features" in capsys.readouterr().err
+    # Whisper: one features file a prompt (.pt and .npy), the distil-style draft with its own encoder copy.
+    import numpy as np
+    distil_whisper_draft().save_pretrained(tmp_path / "distil")
+    feats = [_inputs("whisper", None, seed)["input_features"] for seed in (0, 1)]
+    torch.save(feats[0], tmp_path / "a.pt")
+    np.save(tmp_path / "b.npy", feats[1].numpy())
+    rc = cli.main(["--target", str(tmp_path / "whisper"), "--draft", str(tmp_path / "distil"), "--quiet",
+                   "--features", str(tmp_path / "a.pt"), "--features", str(tmp_path / "b.npy"), "--no-plots",
+                   "--max-new-tokens", "6", "--threads", "1", "--target-dtype", "fp64", "--draft-dtype", "fp64",
+                   "--out", str(tmp_path / "w2")])
+    assert rc == 0, capsys.readouterr().err
+    results = json.loads((tmp_path / "w2" / "results.json").read_text())
+    assert results["summary"]["all_identical"] and len(results["prompts"]) == 2
+    expected = greedy_generate(build("whisper"), None, input_features=feats[1], max_new_tokens=6).tokens
+    assert results["prompts"][1]["spec_tokens"] == expected
+    (tmp_path / "bad.pt").write_text("not a tensor")
+    assert cli.main([*base, "--out", str(tmp_path / "x"), "--features", str(tmp_path / "a.pt")]) == 2
+    assert "--features: T5ForConditionalGeneration encodes token ids" in capsys.readouterr().err
+    assert cli.main([*whisper, "--features", str(tmp_path / "bad.pt")]) == 2
+    assert "--features: cannot read" in capsys.readouterr().err
