@@ -110,6 +110,9 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                    help=f"new tokens per prompt (default: {defaults.CUDA_MAX_NEW_TOKENS} on CUDA, "
                         f"{defaults.CPU_MAX_NEW_TOKENS} on CPU)")
     g.add_argument("--prompts", type=Path, metavar="FILE", help="prompt file, one prompt a line")
+    g.add_argument("--features", type=Path, metavar="FILE", action="append",
+                   help="Whisper-style pairs: a log-mel features file (.pt or .npy, [num_mel_bins, frames]) as "
+                        "the encoder input of one prompt; repeat for more")
     g.add_argument("--chat", action="store_true",
                    help="wrap each prompt as a user turn in the tokenizer's chat template (instruction-tuned models)")
     g.add_argument("--ignore-eos", action="store_true",

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spec import clock, hf, neox, runner, sampling, theory
+from spec import clock, hf, neox, runner, sampling, seq2seq, theory
 from spec.autogamma import AutoGamma
 from spec.lookup import PromptLookup
 from spec.validate import as_prompt, check_model, check_options, check_pair, check_positions, model_device, stop_ids
@@ -109,21 +109,29 @@ def _first_stop(tokens: list[int], stops: frozenset[int]) -> int | None:
 @torch.inference_mode()
 def greedy_generate(model, input_ids, *, max_new_tokens: int = 64, eos_token_id=None, do_sample: bool = False,
                     temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-                    generator: torch.Generator | None = None, trace: bool = False) -> Result:
+                    generator: torch.Generator | None = None, trace: bool = False,
+                    input_features=None, decoder_input_ids=None) -> Result:
     """Plain autoregressive decoding with `model` alone: one cached forward pass per token.
 
     do_sample=False takes the argmax (equal to HF generate(do_sample=False));
-    do_sample=True is ancestral sampling from the processed distribution."""
+    do_sample=True is ancestral sampling from the processed distribution.
+    Encoder-decoder models (spec.seq2seq): input_ids (or input_features, Whisper) is the
+    encoder input, the tokens are the decoder's after its prompt (decoder_input_ids)."""
     check_model(model, "model")
     check_options(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
     device = model_device(model)
-    prompt = as_prompt(input_ids, device, {"model": model})
+    if seq2seq.is_encoder_decoder(model):  # the same loop, over the decoder (spec.seq2seq)
+        prompt, (model_run,) = seq2seq.prepare({"model": model}, input_ids, input_features=input_features,
+                                               decoder_input_ids=decoder_input_ids, max_new_tokens=max_new_tokens)
+    else:
+        seq2seq.refuse_inputs(input_features, decoder_input_ids)
+        prompt, model_run = as_prompt(input_ids, device, {"model": model}), runner.runner_for(model, role="model")
     stops = stop_ids(eos_token_id, {"model": model})
     check_positions(prompt.numel(), max_new_tokens, {"model": model})
     P = prompt.numel()
     seq = torch.empty(P + max_new_tokens, dtype=torch.long, device=device)
     seq[:P] = prompt
-    model_run, n = runner.runner_for(model, role="model"), P
+    n = P
     result = Result(tokens=[], traced=trace)
 
     while n - P < max_new_tokens:
@@ -149,7 +157,8 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
                          eos_token_id=None, do_sample: bool = False, temperature: float = 1.0,
                          top_k: int | None = None, top_p: float | None = None,
                          generator: torch.Generator | None = None, trace: bool = False,
-                         draft_impl: str = "auto") -> Result:
+                         draft_impl: str = "auto", input_features=None, decoder_input_ids=None,
+                         share_encoder: bool = False) -> Result:
     """Speculative decoding: `draft` (Mq) proposes, `target` (Mp) verifies.
 
     Greedy (do_sample=False): the output equals greedy_generate(target, ...) token
@@ -166,7 +175,11 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
 
     draft may also be a spec.PromptLookup (no model): each round it proposes at most gamma
     tokens copied from an earlier occurrence in the prompt and output, and none where
-    nothing matches (that round is one target step); draft_impl does not apply."""
+    nothing matches (that round is one target step); draft_impl does not apply.
+
+    Encoder-decoder pairs (spec.seq2seq): input_ids (or input_features, Whisper) is the
+    encoder input, each model encodes it once (share_encoder=True: the draft's decoder
+    attends to the target's encoder output), and the loop speculates over the decoders."""
     lookup = isinstance(draft, PromptLookup)  # a model-free draft (spec.lookup): proposals, no model
     if lookup:
         check_model(target, "target")
@@ -175,7 +188,15 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
     check_options(max_new_tokens=max_new_tokens, gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p)
     device = model_device(target)
     models = {"target": target} if lookup else {"target": target, "draft": draft}
-    prompt = as_prompt(input_ids, device, models)
+    if not lookup and (seq2seq.is_encoder_decoder(target) or seq2seq.is_encoder_decoder(draft)):
+        seq2seq.check_draft_impl(draft_impl)        # spec.seq2seq's runners, over the decoders
+        prompt, (target_run, draft_run) = seq2seq.prepare(models, input_ids, input_features=input_features,
+                                                          decoder_input_ids=decoder_input_ids,
+                                                          share_encoder=share_encoder, max_new_tokens=max_new_tokens)
+    else:
+        seq2seq.refuse_inputs(input_features, decoder_input_ids, share_encoder)
+        prompt = as_prompt(input_ids, device, models)
+        target_run, draft_run = runner.runner_for(target), None
     stops = stop_ids(eos_token_id, models)
     check_positions(prompt.numel(), max_new_tokens, models)
     auto = AutoGamma() if gamma == "auto" else None
@@ -192,8 +213,8 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
     P = prompt.numel()
     seq = torch.empty(P + max_new_tokens + max_gamma + 1, dtype=torch.long, device=device)
     seq[:P] = prompt
-    target_run = runner.runner_for(target)
-    draft_run = draft if lookup else draft_runner(draft, seq.numel(), draft_impl)
+    if draft_run is None:
+        draft_run = draft if lookup else draft_runner(draft, seq.numel(), draft_impl)
     n = P
     result = Result(tokens=[], traced=trace)
 

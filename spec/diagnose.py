@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from spec import seq2seq
 from spec.runner import runner_for
 from spec.validate import model_device
 
@@ -53,35 +54,43 @@ def _gap(logits: torch.Tensor) -> float:
 
 
 @torch.inference_mode()
-def diagnose(target, prompt_ids, expected: list[int], actual: list[int]) -> Divergence | None:
+def diagnose(target, prompt_ids, expected: list[int], actual: list[int], **encoder_inputs) -> Divergence | None:
     """None when the outputs agree; otherwise the first divergence and its verdict.
 
     A length difference (one output stopped early, or ran past the other) is never
-    a tie: stopping depends on token ids, not on logits."""
+    a tie: stopping depends on token ids, not on logits. An encoder-decoder target takes
+    the inputs speculative_generate took (prompt_ids is the encoder input; input_features=,
+    decoder_input_ids= as keywords): its decoder is checked, over the encoder output."""
     i = first_difference(expected, actual)
     if i is None:
         return None
     device = model_device(target)
-    prompt = torch.as_tensor(prompt_ids, device=device).reshape(-1)
+    if seq2seq.is_encoder_decoder(target):
+        prompt, _ = seq2seq.prepare({"target": target}, prompt_ids, **encoder_inputs)
+        runner = lambda: seq2seq.prepare({"target": target}, prompt_ids, **encoder_inputs)[1][0]  # noqa: E731
+    else:
+        prompt = torch.as_tensor(prompt_ids, device=device).reshape(-1)
+        runner = lambda: runner_for(target)  # noqa: E731
     context = torch.cat([prompt, torch.tensor(expected[:i], dtype=torch.long, device=device)])
     dtype = next(target.parameters()).dtype
     exp_tok = expected[i] if i < len(expected) else None
     act_tok = actual[i] if i < len(actual) else None
 
     # Path 1, greedy's: prefill the prompt, then one token at a time.
-    run = runner_for(target)
+    run = runner()
     step = run(context[:prompt.numel()], keep=1)[-1]
     for t in range(prompt.numel(), context.numel()):
         step = run(context[t:t + 1], keep=1)[-1]
     # Path 2, a block's: the last positions in one pass, as a verify round computes them.
     block_start = max(prompt.numel() - 1, context.numel() - 6)
-    run = runner_for(target)
+    run = runner()
     if block_start > 0:
         run(context[:block_start], keep=1)
     block = run(context[block_start:], keep=1)[-1]
 
-    measured = float((step.double() - block.double()).abs().max())
-    floor = _ULPS * torch.finfo(dtype).eps * float(step.double().abs().max())
+    finite = torch.isfinite(step) & torch.isfinite(block)  # tokens an encoder-decoder's masks rule out
+    measured = float((step.double() - block.double())[finite].abs().max())
+    floor = _ULPS * torch.finfo(dtype).eps * float(step.double()[finite].abs().max())
     noise = max(measured, floor)
     gap_step, gap_block = _gap(step), _gap(block)
     top2 = set(torch.topk(step.double(), 2).indices.tolist()) | set(torch.topk(block.double(), 2).indices.tolist())

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from spec import clock, decode, defaults, hf, measure, models, theory, validate
+from spec import clock, decode, defaults, hf, measure, models, seq2seq, theory, validate
 from spec.prompts import CODE_PROMPTS, SEED_PROMPTS
 
 DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -124,6 +124,8 @@ def load(args, say) -> tuple[models.Pair, dict]:
         info = {"source": "shipped" if shipped else "paths", "target": t_path, "draft": d_path,
                 "target_name": "shipped target" if shipped else _short_name(t_path),
                 "draft_name": "shipped draft" if shipped else _short_name(d_path), "note": None}
+    if (why := seq2seq.cli_refusal(pair.target, args.peer, args.features)) is not None:
+        raise UsageError(why)
     info["target_params"] = sum(p.numel() for p in pair.target.parameters())
     info["draft_params"] = sum(p.numel() for p in pair.draft.parameters())
     info["tokenizer"] = pair.tokenizer is not None
@@ -175,6 +177,10 @@ def prompts(args, pair: models.Pair, pair_info: dict) -> dict:
         texts, prompt_set = CODE_PROMPTS, "code (shipped pair)"
     else:
         texts, prompt_set = SEED_PROMPTS, "seed"
+    if args.features:  # encoder-decoder pairs on audio features (spec.seq2seq): each file is one prompt
+        texts, prompt_set, ids = seq2seq.feature_prompts(args.features, UsageError)
+        eos = None if args.ignore_eos or pair.tokenizer is None else pair.tokenizer.eos_token_id
+        return {"texts": list(texts), "ids": ids, "set": prompt_set, "eos": eos}
     ids = [encode(p, pair, i, args.chat) for i, p in enumerate(texts, 1)]
     for i, row in enumerate(ids, 1):
         try:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from spec import hf, runner as runners
+from spec import hf, runner as runners, seq2seq
 from spec.clock import now, sync  # noqa: F401  (sync: re-exported for callers of spec.measure.sync)
 from spec.decode import draft_runner
 from spec.validate import as_prompt, check_pair, model_device
@@ -21,8 +21,11 @@ def step_time(model, input_ids, *, steps: int = 32, warmup: int = 4, runner=None
     the model with its cache as the decode loop runs it (spec.runner's by default; a
     draft's is spec.decode.draft_runner's), so that c is the cost the loop pays."""
     device = model_device(model)
-    prompt = as_prompt(input_ids, device, {"model": model})
-    run = runner if runner is not None else runners.runner_for(model, role="model")
+    if seq2seq.is_encoder_decoder(model):  # the decoder's step, over input_ids' encoder output
+        prompt, run = seq2seq.decoder_runner(model, input_ids)
+    else:
+        prompt = as_prompt(input_ids, device, {"model": model})
+        run = runner if runner is not None else runners.runner_for(model, role="model")
     last_id = hf.vocab_rows(model) - 1  # looked up once, outside the timed steps
     logits = run(prompt)
     token = logits[-1].argmax().reshape(1).clamp(max=last_id)
@@ -50,11 +53,12 @@ def cost_ratio(target, draft, input_ids, *, steps: int = 32, warmup: int = 4, dr
     twice (draft, target, draft, target) so that drift on a shared machine hits both.
     The draft runs as speculative_generate(draft_impl=...) runs it."""
     check_pair(target, draft)
-    n = as_prompt(input_ids, model_device(draft), {"draft": draft}).numel() + warmup + steps + 1
+    n = 0 if seq2seq.is_encoder_decoder(draft) else \
+        as_prompt(input_ids, model_device(draft), {"draft": draft}).numel() + warmup + steps + 1
     d, t = [], []
     for _ in range(2):
         d.append(step_time(draft, input_ids, steps=steps // 2, warmup=warmup,
-                           runner=draft_runner(draft, n, draft_impl)))
+                           runner=None if seq2seq.is_encoder_decoder(draft) else draft_runner(draft, n, draft_impl)))
         t.append(step_time(target, input_ids, steps=steps // 2, warmup=warmup))
     return Costs(statistics.fmean(d), statistics.fmean(t))
 
@@ -65,8 +69,10 @@ def pass_times(target, input_ids, gammas, *, repeats: int = 6) -> dict[int, floa
     for each gamma in `gammas` (0: a one-token step), timed interleaved, the cache put
     back after each pass."""
     device = model_device(target)
-    prompt = as_prompt(input_ids, device, {"target": target})
-    run = runners.runner_for(target)
+    if seq2seq.is_encoder_decoder(target):
+        prompt, run = seq2seq.decoder_runner(target, input_ids)
+    else:
+        prompt, run = as_prompt(input_ids, device, {"target": target}), runners.runner_for(target)
     run(prompt)
     P = prompt.numel()
     fed = prompt[torch.arange(max(gammas) + 1, device=device) % P]  # any ids after the prompt

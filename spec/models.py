@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GPTNeoXConfig, GPTNeoXForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GPTNeoXConfig, GPTNeoXForCausalLM
 
 from spec.validate import check_pair
 
@@ -133,7 +133,12 @@ def _load(name_or_path: str, role: str, dtype: torch.dtype, device: str):
         return model.to(device).eval()
     source = str(local) if local.exists() else name_or_path
     try:
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=True)
+        auto = AutoModelForCausalLM
+        config = AutoConfig.from_pretrained(source, local_files_only=True)
+        if getattr(config, "is_encoder_decoder", False):  # T5, BART, Whisper, ...: spec.seq2seq
+            from spec.seq2seq import auto_class
+            auto = auto_class(config)
+        model = auto.from_pretrained(source, dtype=dtype, local_files_only=True)
     except (OSError, ValueError) as err:
         if local.exists():
             raise FileNotFoundError(

@@ -73,6 +73,19 @@ MUTANTS = {
     "static-cache-not-rolled-back": ("the compiled draft's static cache keeps its write position after a rejection",
                                      "layer.cumulative_length.fill_(min(keep, int(layer.cumulative_length)))",
                                      "pass", "spec/hf.py"),
+    # Encoder-decoder runners (spec/seq2seq.py); tests/correctness/test_encoder_decoder.py catches them.
+    "seq2seq-no-decoder-rollback": ("rejected positions left in the decoders' self-attention caches",
+                                    "hf.crop(self.cache.self_attention_cache, keep)", "pass", "spec/seq2seq.py"),
+    "seq2seq-crop-one-too-many": ("decoder caches cropped one position too far",
+                                  "hf.crop(self.cache.self_attention_cache, keep)",
+                                  "hf.crop(self.cache.self_attention_cache, keep - 1)", "spec/seq2seq.py"),
+    "seq2seq-draft-reads-target-encoder": ("a draft with its own encoder fed the target's encoder output "
+                                           "(output stays exact)",
+                                           "out = encode(models[name], input_ids, input_features, name=name)",
+                                           "out = target_out", "spec/seq2seq.py"),
+    "seq2seq-shared-encoder-zeroed": ("share_encoder=True feeds the draft a zeroed encoder output (output stays exact)",
+                                      "last_hidden_state=target_out.last_hidden_state.to(",
+                                      "last_hidden_state=0 * target_out.last_hidden_state.to(", "spec/seq2seq.py"),
 }
 
 

@@ -1,0 +1,368 @@
+"""Encoder-decoder targets are exact: T5, BART, Whisper, Marian, Pegasus, mBART, M2M100, BlenderbotSmall.
+
+The same properties as the decoder-only suite, over tiny seeded fp64 models of each family
+(seq2seq_models.py): greedy_generate equals a cache-free reference (the full decoder over the
+whole decoder sequence at every step, the model's own encoder output) and HF generate;
+speculative_generate equals it; every round's drafted / accepted / emitted counts equal
+Algorithm 1 replayed without caches, with the draft reading ITS OWN encoder output (or the
+target's, with share_encoder=True); the caches hold exactly the final tokens after each round.
+
+The replay is what catches a decoder cache that is not rolled back, and a draft fed the wrong
+encoder output: the target decides every token, so the output stays exact, but the draft's
+proposals, hence the accepted counts, change.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from seq2seq_models import (CORE, FAMILIES, VOCAB, build, cache_free_greedy, decoder_start, distil_whisper_draft,
+                            draft_for, encoder_inputs, encoder_output, hf_generate, token_mask)
+
+from spec import greedy_generate, speculative_generate
+from spec.diagnose import diagnose
+
+# A sixth of the profile's examples per family (ci: 6, thorough: 333): eight families share the budget.
+EXAMPLES = settings(max_examples=max(4, settings().max_examples // 6))
+
+
+def encoder_token_ids():
+    """Encoder inputs for text families: 1 to 24 ids, special ids (0-2) included."""
+    return st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=24)
+
+
+def feature_seeds():
+    """Whisper: seeds for the log-mel features drawn by encoder_inputs."""
+    return st.integers(0, 2**16)
+
+
+def _inputs(family, tokens, seed):
+    return encoder_inputs(family, tokens, seed)
+
+
+def _eos(data, free: list[int], use_eos: bool):
+    return free[data.draw(st.integers(0, len(free) - 1), label="eos position")] if use_eos and free else None
+
+
+def replay_rounds(target, draft, draft_encoder_out, prompt, expected, gamma, max_new_tokens):
+    """Algorithm 1 without caches: per round (drafted, accepted, emitted). The draft's proposals
+    are its cache-free greedy continuation over `draft_encoder_out`, under the target's token
+    masks (spec applies the target's to both); `expected` is the target's greedy output."""
+    mask = token_mask(target, len(prompt), max_new_tokens)
+    rounds, n = [], 0
+    while n < len(expected):
+        g = min(gamma, max_new_tokens - n - 1)
+        proposals = cache_free_greedy(draft, draft_encoder_out, prompt + expected[:n], g, mask=mask) if g else []
+        k = 0
+        while k < g and n + k < len(expected) and proposals[k] == expected[n + k]:
+            k += 1
+        emitted = min(k + 1, len(expected) - n)
+        rounds.append((g, k, emitted))
+        n += emitted
+    return rounds
+
+
+def check_trace(run, prompt_len: int):
+    """After each round's rollback the target's cache holds all final tokens but the newest, the
+    draft's at most that and at least one fewer (it lags by one after a fully accepted round)."""
+    n = prompt_len
+    for i, r in enumerate(run.trace):
+        n += r.emitted
+        assert r.target_cache == n - 1, f"round {i}: target decoder cache {r.target_cache}, sequence {n}"
+        assert r.draft_cache <= n - 1, f"round {i}: draft decoder cache {r.draft_cache} holds rejected tokens"
+        if r.drafted:
+            assert r.draft_cache >= n - 2, f"round {i}: draft decoder cache {r.draft_cache} lags sequence {n}"
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@EXAMPLES
+@given(tokens=encoder_token_ids(), seed=feature_seeds(), max_new_tokens=st.integers(1, 24), use_eos=st.booleans(),
+       data=st.data())
+def test_greedy_equals_cache_free_reference_and_hf_generate(family, tokens, seed, max_new_tokens, use_eos, data):
+    model = build(family)
+    inputs = _inputs(family, tokens, seed)
+    prompt = decoder_start(model, family)
+    mask = token_mask(model, len(prompt), max_new_tokens)
+    free = cache_free_greedy(model, encoder_output(model, inputs), prompt, max_new_tokens, mask=mask)
+    eos = _eos(data, free, use_eos)
+    reference = cache_free_greedy(model, encoder_output(model, inputs), prompt, max_new_tokens, eos, mask=mask)
+    ours = greedy_generate(model, max_new_tokens=max_new_tokens, eos_token_id=eos, trace=True, **inputs)
+    assert ours.tokens == reference, f"{family}: greedy_generate differs from the cache-free reference"
+    assert ours.tokens == hf_generate(model, inputs, max_new_tokens, eos), f"{family}: differs from HF generate"
+    assert [r.target_cache for r in ours.trace] == list(range(len(prompt), len(prompt) + len(ours.tokens)))
+    assert ours.stop_reason == ("eos" if eos is not None else "max_new_tokens")
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@EXAMPLES
+@given(tokens=encoder_token_ids(), seed=feature_seeds(), gamma=st.integers(1, 8),
+       max_new_tokens=st.integers(1, 24), use_eos=st.booleans(), data=st.data())
+def test_speculative_equals_greedy_round_for_round(family, tokens, seed, gamma, max_new_tokens, use_eos, data):
+    """Target and draft each with its own encoder (the paper's T5 pairs)."""
+    target, draft = build(family), draft_for(family)
+    inputs = _inputs(family, tokens, seed)
+    prompt = decoder_start(target, family)
+    mask = token_mask(target, len(prompt), max_new_tokens)
+    target_out = encoder_output(target, inputs)
+    free = cache_free_greedy(target, target_out, prompt, max_new_tokens, mask=mask)
+    eos = _eos(data, free, use_eos)
+    expected = cache_free_greedy(target, target_out, prompt, max_new_tokens, eos, mask=mask)
+    run = speculative_generate(target, draft, gamma=gamma, max_new_tokens=max_new_tokens, eos_token_id=eos,
+                               trace=True, **inputs)
+    if run.tokens != expected:
+        d = diagnose(target, inputs["input_ids"], expected, run.tokens,
+                     input_features=inputs.get("input_features"))
+        pytest.fail(f"{family}: {d}")
+    replay = replay_rounds(target, draft, encoder_output(draft, inputs), prompt, expected, gamma, max_new_tokens)
+    assert list(zip(run.drafted_per_round, run.accepted_per_round, run.tokens_per_round)) == replay, \
+        f"{family}: per-round counts differ from Algorithm 1 replayed without caches (draft on its own encoder)"
+    check_trace(run, len(prompt))
+
+
+@EXAMPLES
+@given(seed=feature_seeds(), gamma=st.integers(1, 8), max_new_tokens=st.integers(1, 24))
+def test_whisper_draft_sharing_the_target_encoder(seed, gamma, max_new_tokens):
+    """distil-Whisper style: the draft's one-layer decoder attends to the TARGET's encoder output."""
+    target, draft = build("whisper"), distil_whisper_draft()
+    inputs = _inputs("whisper", None, seed)
+    prompt = decoder_start(target, "whisper")
+    target_out = encoder_output(target, inputs)
+    expected = cache_free_greedy(target, target_out, prompt, max_new_tokens,
+                                 mask=token_mask(target, len(prompt), max_new_tokens))
+    run = speculative_generate(target, draft, gamma=gamma, max_new_tokens=max_new_tokens, trace=True,
+                               share_encoder=True, **inputs)
+    assert run.tokens == expected
+    replay = replay_rounds(target, draft, target_out, prompt, expected, gamma, max_new_tokens)
+    assert list(zip(run.drafted_per_round, run.accepted_per_round, run.tokens_per_round)) == replay
+    check_trace(run, len(prompt))
+
+
+def test_draft_fed_another_encoder_output_changes_the_rounds():
+    """The replay can tell the encoder outputs apart: with the target's encoder output instead of
+    its own, the T5 draft's rounds differ on this input (so a runner that mixed them up fails)."""
+    target, draft = build("t5"), draft_for("t5")
+    inputs = _inputs("t5", list(range(3, 23)), 0)
+    prompt = decoder_start(target, "t5")
+    expected = cache_free_greedy(target, encoder_output(target, inputs), prompt, 24,
+                                 mask=token_mask(target, 1, 24))
+    own = replay_rounds(target, draft, encoder_output(draft, inputs), prompt, expected, 4, 24)
+    other = replay_rounds(target, draft, encoder_output(target, inputs), prompt, expected, 4, 24)
+    assert own != other
+    run = speculative_generate(target, draft, gamma=4, max_new_tokens=24, **inputs)
+    assert list(zip(run.drafted_per_round, run.accepted_per_round, run.tokens_per_round)) == own
+
+
+def test_self_draft_accepts_everything_and_t5_decoder_depth_may_differ():
+    """draft = target: gamma + 1 tokens a round. A T5 whose decoder is deeper than its encoder
+    (num_decoder_layers != num_layers; HF generate 5.24 itself fails on it) runs too."""
+    target = build("bart")
+    run = speculative_generate(target, target, list(range(3, 15)), gamma=4, max_new_tokens=23)
+    assert run.tokens_per_round == [5, 5, 5, 5, 3] and run.accepted == run.drafted
+    import transformers as T
+    from seq2seq_models import sharpen
+    torch.manual_seed(0)
+    deep = sharpen(T.T5ForConditionalGeneration(T.T5Config(d_model=32, d_kv=8, d_ff=64, num_layers=1,
+                                                           num_decoder_layers=3, num_heads=4, vocab_size=VOCAB,
+                                                           decoder_start_token_id=0)), 0).double().eval()
+    inputs = {"input_ids": list(range(3, 15))}
+    expected = cache_free_greedy(deep, encoder_output(deep, inputs), [0], 16)
+    assert greedy_generate(deep, max_new_tokens=16, **inputs).tokens == expected
+    assert speculative_generate(deep, draft_for("t5"), gamma=3, max_new_tokens=16, **inputs).tokens == expected
+
+
+@pytest.mark.parametrize("family", [*CORE, "m2m_100"])
+def test_decoder_input_ids_continue_a_given_decoder_prompt(family):
+    """A longer decoder prompt: Whisper's begin suppression acts at the first NEW token; M2M100's
+    forced BOS only at decoder position 1 (inside this prompt, so not at all), as in HF generate."""
+    model, draft = build(family), draft_for(family)
+    inputs = _inputs(family, list(range(5, 17)), 3)
+    dec = decoder_start(model, family) + [30, 31]
+    expected = cache_free_greedy(model, encoder_output(model, inputs), dec, 12, mask=token_mask(model, len(dec), 12))
+    assert greedy_generate(model, max_new_tokens=12, decoder_input_ids=dec, **inputs).tokens == expected
+    assert speculative_generate(model, draft, gamma=3, max_new_tokens=12, decoder_input_ids=dec,
+                                **inputs).tokens == expected
+    assert hf_generate(model, inputs, 12, decoder_input_ids=dec) == expected
+
+
+def test_diagnose_names_the_first_divergence_of_an_encoder_decoder_target():
+    target = build("t5")
+    inputs = {"input_ids": list(range(3, 20))}
+    tokens = greedy_generate(target, max_new_tokens=10, **inputs).tokens
+    assert diagnose(target, inputs["input_ids"], tokens, list(tokens)) is None
+    wrong = tokens[:4] + [(tokens[4] + 1) % VOCAB] + tokens[5:]
+    d = diagnose(target, inputs["input_ids"], tokens, wrong)
+    assert (d.position, d.expected, d.actual, d.verdict) == (4, tokens[4], wrong[4], "bug")
+    assert d.noise < 1e-9 < d.gap_step  # fp64: the decoder's step and block logits agree to rounding
+    whisper = build("whisper")
+    w_inputs = _inputs("whisper", None, 1)
+    tokens = greedy_generate(whisper, max_new_tokens=6, **w_inputs).tokens
+    d = diagnose(whisper, None, tokens, tokens[:2] + [(tokens[2] + 1) % VOCAB],
+                 input_features=w_inputs["input_features"])
+    assert d.position == 2 and d.verdict == "bug"
+
+
+# --- refused up front, with the argument named ------------------------------------------------
+
+def _raises(match, fn, *args, **kwargs):
+    with pytest.raises((ValueError, TypeError), match=match):
+        fn(*args, **kwargs)
+
+
+def test_bad_inputs_are_refused_clearly(target):
+    t5, whisper = build("t5"), build("whisper")
+    feats = _inputs("whisper", None, 0)["input_features"]
+    _raises("pass input_features=", greedy_generate, whisper, None)
+    _raises("input_ids is not used", greedy_generate, whisper, [1, 2], input_features=feats)
+    _raises(r"input_features must be \[8, 32\]", greedy_generate, whisper, None, input_features=feats[:, :10])
+    _raises("input_features must be a floating-point", greedy_generate, whisper, None,
+            input_features=torch.ones(8, 32, dtype=torch.long))
+    _raises("not input_features=", greedy_generate, t5, [1, 2], input_features=feats)
+    _raises("needs input_ids", greedy_generate, t5, None)
+    _raises("input_ids holds token id 500", greedy_generate, t5, [1, 500])
+    _raises("decoder_input_ids holds token id 999", speculative_generate, t5, draft_for("t5"), [1, 2],
+            decoder_input_ids=[0, 999])
+    _raises("decoder_input_ids as a list", greedy_generate, t5, [1, 2], decoder_input_ids=[])
+    _raises("input_features is for encoder-decoder", greedy_generate, target, [1, 2], input_features=feats)
+    _raises("decoder_input_ids is for encoder-decoder", speculative_generate, target, target, [1, 2],
+            decoder_input_ids=[0])
+    _raises("share_encoder=True is for encoder-decoder", speculative_generate, target, target, [1, 2],
+            share_encoder=True)
+    _raises("draft_impl='plain' is for decoder-only", speculative_generate, t5, t5, [1, 2], draft_impl="plain")
+
+
+def test_mismatched_pairs_are_refused(target):
+    t5, bart, whisper = build("t5"), build("bart"), build("whisper")
+    from spec import build_gpt_neox
+    causal = build_gpt_neox("tiny-draft", eos_token_id=1, vocab_size=VOCAB)  # T5's EOS: only the kind differs
+    _raises("decoder-only model but the target is encoder-decoder", speculative_generate, t5, causal, [1, 2])
+    _raises("target is a decoder-only model", speculative_generate, causal, t5, [1, 2])
+    import copy
+    restart = copy.deepcopy(t5)
+    restart.config.decoder_start_token_id = restart.generation_config.decoder_start_token_id = 2
+    _raises("decoder_start_token_id is 0 for the target and 2 for the draft", speculative_generate, t5, restart, [1])
+    wide = copy.deepcopy(bart)
+    wide.resize_token_embeddings(VOCAB + 8)
+    _raises("vocabularies differ", speculative_generate, bart, wide, [1, 2])
+    _raises("share_encoder=True: the target's encoder output is 32 wide", speculative_generate, whisper,
+            _narrow_whisper(), None, input_features=_inputs("whisper", None, 0)["input_features"], share_encoder=True)
+    _raises("share_encoder=True needs one family", speculative_generate, bart, build("mbart"), [3, 4],
+            share_encoder=True)
+
+
+def _narrow_whisper():
+    import transformers as T
+    kwargs = dict(FAMILIES["whisper"][1], d_model=16)
+    return T.WhisperForConditionalGeneration(T.WhisperConfig(**kwargs)).double().eval()
+
+
+UNSUPPORTED = {  # families spec has not checked: refused before anything runs
+    "prophetnet": lambda T: T.ProphetNetForConditionalGeneration(T.ProphetNetConfig(
+        vocab_size=VOCAB, hidden_size=16, num_encoder_layers=1, num_decoder_layers=1, num_encoder_attention_heads=2,
+        num_decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16, ngram=2)),
+    "led": lambda T: T.LEDForConditionalGeneration(T.LEDConfig(
+        vocab_size=VOCAB, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16, attention_window=[4])),
+}
+
+
+@pytest.mark.parametrize("family", list(UNSUPPORTED))
+def test_unsupported_families_are_refused(family):
+    import transformers as T
+    model = UNSUPPORTED[family](T).eval()
+    _raises(f"encoder-decoder family '{family}'.*is not supported", greedy_generate, model, [3, 4, 5])
+    _raises(f"encoder-decoder family '{family}'.*is not supported", speculative_generate, model, model, [3, 4, 5])
+
+
+def test_multilingual_whisper_without_language_is_refused():
+    import copy
+    whisper = copy.deepcopy(build("whisper"))
+    whisper.generation_config.lang_to_id = {"<|en|>": 50}
+    feats = _inputs("whisper", None, 0)["input_features"]
+    _raises("multilingual Whisper without a language", greedy_generate, whisper, None, input_features=feats)
+    whisper.generation_config.forced_decoder_ids = [[1, None], [2, 51]]  # language open: HF would detect it
+    _raises("multilingual Whisper without a language", greedy_generate, whisper, None, input_features=feats)
+    whisper.generation_config.forced_decoder_ids = [[1, 50], [2, 51]]
+    run = greedy_generate(whisper, None, input_features=feats, max_new_tokens=4, trace=True)
+    assert run.trace[0].target_cache == 3  # start token, then the two forced ones: a 3-token prompt
+    whisper.generation_config.return_timestamps = True
+    _raises("return_timestamps", greedy_generate, whisper, None, input_features=feats)
+
+
+# --- what sharing the encoder saves (docs/BENCHMARKS.md): `pytest -m thorough -s -k share_encoder` ----
+
+@pytest.mark.thorough
+def test_share_encoder_same_rounds_and_its_time():
+    """The distil draft's own encoder equals the target's, so sharing changes no round, only the time
+    (printed: per call, best of 5 interleaved repeats of 20 calls; a timing is never asserted)."""
+    target, draft = build("whisper"), distil_whisper_draft()
+    inputs = _inputs("whisper", None, 0)
+    for max_new_tokens in (4, 16):
+        runs = {share: speculative_generate(target, draft, gamma=4, max_new_tokens=max_new_tokens,
+                                            share_encoder=share, **inputs) for share in (False, True)}
+        assert runs[True].tokens == runs[False].tokens
+        assert runs[True].accepted_per_round == runs[False].accepted_per_round
+        times = {False: [], True: []}
+        for _ in range(5):
+            for share in (False, True):
+                t0 = time.perf_counter()
+                for _ in range(20):
+                    speculative_generate(target, draft, gamma=4, max_new_tokens=max_new_tokens,
+                                         share_encoder=share, **inputs)
+                times[share].append((time.perf_counter() - t0) / 20)
+        own, shared = min(times[False]), min(times[True])
+        print(f"max_new_tokens={max_new_tokens}: own encoder {own * 1e3:.2f} ms, shared {shared * 1e3:.2f} ms "
+              f"per call ({(own - shared) * 1e3:.2f} ms saved)")
+
+
+# --- python -m spec on a saved encoder-decoder pair ---------------------------------------------
+
+def test_cli_runs_a_saved_t5_pair_and_refuses_what_it_cannot_run(tmp_path, capsys):
+    """Prompts become the encoder's input (bytes as ids: the pair has no tokenizer); the table and
+    results.json are the decoder-only ones. Whisper (features) and the HF peer exit 2 with a reason."""
+    import json
+
+    import spec.__main__ as cli
+    for name, model in (("target", build("t5")), ("draft", draft_for("t5")), ("whisper", build("whisper"))):
+        model.save_pretrained(tmp_path / name)
+    base = ["--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"), "--max-new-tokens", "6",
+            "--gamma", "2", "--quiet", "--threads", "1", "--no-plots", "--target-dtype", "fp64",
+            "--draft-dtype", "fp64"]
+    rc = cli.main([*base, "--out", str(tmp_path / "out")])
+    stdout, stderr = capsys.readouterr()
+    assert rc == 0, stderr
+    assert any(line.startswith("#  prompt") for line in stdout.splitlines())
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["summary"]["all_identical"] and len(results["prompts"]) == 5
+    record = results["prompts"][0]
+    inputs = {"input_ids": [b % VOCAB for b in record["prompt"].encode("utf-8")]}
+    assert record["spec_tokens"] == greedy_generate(build("t5"), max_new_tokens=6, **inputs).tokens
+    assert cli.main([*base, "--out", str(tmp_path / "peer"), "--peer", "hf"]) == 2
+    assert "--peer hf" in capsys.readouterr().err
+    whisper = ["--target", str(tmp_path / "whisper"), "--draft", str(tmp_path / "whisper"), "--quiet",
+               "--out", str(tmp_path / "w")]
+    assert cli.main(whisper) == 2
+    assert "encodes audio features" in capsys.readouterr().err
+    # Whisper: one features file a prompt (.pt and .npy), the distil-style draft with its own encoder copy.
+    import numpy as np
+    distil_whisper_draft().save_pretrained(tmp_path / "distil")
+    feats = [_inputs("whisper", None, seed)["input_features"] for seed in (0, 1)]
+    torch.save(feats[0], tmp_path / "a.pt")
+    np.save(tmp_path / "b.npy", feats[1].numpy())
+    rc = cli.main(["--target", str(tmp_path / "whisper"), "--draft", str(tmp_path / "distil"), "--quiet",
+                   "--features", str(tmp_path / "a.pt"), "--features", str(tmp_path / "b.npy"), "--no-plots",
+                   "--max-new-tokens", "6", "--threads", "1", "--target-dtype", "fp64", "--draft-dtype", "fp64",
+                   "--out", str(tmp_path / "w2")])
+    assert rc == 0, capsys.readouterr().err
+    results = json.loads((tmp_path / "w2" / "results.json").read_text())
+    assert results["summary"]["all_identical"] and len(results["prompts"]) == 2
+    expected = greedy_generate(build("whisper"), None, input_features=feats[1], max_new_tokens=6).tokens
+    assert results["prompts"][1]["spec_tokens"] == expected
+    (tmp_path / "bad.pt").write_text("not a tensor")
+    assert cli.main([*base, "--out", str(tmp_path / "x"), "--features", str(tmp_path / "a.pt")]) == 2
+    assert "--features: T5ForConditionalGeneration encodes token ids" in capsys.readouterr().err
+    assert cli.main([*whisper, "--features", str(tmp_path / "bad.pt")]) == 2
+    assert "--features: cannot read" in capsys.readouterr().err
