@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from spec import hf, neox, sampling, theory
+from spec.processors import Processors
 from spec.autogamma import AutoGamma
 from spec.measure import sync
 from spec.validate import as_prompt, check_model, check_options, check_pair, model_device, stop_ids
@@ -96,13 +97,16 @@ def _first_stop(tokens: list[int], stops: frozenset[int]) -> int | None:
 @torch.inference_mode()
 def greedy_generate(model, input_ids, *, max_new_tokens: int = 64, eos_token_id=None, do_sample: bool = False,
                     temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-                    generator: torch.Generator | None = None, trace: bool = False) -> Result:
+                    generator: torch.Generator | None = None, trace: bool = False,
+                    repetition_penalty: float | None = None, no_repeat_ngram_size: int | None = None) -> Result:
     """Plain autoregressive decoding with `model` alone: one cached forward pass per token.
 
     do_sample=False takes the argmax (equal to HF generate(do_sample=False));
-    do_sample=True is ancestral sampling from the processed distribution."""
+    do_sample=True is ancestral sampling from the processed distribution.
+    repetition_penalty / no_repeat_ngram_size: HF's stateful processors (spec.processors)."""
     check_model(model, "model")
     check_options(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
+    process = Processors(repetition_penalty, no_repeat_ngram_size)
     device = model_device(model)
     prompt = as_prompt(input_ids, device, {"model": model})
     stops = stop_ids(eos_token_id, {"model": model})
@@ -115,6 +119,8 @@ def greedy_generate(model, input_ids, *, max_new_tokens: int = 64, eos_token_id=
     while n - P < max_new_tokens:
         t0 = _clock(device, trace)
         logits = model_run(seq[cached:n])[-1]
+        if process:
+            logits = process(logits[None], seq, n)[0]
         cached = n
         if do_sample:
             seq[n] = sampling.sample(sampling.probabilities(logits, temperature, top_k, top_p), generator)
@@ -138,7 +144,8 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
                          eos_token_id=None, do_sample: bool = False, temperature: float = 1.0,
                          top_k: int | None = None, top_p: float | None = None,
                          generator: torch.Generator | None = None, trace: bool = False,
-                         draft_impl: str = "auto") -> Result:
+                         draft_impl: str = "auto", repetition_penalty: float | None = None,
+                         no_repeat_ngram_size: int | None = None) -> Result:
     """Speculative decoding: `draft` (Mq) proposes, `target` (Mp) verifies.
 
     Greedy (do_sample=False): the output equals greedy_generate(target, ...) token
@@ -151,9 +158,14 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
     tensors on a preallocated KV buffer, GPT-NeoX only), "hf" (the model's own
     forward on a DynamicCache), "compiled" (its forward on a StaticCache with the
     one-token step compiled: CUDA graphs on GPU), "auto" ("plain" where it applies,
-    else "hf")."""
+    else "hf").
+
+    repetition_penalty / no_repeat_ngram_size (spec.processors): verify row i sees exactly the
+    prefix seq[:n + i], the draft's step i the same prefix, so nothing from a rejected draft
+    token reaches a later round."""
     check_pair(target, draft)
     check_options(max_new_tokens=max_new_tokens, gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p)
+    process = Processors(repetition_penalty, no_repeat_ngram_size)
     device = model_device(target)
     models = {"target": target, "draft": draft}
     prompt = as_prompt(input_ids, device, models)
@@ -187,6 +199,8 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
         for i in range(g):
             feed = seq[d_cached:n + i]
             logits = draft_run(feed.clamp(max=draft_rows - 1) if clamp_for_draft else feed)[-1, :common]
+            if process:
+                logits = process(logits[None], seq, n + i)[0]
             d_cached = n + i
             if do_sample:
                 q.append(sampling.probabilities(logits, temperature, top_k, top_p))
@@ -197,6 +211,8 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
         # 2. Verify: Mp scores all g + 1 positions in one pass.
         t1 = _clock(device, timed)
         logits = target_run(seq[t_cached:n + g], keep=g + 1)
+        if process:
+            logits = process(logits, seq, n)  # row i predicts seq[n + i] from seq[:n + i]
         t_cached = n + g
 
         # 3. Accept the longest prefix that passes, then append one token from Mp.
