@@ -133,8 +133,9 @@ def _only_config(model, cfg: GenerationConfig):
 
 
 @torch.inference_mode()
-def hf_generate(target, input_ids, *, max_new_tokens, eos_token_id, do_sample, temperature, top_k, top_p,
-                repetition_penalty, no_repeat_ngram_size, generator, assistant=None, gamma=None,
+def hf_generate(target, input_ids, *, max_new_tokens, eos_token_id=None, do_sample=False, temperature=1.0,
+                top_k=None, top_p=None, repetition_penalty=None, no_repeat_ngram_size=None, generator=None,
+                assistant=None, gamma=None,
                 prompt_lookup_num_tokens=None) -> list[int]:
     """New tokens of target.generate(): assisted by `assistant` (gamma tokens a round) or by
     prompt lookup, with every option set explicitly (see _only_config) and an all-ones

@@ -15,35 +15,12 @@ counterexample and spec.diagnose's verdict (position, both tokens, top-2 gap on 
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
-from kit import ARCHS, DRAFT_KINDS, EOS_AT, EOS_PROMPT, TOKENS, greedy, run, zoo
-from strategies import short_token_id_prompts
+from kit import (ARCHS, DRAFT_KINDS, EOS_AT, EOS_PROMPT, TOKENS, greedy, kit_settings, prompts, run,
+                 skip_unless_takes, zoo)
 
 from spec.diagnose import diagnose
-
-
-def kit_settings(budget: float, examples: int):
-    """Derandomized: the same examples every run (the suite's rule), scaled by --conform-budget."""
-    return settings(max_examples=max(1, round(examples * budget)), derandomize=True, deadline=None,
-                    database=None, suppress_health_check=list(HealthCheck))
-
-
-def looping_prompts():
-    """A head, then a short unit repeated: text that prompt lookup can draft from."""
-    ids = st.integers(0, TOKENS - 1)
-    return st.builds(lambda head, unit, reps: head + unit * reps,
-                     st.lists(ids, max_size=4), st.lists(ids, min_size=1, max_size=5), st.integers(2, 5))
-
-
-def prompts():
-    return st.one_of(short_token_id_prompts(TOKENS), looping_prompts())
-
-
-def skip_unless_takes(impl, draft_kind):
-    reason = impl.takes_draft(zoo(ARCHS[0])[draft_kind])
-    if reason:
-        pytest.skip(reason)
 
 
 def check_exact(prop, impl, arch, draft_kind, prompt, gamma, max_new_tokens, eos=None):
