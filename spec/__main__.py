@@ -507,6 +507,10 @@ def _version() -> str:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["conform"]:  # `python -m spec conform ...`: the conformance kit (spec/conform.py)
+        from spec import conform
+        return conform.main(argv[1:])
     try:
         args = parse_args(argv)
     except SystemExit as exit_:  # argparse: --help (0) or a bad option (2, message already on stderr)

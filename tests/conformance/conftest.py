@@ -16,14 +16,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "correctness"))
 
 from spec import impls  # noqa: E402
 
+IMPL = pytest.StashKey()
+
+
+def pytest_configure(config):
+    name = config.getoption("--impl")
+    try:
+        config.stash[IMPL] = impls.load(name)
+    except Exception as err:  # a bad --impl is a usage error, not 60 failing tests
+        raise pytest.UsageError(f"--impl {name!r}: {type(err).__name__}: {err}") from None
+
 
 @pytest.fixture(scope="session")
 def impl(pytestconfig):
-    name = pytestconfig.getoption("--impl")
-    try:
-        return impls.load(name)
-    except Exception as err:  # a bad --impl is a usage error, not 60 failing tests
-        raise pytest.UsageError(f"--impl {name!r}: {type(err).__name__}: {err}") from None
+    """The decoder under test (spec.impls.Impl)."""
+    return pytestconfig.stash[IMPL]
 
 
 @pytest.fixture(scope="session")
@@ -32,3 +39,17 @@ def budget(pytestconfig) -> float:
     if not value > 0:
         raise pytest.UsageError(f"--conform-budget must be a number > 0, got {value}")
     return value
+
+
+# --- confirmed findings about peers: expected failures, strict, so that an upstream fix shows up --------
+
+# (impl, test name as pytest shows it) -> why it fails; every entry is written up in docs/CONFORMANCE.md.
+KNOWN_FINDINGS: dict[tuple[str, str], str] = {}
+
+
+def pytest_collection_modifyitems(config, items):
+    name = config.getoption("--impl")
+    for item in items:
+        reason = KNOWN_FINDINGS.get((name, item.name))
+        if reason:
+            item.add_marker(pytest.mark.xfail(strict=True, reason=reason))
