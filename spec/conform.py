@@ -30,13 +30,17 @@ class Collector:
         row = self.rows.setdefault(report.nodeid, {"nodeid": report.nodeid, "outcome": "passed", "evidence": "",
                                                    "seconds": 0.0})
         row["seconds"] += report.duration
+        for key, value in report.user_properties:  # record_property("evidence", ...) on a pass
+            if key == "evidence" and report.when == "call" and report.passed:
+                row["evidence"] = str(value)
         if report.when == "call" and hasattr(report, "wasxfail"):
             row["outcome"] = "xfail" if report.skipped else "failed"
             row["evidence"] = report.wasxfail if report.skipped else f"XPASS(strict): {report.wasxfail}"
         elif report.skipped:
             row["outcome"] = "skipped"
             longrepr = report.longrepr
-            row["evidence"] = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+            reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+            row["evidence"] = reason.removeprefix("Skipped: ")
         elif report.failed:
             row["outcome"] = "failed" if report.when == "call" else "error"
             row["evidence"] = report.longreprtext.strip()
@@ -50,8 +54,9 @@ def _split(nodeid: str) -> tuple[str, str]:
 
 def _summary(evidence: str, width: int) -> str:
     lines = [ln.strip() for ln in evidence.splitlines() if ln.strip()]
-    # hypothesis puts its "Falsifying example" after our message; keep the message's head
-    text = " | ".join(lines[:4])
+    if len(lines) > 1 and lines[0].startswith("property "):
+        lines = lines[1:]  # the row already names the property: show the case and the verdict
+    text = " | ".join(lines[:3])
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
@@ -114,7 +119,7 @@ def main(argv=None) -> int:
     print(f"{'property':<22} {'case':<44} {'result':<8} evidence")
     for r in rows:
         result = {"passed": "pass", "failed": "FAIL", "error": "ERROR"}.get(r["outcome"], r["outcome"])
-        print(f"{r['property']:<22} {r['case'][:44]:<44} {result:<8} {_summary(r['evidence'], 110)}")
+        print(f"{r['property']:<22} {r['case'][:44]:<44} {result:<8} {_summary(r['evidence'], 160)}")
     print("  ".join(f"{k} {v}" for k, v in counts.items() if v))
     report = {"impl": args.impl, "budget": args.budget, "transformers": transformers.__version__,
               "torch": torch.__version__, "python": platform.python_version(), "seconds": round(wall, 1),

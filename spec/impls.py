@@ -135,11 +135,11 @@ def _only_config(model, cfg: GenerationConfig):
 @torch.inference_mode()
 def hf_generate(target, input_ids, *, max_new_tokens, eos_token_id=None, do_sample=False, temperature=1.0,
                 top_k=None, top_p=None, repetition_penalty=None, no_repeat_ngram_size=None, generator=None,
-                assistant=None, gamma=None,
-                prompt_lookup_num_tokens=None) -> list[int]:
+                assistant=None, gamma=None, prompt_lookup_num_tokens=None, **generation_options) -> list[int]:
     """New tokens of target.generate(): assisted by `assistant` (gamma tokens a round) or by
     prompt lookup, with every option set explicitly (see _only_config) and an all-ones
-    attention mask (without one, HF masks every prompt position equal to pad_token_id)."""
+    attention mask (without one, HF masks every prompt position equal to pad_token_id).
+    generation_options: further GenerationConfig fields, set as given."""
     eos = list(eos_token_id) if isinstance(eos_token_id, (list, tuple)) else eos_token_id
     cfg = GenerationConfig(max_new_tokens=max_new_tokens, min_new_tokens=0, num_beams=1, do_sample=do_sample,
                            eos_token_id=eos, pad_token_id=(eos[0] if isinstance(eos, list) else eos) or 0,
@@ -147,6 +147,8 @@ def hf_generate(target, input_ids, *, max_new_tokens, eos_token_id=None, do_samp
                            no_repeat_ngram_size=no_repeat_ngram_size or 0)
     if do_sample:
         cfg.temperature, cfg.top_k, cfg.top_p = float(temperature), top_k or 0, 1.0 if top_p is None else top_p
+    for key, value in generation_options.items():
+        setattr(cfg, key, value)
     if prompt_lookup_num_tokens is not None:
         cfg.prompt_lookup_num_tokens = prompt_lookup_num_tokens
     ids = torch.tensor([list(input_ids)], dtype=torch.long, device=target.device)

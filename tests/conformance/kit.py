@@ -28,6 +28,8 @@ import math
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
+from hypothesis.control import current_build_context
+from hypothesis.errors import InvalidArgument
 from hypothesis import strategies as st
 from stats import goodness_of_fit, reference_probabilities
 from strategies import short_token_id_prompts
@@ -167,6 +169,14 @@ def kit_settings(budget: float, examples: int):
     """Derandomized: the same examples every run (the suite's rule), scaled by --conform-budget."""
     return settings(max_examples=max(1, round(examples * budget)), derandomize=True, deadline=None,
                     database=None, suppress_health_check=list(HealthCheck))
+
+
+def final_replay() -> bool:
+    """True outside hypothesis and on its final replay of the smallest failing example."""
+    try:
+        return current_build_context().is_final
+    except InvalidArgument:
+        return True
 
 
 def looping_prompts():

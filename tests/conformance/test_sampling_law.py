@@ -44,7 +44,7 @@ def sample_size(budget: float) -> int:
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_sampling_law(impl, budget, scenario):
+def test_sampling_law(impl, budget, scenario, record_property):
     options = SCENARIOS[scenario]
     target, draft = small_pair()
     draft = None if impl.draft == "none" else draft
@@ -57,6 +57,7 @@ def test_sampling_law(impl, budget, scenario):
     fit, table = joint_fit(f"joint law of the first {JOINT} tokens", samples,
                            exact_law(target, options).joint(SMALL_PROMPT, JOINT))
     assert fit.df > 0
+    record_property("evidence", f"p = {fit.pvalue:.3g} (chi2 {fit.stat:.1f}, df {fit.df}, n {fit.n}, level {ALPHA})")
     if fit.rejects(ALPHA):
         pytest.fail(f"property sampling_law violated by {impl.name} ({scenario}, gamma={GAMMA}, "
                     f"draft={'model' if draft is not None else 'none'}): p = {fit.pvalue:.3g} < {ALPHA}\n"
@@ -101,7 +102,7 @@ CONTROLS = {"correct": None, "resample-from-p": "resample-from-p", "q-mismatch":
 
 
 @pytest.mark.parametrize("control", list(CONTROLS))
-def test_sampling_power(budget, control):
+def test_sampling_power(budget, control, record_property):
     """At the sample size sampling_law uses, the check rejects each bug and passes the correct sampler."""
     target, draft = small_pair()
     P, Q = ExactLaw(target), ExactLaw(draft)
@@ -110,6 +111,7 @@ def test_sampling_power(budget, control):
     n = sample_size(budget)
     samples = [law_sampler(P, Q, SMALL_PROMPT, gen, bug=CONTROLS[control], Q_sampled=Q_sampled) for _ in range(n)]
     fit, table = joint_fit(f"joint law of the first {JOINT} tokens", samples, P.joint(SMALL_PROMPT, JOINT))
+    record_property("evidence", f"p = {fit.pvalue:.3g} (chi2 {fit.stat:.1f}, df {fit.df}, n {fit.n}, level {ALPHA})")
     if control == "correct":
         assert not fit.rejects(ALPHA), f"the correct sampler was rejected (false alarm): {fit}\n{table}"
     else:
