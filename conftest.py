@@ -39,6 +39,8 @@ def pytest_addoption(parser):
                        "path/to/file.py:function (env SPEC_IMPL; default spec)")
     kit.addoption("--conform-budget", type=float, default=1.0,
                   help="scale the kit's example counts and sample sizes (default 1)")
+    kit.addoption("--conform-no-shrink", action="store_true",
+                  help="report the first counterexample hypothesis finds, without shrinking it (faster)")
 
 
 # --- model pairs ------------------------------------------------------------------------

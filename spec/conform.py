@@ -70,6 +70,8 @@ def parse_args(argv):
     p.add_argument("--budget", type=float, default=1.0,
                    help="scale example counts and sample sizes (default 1: about a minute for spec on a CPU)")
     p.add_argument("--out", type=Path, default=Path("conformance.json"), help="JSON report (default: %(default)s)")
+    p.add_argument("--no-shrink", action="store_true",
+                   help="report hypothesis's first counterexample unshrunk (faster when many properties fail)")
     p.add_argument("-k", dest="keyword", help="only the properties matching this pytest -k expression")
     return p.parse_args(argv)
 
@@ -102,6 +104,8 @@ def main(argv=None) -> int:
                    "--no-header", "-rN"]
     if args.keyword:
         pytest_args += ["-k", args.keyword]
+    if args.no_shrink:
+        pytest_args.append("--conform-no-shrink")
     start = time.perf_counter()
     code = pytest.main(pytest_args, plugins=[collector])
     wall = time.perf_counter() - start

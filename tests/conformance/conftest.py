@@ -14,6 +14,8 @@ import pytest
 # The chi-square machinery and the prompt strategies live with the correctness suite.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "correctness"))
 
+import kit  # noqa: E402
+
 from spec import impls  # noqa: E402
 
 IMPL = pytest.StashKey()
@@ -23,6 +25,7 @@ def pytest_configure(config):
     name = config.getoption("--impl")
     try:
         config.stash[IMPL] = impls.load(name)
+        kit.SHRINK[0] = not config.getoption("--conform-no-shrink")
     except Exception as err:  # a bad --impl is a usage error, not 60 failing tests
         raise pytest.UsageError(f"--impl {name!r}: {type(err).__name__}: {err}") from None
 

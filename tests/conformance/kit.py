@@ -27,7 +27,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis.control import current_build_context
 from hypothesis.errors import InvalidArgument
 from hypothesis import strategies as st
@@ -165,10 +165,14 @@ def joint_fit(name: str, samples: list[tuple], law: dict):
 
 # --- running the decoder under test ----------------------------------------------------------------
 
+SHRINK = [True]  # --conform-no-shrink sets it False (tests/conformance/conftest.py)
+
+
 def kit_settings(budget: float, examples: int):
     """Derandomized: the same examples every run (the suite's rule), scaled by --conform-budget."""
+    phases = list(Phase) if SHRINK[0] else [p for p in Phase if p is not Phase.shrink]
     return settings(max_examples=max(1, round(examples * budget)), derandomize=True, deadline=None,
-                    database=None, suppress_health_check=list(HealthCheck))
+                    database=None, suppress_health_check=list(HealthCheck), phases=phases)
 
 
 def final_replay() -> bool:
