@@ -56,9 +56,11 @@ def _build(arch: str, seed: int, dtype: torch.dtype):
                                              tie_word_embeddings=False))
     elif arch == "gpt2":
         model = GPT2LMHeadModel(GPT2Config(vocab_size=640, n_embd=64, n_layer=2, n_head=4, n_positions=512,
-                                           bos_token_id=0, eos_token_id=0))
+                                           bos_token_id=0, eos_token_id=0, tie_word_embeddings=False))
     else:
         raise ValueError(arch)
+    # (untied: with GPT-2's tied embeddings the head's scaling would reach the input embeddings, and
+    # the model would only ever repeat the last token)
     with torch.no_grad():  # default init gives near-uniform logits; give the head some contrast
         model.get_output_embeddings().weight.mul_(4.0)
     return model.to(dtype).eval()
