@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 import torch
 
 from spec import hf, neox, sampling, theory
-from spec.processors import Processors
 from spec.autogamma import AutoGamma
 from spec.measure import sync
+from spec.processors import Processors
 from spec.validate import as_prompt, check_model, check_options, check_pair, model_device, stop_ids
 
 
