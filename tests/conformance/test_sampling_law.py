@@ -129,7 +129,9 @@ def test_determinism(impl):
         return [run(impl, target, draft, SMALL_PROMPT, gamma=GAMMA, max_new_tokens=8, do_sample=True, generator=gen)
                 for _ in range(6)]
     first, again, other = tokens(0), tokens(0), tokens(1)
-    assert first == again, (f"property determinism violated by {impl.name}: the same seeded generator gave\n"
-                            f"  {first}\n  {again}")
-    assert first != other, (f"property determinism: seeds 0 and 1 gave the same 6 samples {first}: "
-                            f"the generator is ignored")
+    if first != again:
+        pytest.fail(f"property determinism violated by {impl.name}\n  the same seeded generator gave different "
+                    f"samples:\n  {first}\n  {again}", pytrace=False)
+    if first == other:
+        pytest.fail(f"property determinism violated by {impl.name}\n  seeds 0 and 1 gave the same 6 samples "
+                    f"{first}: the generator is ignored", pytrace=False)
