@@ -31,7 +31,8 @@ def check_exact(prop, impl, arch, draft_kind, prompt, gamma, max_new_tokens, eos
     if actual != expected:
         # The diagnosis costs a forward pass per context token: run it on hypothesis's final replay
         # of the smallest counterexample only, not on every shrinking step.
-        verdict = diagnose(z["target"], prompt, expected, actual) if final_replay() else "(diagnosis on the final replay)"
+        verdict = (diagnose(z["target"], prompt, expected, actual) if final_replay()
+                   else "(diagnosis on the final replay)")
         pytest.fail(f"property {prop} violated by {impl.name}\n"
                     f"  arch={arch} draft={draft_kind} gamma={gamma} max_new_tokens={max_new_tokens} "
                     f"eos_token_id={eos}\n  prompt={prompt}\n  {verdict}\n"
