@@ -78,6 +78,14 @@ def pytest_addoption(parser):
                     help="target model: local folder or cached hub id (env SPEC_TARGET)")
     group.addoption("--draft", default=os.environ.get("SPEC_DRAFT", "EleutherAI/pythia-410m"),
                     help="draft model: local folder or cached hub id (env SPEC_DRAFT)")
+    kit = parser.getgroup("conformance", "spec: the conformance kit (tests/conformance)")
+    kit.addoption("--impl", default=os.environ.get("SPEC_IMPL", "spec"),
+                  help="decoder under test: spec, hf-assisted, hf-prompt-lookup, module:function or "
+                       "path/to/file.py:function (env SPEC_IMPL; default spec)")
+    kit.addoption("--conform-budget", type=float, default=1.0,
+                  help="scale the kit's example counts and sample sizes (default 1)")
+    kit.addoption("--conform-no-shrink", action="store_true",
+                  help="report the first counterexample hypothesis finds, without shrinking it (faster)")
 
 
 # --- model pairs ------------------------------------------------------------------------

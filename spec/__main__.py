@@ -25,7 +25,7 @@ from spec import defaults
 from spec.prompts import CODE_PROMPTS, SEED_PROMPTS  # noqa: F401  (the prompt sets, named in --help)
 
 # name -> "module:function": `python -m spec NAME ARGS...` calls function(ARGS) for its exit status.
-SUBCOMMANDS: dict[str, str] = {}
+SUBCOMMANDS: dict[str, str] = {"conform": "spec.conform:main"}  # python -m spec conform: the conformance kit
 
 EPILOG = (
     "pair: by default the small GPT-NeoX pair shipped in spec/assets/pair (trained on Python source);\n"

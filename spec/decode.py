@@ -17,6 +17,7 @@ import torch
 from spec import clock, hf, neox, runner, sampling, seq2seq, theory
 from spec.autogamma import AutoGamma
 from spec.lookup import PromptLookup
+from spec.processors import Processors
 from spec.validate import as_prompt, check_model, check_options, check_pair, check_positions, model_device, stop_ids
 
 
@@ -110,15 +111,18 @@ def _first_stop(tokens: list[int], stops: frozenset[int]) -> int | None:
 def greedy_generate(model, input_ids, *, max_new_tokens: int = 64, eos_token_id=None, do_sample: bool = False,
                     temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
                     generator: torch.Generator | None = None, trace: bool = False,
-                    input_features=None, decoder_input_ids=None) -> Result:
+                    input_features=None, decoder_input_ids=None,
+                    repetition_penalty: float | None = None, no_repeat_ngram_size: int | None = None) -> Result:
     """Plain autoregressive decoding with `model` alone: one cached forward pass per token.
 
     do_sample=False takes the argmax (equal to HF generate(do_sample=False));
     do_sample=True is ancestral sampling from the processed distribution.
     Encoder-decoder models (spec.seq2seq): input_ids (or input_features, Whisper) is the
-    encoder input, the tokens are the decoder's after its prompt (decoder_input_ids)."""
+    encoder input, the tokens are the decoder's after its prompt (decoder_input_ids).
+    repetition_penalty / no_repeat_ngram_size: HF's stateful processors (spec.processors)."""
     check_model(model, "model")
     check_options(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
+    process = Processors(repetition_penalty, no_repeat_ngram_size)
     device = model_device(model)
     if seq2seq.is_encoder_decoder(model):  # the same loop, over the decoder (spec.seq2seq)
         prompt, (model_run,) = seq2seq.prepare({"model": model}, input_ids, input_features=input_features,
@@ -137,6 +141,8 @@ def greedy_generate(model, input_ids, *, max_new_tokens: int = 64, eos_token_id=
     while n - P < max_new_tokens:
         t0 = _clock(device, trace)
         logits = model_run(seq[len(model_run):n], keep=1)[-1]
+        if process:
+            logits = process(logits[None], seq, n)[0]
         if do_sample:
             seq[n] = sampling.sample(sampling.probabilities(logits, temperature, top_k, top_p), generator)
         else:
@@ -158,7 +164,8 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
                          top_k: int | None = None, top_p: float | None = None,
                          generator: torch.Generator | None = None, trace: bool = False,
                          draft_impl: str = "auto", input_features=None, decoder_input_ids=None,
-                         share_encoder: bool = False) -> Result:
+                         share_encoder: bool = False, repetition_penalty: float | None = None,
+                         no_repeat_ngram_size: int | None = None) -> Result:
     """Speculative decoding: `draft` (Mq) proposes, `target` (Mp) verifies.
 
     Greedy (do_sample=False): the output equals greedy_generate(target, ...) token
@@ -179,13 +186,18 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
 
     Encoder-decoder pairs (spec.seq2seq): input_ids (or input_features, Whisper) is the
     encoder input, each model encodes it once (share_encoder=True: the draft's decoder
-    attends to the target's encoder output), and the loop speculates over the decoders."""
+    attends to the target's encoder output), and the loop speculates over the decoders.
+
+    repetition_penalty / no_repeat_ngram_size (spec.processors): verify row i sees exactly the
+    prefix seq[:n + i], the draft's step i the same prefix, so nothing from a rejected draft
+    token reaches a later round."""
     lookup = isinstance(draft, PromptLookup)  # a model-free draft (spec.lookup): proposals, no model
     if lookup:
         check_model(target, "target")
     else:
         check_pair(target, draft)
     check_options(max_new_tokens=max_new_tokens, gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p)
+    process = Processors(repetition_penalty, no_repeat_ngram_size)
     device = model_device(target)
     models = {"target": target} if lookup else {"target": target, "draft": draft}
     if not lookup and (seq2seq.is_encoder_decoder(target) or seq2seq.is_encoder_decoder(draft)):
@@ -233,6 +245,8 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
         for i in range(0 if lookup else g):
             feed = seq[len(draft_run):n + i]
             logits = draft_run(feed.clamp(max=draft_rows - 1) if clamp_for_draft else feed, keep=1)[-1, :common]
+            if process:
+                logits = process(logits[None], seq, n + i)[0]
             if do_sample:
                 q.append(sampling.probabilities(logits, temperature, top_k, top_p))
                 seq[n + i] = sampling.sample(q[-1], generator)
@@ -242,6 +256,8 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
         # 2. Verify: Mp scores all g + 1 positions in one pass.
         t1 = _clock(device, timed)
         logits = target_run(seq[len(target_run):n + g], keep=g + 1)
+        if process:
+            logits = process(logits, seq, n)  # row i predicts seq[n + i] from seq[:n + i]
 
         # 3. Accept the longest prefix that passes, then append one token from Mp.
         proposed = seq[n:n + g]

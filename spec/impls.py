@@ -1,0 +1,244 @@
+"""Speculative decoders under test: the interface the conformance kit drives, its adapters, the loader.
+
+A decoder under test is a callable
+
+    generate(target, draft, input_ids, *, gamma, max_new_tokens, eos_token_id, do_sample,
+             temperature, top_k, top_p, generator) -> list[int]
+
+that returns the new token ids (prompt excluded). `target` is a Hugging Face causal LM,
+`draft` another one or None (model-free drafting, e.g. prompt lookup), `input_ids` a list of
+ints, `eos_token_id` None (no EOS stop: never fall back to the model config's EOS), an int or a
+list of ints, `generator` a seeded torch.Generator the callable may use or ignore. Optional
+keywords `repetition_penalty` and `no_repeat_ngram_size` (HF semantics) are passed only when a
+test uses them and only to callables that accept them.
+
+What a callable can take part in is read from optional attributes on it:
+  conformance_draft     "model" (needs a draft model; the default), "none" (model-free: draft is
+                        always None) or "any" (either)
+  conformance_sampling  False for a greedy-only decoder (default True)
+  conformance_processors  True / False (default: whether its signature takes repetition_penalty
+                        or **kwargs)
+A callable may also raise NotImplementedError("why") for an option it does not support: the test
+is then skipped with that reason, not failed.
+
+Adapters: `spec` (spec.speculative_generate), `hf-assisted` (HF assisted generation with the
+draft as assistant model), `hf-prompt-lookup` (HF prompt lookup decoding, no draft model), and
+any callable named `module:function` or `path/to/file.py:function`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib
+import importlib.util
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from transformers import GenerationConfig
+
+from spec import hf
+from spec.decode import speculative_generate
+
+DRAFT_KINDS = ("model", "none", "any")
+PROCESSOR_KWARGS = ("repetition_penalty", "no_repeat_ngram_size")
+
+
+@dataclass
+class Impl:
+    """A decoder under test and what it can take part in."""
+    name: str
+    generate: Callable
+    draft: str = "model"
+    sampling: bool = True
+    processors: bool = False
+
+    def takes_draft(self, draft) -> str | None:
+        """None if this decoder can run with `draft` (a model or None), else why not."""
+        if draft is None and self.draft == "model":
+            return f"{self.name} needs a draft model (conformance_draft = 'model'); model-free drafting not tested"
+        if draft is not None and self.draft == "none":
+            return f"{self.name} drafts without a model (conformance_draft = 'none'); model drafts not tested"
+        return None
+
+    def __call__(self, target, draft, input_ids, *, gamma: int, max_new_tokens: int, eos_token_id=None,
+                 do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, generator: torch.Generator | None = None, **processors) -> list[int]:
+        if do_sample and not self.sampling:
+            raise NotImplementedError(f"{self.name} is greedy-only (conformance_sampling = False)")
+        if any(v is not None for v in processors.values()) and not self.processors:
+            raise NotImplementedError(f"{self.name} takes no logits processors "
+                                      f"({', '.join(PROCESSOR_KWARGS)} not in its signature)")
+        extra = {k: v for k, v in processors.items() if v is not None}
+        out = self.generate(target, None if self.draft == "none" else draft, list(input_ids), gamma=gamma,
+                            max_new_tokens=max_new_tokens, eos_token_id=eos_token_id, do_sample=do_sample,
+                            temperature=temperature, top_k=top_k, top_p=top_p, generator=generator, **extra)
+        if isinstance(out, torch.Tensor):
+            out = out.reshape(-1).tolist()
+        if not isinstance(out, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in out):
+            raise TypeError(f"{self.name} must return the new token ids as a list of ints, got {type(out).__name__}")
+        return list(out)
+
+
+# --- spec ----------------------------------------------------------------------------------
+
+def spec_generate(target, draft, input_ids, *, gamma, max_new_tokens, eos_token_id=None, do_sample=False,
+                  temperature=1.0, top_k=None, top_p=None, generator=None, repetition_penalty=None,
+                  no_repeat_ngram_size=None) -> list[int]:
+    return speculative_generate(target, draft, input_ids, gamma=gamma, max_new_tokens=max_new_tokens,
+                                eos_token_id=eos_token_id, do_sample=do_sample, temperature=temperature,
+                                top_k=top_k, top_p=top_p, generator=generator,
+                                repetition_penalty=repetition_penalty,
+                                no_repeat_ngram_size=no_repeat_ngram_size).tokens
+
+
+# --- Hugging Face generate() -----------------------------------------------------------------
+
+_assistants: dict = {}
+
+
+def _assistant(target, draft):
+    """hf.assistant_for, made once per (target, draft): widening the head deep-copies the draft."""
+    key = (id(target), id(draft))
+    if key not in _assistants or _assistants[key][0] is not draft:
+        _assistants[key] = (draft, target, hf.assistant_for(target, draft))
+    return _assistants[key][2]
+
+
+@contextlib.contextmanager
+def _seeded_global_rng(generator, device):
+    """HF generate() takes no generator and samples from torch's global RNG: seed that from
+    `generator` for the call, and put the global state back afterwards."""
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        if generator is not None:
+            torch.manual_seed(int(torch.randint(0, 2 ** 62, (1,), generator=generator)))
+        yield
+
+
+@contextlib.contextmanager
+def _only_config(model, cfg: GenerationConfig):
+    """`cfg` as the model's generation_config for the call. generate() fills every field left
+    unset (None) in the config it is given from the model's own: eos_token_id=None would stop at
+    the model's EOS, top_k=None would become 50. With the model's config replaced, nothing leaks in."""
+    saved = model.generation_config
+    model.generation_config = copy.deepcopy(cfg)
+    try:
+        yield
+    finally:
+        model.generation_config = saved
+
+
+@torch.inference_mode()
+def hf_generate(target, input_ids, *, max_new_tokens, eos_token_id=None, do_sample=False, temperature=1.0,
+                top_k=None, top_p=None, repetition_penalty=None, no_repeat_ngram_size=None, generator=None,
+                assistant=None, gamma=None, prompt_lookup_num_tokens=None, **generation_options) -> list[int]:
+    """New tokens of target.generate(): assisted by `assistant` (gamma tokens a round) or by
+    prompt lookup, with every option set explicitly (see _only_config) and an all-ones
+    attention mask (without one, HF masks every prompt position equal to pad_token_id).
+    generation_options: further GenerationConfig fields, set as given."""
+    eos = list(eos_token_id) if isinstance(eos_token_id, (list, tuple)) else eos_token_id
+    cfg = GenerationConfig(max_new_tokens=max_new_tokens, min_new_tokens=0, num_beams=1, do_sample=do_sample,
+                           eos_token_id=eos, pad_token_id=(eos[0] if isinstance(eos, list) else eos) or 0,
+                           repetition_penalty=repetition_penalty or 1.0,
+                           no_repeat_ngram_size=no_repeat_ngram_size or 0)
+    if do_sample:
+        cfg.temperature, cfg.top_k, cfg.top_p = float(temperature), top_k or 0, 1.0 if top_p is None else top_p
+    for key, value in generation_options.items():
+        setattr(cfg, key, value)
+    if prompt_lookup_num_tokens is not None:
+        cfg.prompt_lookup_num_tokens = prompt_lookup_num_tokens
+    ids = torch.tensor([list(input_ids)], dtype=torch.long, device=target.device)
+    kwargs = {}
+    stack = contextlib.ExitStack()
+    with stack:
+        stack.enter_context(_only_config(target, cfg))
+        if assistant is not None:
+            # gamma and the confidence threshold are read from the assistant's own config only
+            stack.enter_context(_only_config(assistant, GenerationConfig(
+                num_assistant_tokens=gamma, num_assistant_tokens_schedule="constant",
+                assistant_confidence_threshold=0.0, eos_token_id=eos, pad_token_id=cfg.pad_token_id)))
+            kwargs["assistant_model"] = assistant
+        stack.enter_context(_seeded_global_rng(generator, target.device))
+        out = target.generate(ids, attention_mask=torch.ones_like(ids), generation_config=cfg, **kwargs)
+    return out[0, ids.shape[1]:].tolist()
+
+
+def hf_assisted_generate(target, draft, input_ids, *, gamma, max_new_tokens, eos_token_id=None, do_sample=False,
+                         temperature=1.0, top_k=None, top_p=None, generator=None, repetition_penalty=None,
+                         no_repeat_ngram_size=None) -> list[int]:
+    """HF assisted generation: `draft` as assistant_model, gamma draft tokens a round
+    (constant schedule, confidence threshold 0: set on the assistant's generation_config,
+    the only place HF reads them)."""
+    if draft is None:
+        raise NotImplementedError("hf-assisted needs a draft model")
+    return hf_generate(target, input_ids, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
+                       do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
+                       repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+                       generator=generator, assistant=_assistant(target, draft), gamma=gamma)
+
+
+def hf_prompt_lookup_generate(target, draft, input_ids, *, gamma, max_new_tokens, eos_token_id=None,
+                              do_sample=False, temperature=1.0, top_k=None, top_p=None, generator=None,
+                              repetition_penalty=None, no_repeat_ngram_size=None) -> list[int]:
+    """HF prompt lookup decoding: gamma = prompt_lookup_num_tokens (n-grams of up to 2 matched)."""
+    return hf_generate(target, input_ids, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
+                       do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
+                       repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+                       generator=generator, prompt_lookup_num_tokens=gamma)
+
+
+hf_prompt_lookup_generate.conformance_draft = "none"
+
+BUILTIN = {
+    "spec": spec_generate,
+    "hf-assisted": hf_assisted_generate,
+    "hf-prompt-lookup": hf_prompt_lookup_generate,
+}
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+def _load_callable(ref: str) -> Callable:
+    where, sep, attr = ref.rpartition(":")
+    if not sep or not where or not attr:
+        raise ValueError(f"--impl must be one of {', '.join(BUILTIN)}, or module:function, or "
+                         f"path/to/file.py:function; got {ref!r}")
+    if where.endswith(".py") or "/" in where or "\\" in where:
+        path = Path(where).expanduser().resolve()
+        if not path.is_file():
+            raise ValueError(f"--impl {ref!r}: no file {path}")
+        spec_ = importlib.util.spec_from_file_location(f"_impl_under_test_{abs(hash(str(path)))}", path)
+        module = importlib.util.module_from_spec(spec_)
+        spec_.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ImportError as err:
+            raise ValueError(f"--impl {ref!r}: cannot import module {where!r} ({err})") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ValueError(f"--impl {ref!r}: {where} has no callable {attr!r}")
+    return fn
+
+
+def _accepts_processors(fn) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return all(k in params for k in PROCESSOR_KWARGS) or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def load(name: str) -> Impl:
+    """The decoder under test named `name`: a built-in adapter or module:function / file.py:function."""
+    fn = BUILTIN.get(name) or _load_callable(name)
+    draft = getattr(fn, "conformance_draft", "model")
+    if draft not in DRAFT_KINDS:
+        raise ValueError(f"{name}: conformance_draft must be one of {DRAFT_KINDS}, got {draft!r}")
+    processors = getattr(fn, "conformance_processors", None)
+    return Impl(name=name, generate=fn, draft=draft, sampling=bool(getattr(fn, "conformance_sampling", True)),
+                processors=_accepts_processors(fn) if processors is None else bool(processors))

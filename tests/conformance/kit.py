@@ -1,0 +1,213 @@
+"""The conformance kit's models, references and evidence.
+
+Models (built from config with seeded weights, targets in fp64 so that any greedy divergence is
+a bug, not a rounding tie, and drafts in fp32):
+  ZOO: three architectures, 640-wide logits, prompts drawn from ids < 500 -- GPT-NeoX (the suite's
+       tiny target: rotary, parallel residual), Llama (RMSNorm, SwiGLU, grouped-query attention),
+       GPT-2 (learned absolute positions, fused QKV). Each has drafts "self" (the target: all
+       accepted), "partial" (the target plus 10% weight noise: some accepted) and "random" (an
+       unrelated model of the same family: almost none accepted), and "none" (model-free drafting).
+       Each model's config and generation_config name an EOS id that its greedy continuation of
+       EOS_PROMPT emits: a decoder run with eos_token_id=None must not stop there.
+  SMALL: a 4-token one-layer GPT-NeoX pair with sharpened logits for the sampling laws (64
+       three-token sequences, so the exact joint law is enumerable); the draft is the target with
+       120% weight noise (alpha 0.61 at the prompt: rejections, residuals and bonuses all common).
+
+References: greedy continuations from spec.greedy_generate (checked against HF generate by
+tests/correctness/test_exactness.py); exact sampling laws from a fresh forward pass over each
+context, processed by stats.reference_probabilities and reference_processed below, both written
+independently of spec.sampling and spec.processors.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.control import current_build_context
+from hypothesis.errors import InvalidArgument
+from hypothesis import strategies as st
+from stats import goodness_of_fit, reference_probabilities
+from strategies import short_token_id_prompts
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+from spec import build_gpt_neox, greedy_generate, hf
+from spec.models import perturbed_copy
+
+TOKENS = 500            # ids every zoo model can embed (the tiny pair's "tokenizer")
+EOS_PROMPT = [3, 141, 59, 26, 53, 58, 97]
+EOS_AT = 5              # the config EOS is the greedy continuation's token here
+ARCHS = ("gpt-neox", "llama", "gpt2")
+DRAFT_KINDS = ("self", "partial", "random", "none")
+
+
+def _build(arch: str, seed: int, dtype: torch.dtype):
+    torch.manual_seed(seed)
+    if arch == "gpt-neox":
+        return build_gpt_neox("tiny-target", seed=seed, dtype=dtype)
+    if arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=640, hidden_size=64, intermediate_size=128,
+                                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                             max_position_embeddings=512, bos_token_id=0, eos_token_id=0,
+                                             tie_word_embeddings=False))
+    elif arch == "gpt2":
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=640, n_embd=64, n_layer=2, n_head=4, n_positions=512,
+                                           bos_token_id=0, eos_token_id=0, tie_word_embeddings=False))
+    else:
+        raise ValueError(arch)
+    # (untied: with GPT-2's tied embeddings the head's scaling would reach the input embeddings, and
+    # the model would only ever repeat the last token)
+    with torch.no_grad():  # default init gives near-uniform logits; give the head some contrast
+        model.get_output_embeddings().weight.mul_(4.0)
+    return model.to(dtype).eval()
+
+
+@functools.cache
+def zoo(arch: str) -> dict:
+    """{"target": fp64 model, "self"/"partial"/"random": drafts, "none": None, "eos": config EOS id}."""
+    target = _build(arch, seed=1, dtype=torch.float64)
+    models = {"target": target, "self": target,
+              "partial": perturbed_copy(target, noise=0.1, seed=3, dtype=torch.float32),
+              "random": _build(arch, seed=2, dtype=torch.float32), "none": None}
+    eos = greedy_generate(target, EOS_PROMPT, max_new_tokens=EOS_AT + 1).tokens[EOS_AT]
+    for m in (models["target"], models["partial"], models["random"]):
+        m.config.eos_token_id = eos
+        m.generation_config.eos_token_id = eos
+    models["eos"] = eos
+    return models
+
+
+@functools.cache
+def greedy(arch: str, prompt: tuple, max_new_tokens: int, eos=None) -> list[int]:
+    return greedy_generate(zoo(arch)["target"], list(prompt), max_new_tokens=max_new_tokens,
+                           eos_token_id=list(eos) if isinstance(eos, tuple) else eos).tokens
+
+
+# --- the 4-token pair for sampling ---------------------------------------------------------------
+
+SMALL_VOCAB = 4
+SMALL_PROMPT = (1, 2, 3, 1, 2, 3, 1, 2)   # repeats, so prompt lookup finds candidates
+
+
+@functools.cache
+def small_pair():
+    target = build_gpt_neox(dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                                 vocab_size=SMALL_VOCAB), seed=32, dtype=torch.float64, eos_token_id=None,
+                            bos_token_id=None)
+    with torch.no_grad():  # random init gives near-uniform logits; sharpen them
+        target.get_output_embeddings().weight.mul_(12.0)
+    draft = perturbed_copy(target, noise=1.2, seed=31, dtype=torch.float32)  # alpha 0.61 at the prompt
+    return target, draft
+
+
+def reference_processed(logits: torch.Tensor, context, repetition_penalty=None, no_repeat_ngram_size=None):
+    """HF's repetition penalty and no-repeat n-gram on one logits row, from their definitions
+    (transformers' RepetitionPenaltyLogitsProcessor / NoRepeatNGramLogitsProcessor docstrings),
+    in plain Python over the whole context."""
+    z = [float(v) for v in logits.double().tolist()]
+    ctx = [int(t) for t in context]
+    if repetition_penalty:
+        for t in set(ctx):
+            z[t] = z[t] * repetition_penalty if z[t] < 0 else z[t] / repetition_penalty
+    n = no_repeat_ngram_size
+    if n and len(ctx) >= n:
+        tail = ctx[len(ctx) - n + 1:] if n > 1 else []
+        for j in range(len(ctx) - n + 1):
+            if ctx[j:j + n - 1] == tail:
+                z[ctx[j + n - 1]] = -math.inf
+    return torch.tensor(z, dtype=torch.float64)
+
+
+class ExactLaw:
+    """Exact processed next-token distributions of `model`, memoised by context."""
+
+    def __init__(self, model, temperature=1.0, top_k=None, top_p=None, repetition_penalty=None,
+                 no_repeat_ngram_size=None):
+        self.model = model
+        self.warp = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+        self.proc = dict(repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
+        self._memo = {}
+
+    @torch.inference_mode()
+    def __call__(self, context) -> torch.Tensor:
+        key = tuple(int(t) for t in context)
+        if key not in self._memo:
+            logits = hf.forward(self.model, torch.tensor(key), hf.new_cache(self.model), keep=1)[-1]
+            self._memo[key] = reference_probabilities(reference_processed(logits, key, **self.proc), **self.warp)
+        return self._memo[key]
+
+    def joint(self, prompt, m: int) -> dict:
+        """{sequence of m tokens: probability} under the target's processed law."""
+        V = hf.logit_width(self.model)
+        return {s: math.prod(float(self(tuple(prompt) + s[:i])[s[i]]) for i in range(m))
+                for s in itertools.product(range(V), repeat=m)}
+
+
+def joint_fit(name: str, samples: list[tuple], law: dict):
+    """Pearson's chi-square of the observed m-token sequences against the exact joint law,
+    and a table of the cells that deviate most (observed vs expected)."""
+    cells = list(law)
+    index = {s: i for i, s in enumerate(cells)}
+    observed = [0] * len(cells)
+    for s in samples:
+        observed[index[s]] += 1
+    probs = [law[s] for s in cells]
+    fit = goodness_of_fit(name, {"all": (observed, probs)})
+    n = len(samples)
+    rows = sorted(((o - n * p) / math.sqrt(n * p) if p > 0 else (math.inf if o else 0.0), s, o, n * p)
+                  for s, o, p in zip(cells, observed, probs))
+    worst = sorted(rows, key=lambda r: -abs(r[0]))[:10]
+    table = "\n".join(f"    {str(list(s)):<14} {o:>7} {e:>10.1f} {z:>+8.2f}" for z, s, o, e in worst)
+    return fit, f"    {'tokens':<14} {'observed':>7} {'expected':>10} {'z':>8}\n{table}"
+
+
+# --- running the decoder under test ----------------------------------------------------------------
+
+SHRINK = [True]  # --conform-no-shrink sets it False (tests/conformance/conftest.py)
+
+
+def kit_settings(budget: float, examples: int):
+    """Derandomized: the same examples every run (the suite's rule), scaled by --conform-budget."""
+    phases = list(Phase) if SHRINK[0] else [p for p in Phase if p is not Phase.shrink]
+    return settings(max_examples=max(1, round(examples * budget)), derandomize=True, deadline=None,
+                    database=None, suppress_health_check=list(HealthCheck), phases=phases)
+
+
+def final_replay() -> bool:
+    """True outside hypothesis and on its final replay of the smallest failing example."""
+    try:
+        return current_build_context().is_final
+    except InvalidArgument:
+        return True
+
+
+def looping_prompts():
+    """A head, then a short unit repeated: text that prompt lookup can draft from."""
+    ids = st.integers(0, TOKENS - 1)
+    return st.builds(lambda head, unit, reps: head + unit * reps,
+                     st.lists(ids, max_size=4), st.lists(ids, min_size=1, max_size=5), st.integers(2, 5))
+
+
+def prompts():
+    return st.one_of(short_token_id_prompts(TOKENS), looping_prompts())
+
+
+def skip_unless_takes(impl, draft_kind):
+    reason = impl.takes_draft(zoo(ARCHS[0])[draft_kind])
+    if reason:
+        pytest.skip(reason)
+
+
+def run(impl, target, draft, prompt, **options) -> list[int]:
+    """The decoder's new tokens; an option it does not support skips the test with its reason."""
+    reason = impl.takes_draft(draft)
+    if reason:
+        pytest.skip(reason)
+    try:
+        return impl(target, draft, list(prompt), **options)
+    except NotImplementedError as err:
+        pytest.skip(f"{impl.name} does not support this: {err}")

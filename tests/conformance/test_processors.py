@@ -1,0 +1,50 @@
+"""Stateful logits processors: repetition penalty and no-repeat n-gram.
+
+Property processors_greedy: with the same processors, the decoder's greedy output equals HF's own
+plain greedy generate() (the processors' reference semantics), over prompts that repeat (so the
+processors bite), gammas, lengths, architectures and drafts. Both processors depend on the whole
+sequence so far: a verify row must see exactly its own prefix, and state from a rejected draft
+token must not reach later rounds -- the "random" draft, rejected almost always, is where such a
+leak shows. (The sampling law under processors is a scenario of test_sampling_law.py.)
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from kit import ARCHS, DRAFT_KINDS, kit_settings, looping_prompts, run, skip_unless_takes, zoo
+
+from spec.impls import hf_generate
+
+PROCESSOR_OPTIONS = [dict(repetition_penalty=1.3), dict(repetition_penalty=0.8), dict(no_repeat_ngram_size=2),
+                     dict(repetition_penalty=2.0, no_repeat_ngram_size=3), dict(no_repeat_ngram_size=1)]
+
+
+@functools.cache
+def hf_greedy_processed(arch, prompt, max_new_tokens, options):
+    return hf_generate(zoo(arch)["target"], list(prompt), max_new_tokens=max_new_tokens, eos_token_id=None,
+                       do_sample=False, temperature=1.0, top_k=None, top_p=None, generator=None, **dict(options))
+
+
+@pytest.mark.parametrize("draft_kind", DRAFT_KINDS)
+def test_processors_greedy(impl, budget, draft_kind):
+    skip_unless_takes(impl, draft_kind)
+
+    @kit_settings(budget, 8)
+    @given(arch=st.sampled_from(ARCHS), prompt=looping_prompts(), gamma=st.integers(1, 8),
+           max_new_tokens=st.integers(1, 24), options=st.sampled_from(PROCESSOR_OPTIONS))
+    def prop(arch, prompt, gamma, max_new_tokens, options):
+        z = zoo(arch)
+        expected = hf_greedy_processed(arch, tuple(prompt), max_new_tokens, tuple(sorted(options.items())))
+        actual = run(impl, z["target"], z[draft_kind], prompt, gamma=gamma, max_new_tokens=max_new_tokens,
+                     eos_token_id=None, **options)
+        if actual != expected:
+            at = next((i for i, (a, b) in enumerate(zip(expected, actual)) if a != b), min(len(expected), len(actual)))
+            pytest.fail(f"property processors_greedy violated by {impl.name}\n  arch={arch} draft={draft_kind} "
+                        f"gamma={gamma} max_new_tokens={max_new_tokens} {options}\n  prompt={prompt}\n"
+                        f"  first difference at new token {at}\n"
+                        f"  expected (HF greedy, same processors) {expected}\n  actual {actual}", pytrace=False)
+    prop()
