@@ -314,7 +314,7 @@ _FAMILIES = [
     # mixtures of experts (some also sliding)
     ("mixtral", MOE, "exact"), ("phimoe", MOE, "exact"), ("gpt_oss", MOE, "exact"),
     ("qwen2_moe", MOE, "exact"), ("qwen3_moe", MOE, "exact"), ("olmoe", MOE, "exact"),
-    ("granitemoe", MOE, "exact"), ("jetmoe", MOE, "exact"), ("dbrx", MOE, "exact"),
+    ("granitemoe", MOE, "exact"), ("jetmoe", MOE, "exact"), ("ernie4_5_moe", MOE, "exact"), ("dots1", MOE, "exact"),
     # recurrent, linear attention, hybrids
     ("mamba2", RECURRENT, "exact"), ("bamba", HYBRID, "exact"), ("granitemoehybrid", HYBRID, "exact"),
     ("falcon_h1", HYBRID, "exact"), ("qwen3_next", HYBRID, "exact"), ("kimi_linear", HYBRID, "exact"),
@@ -324,14 +324,22 @@ _FAMILIES = [
     ("recurrent_gemma", CUSTOM, "exact_or_refused"), ("rwkv", CUSTOM, "exact_or_refused"),
     ("xlstm", CUSTOM, "exact_or_refused"),
     # no usable cache
-    ("openai-gpt", NOCACHE, "refused"), ("reformer", NOCACHE, "refused"), ("xlnet", NOCACHE, "refused"),
+    # openai-gpt: exact only by recomputing the whole sequence each pass; reformer: its LSH/chunked
+    # attention cache (`past_buckets_states`) is not a Cache; xlnet: the forward is not causal
+    ("openai-gpt", NOCACHE, "exact"), ("reformer", NOCACHE, "exact_or_refused"), ("xlnet", NOCACHE, "refused"),
 ]
 
 # Where a family does not run in fp64 on CPU, the reason (it is then built in fp32).
-FP32_ONLY: dict[str, str] = {}
+FP32_ONLY: dict[str, str] = {
+    "xglm": "its fp64 attention overflows when the input holds the pad id (modeling_xglm fills float64's "
+            "minimum into a float32 mask)",
+}
 
 # Families left out of the registry, and why (the sweep still runs every family it can build).
-EXCLUDED: dict[str, str] = {}
+EXCLUDED: dict[str, str] = {
+    "dbrx": "its nested attn_config/ffn_config (model_type '') are not shrunk by the generic recipe, and "
+            "DbrxAttentionConfig lacks rope_theta when rebuilt from a dict",
+}
 
 # One family per cache kind: the default (fast) run. The rest run under `-m thorough`.
 FAST = ("gpt2", "llama", "bloom", "deepseek_v3", "trocr", "mistral", "gemma2", "qwen3", "gpt_oss", "mixtral",
@@ -340,7 +348,20 @@ FAST = ("gpt2", "llama", "bloom", "deepseek_v3", "trocr", "mistral", "gemma2", "
 
 # (family, check) pairs that fail on the code this registry was written against (branch `arch`,
 # base 0504d76): marked xfail(strict=True), so each must still fail there. Empty it as fixes land.
-KNOWN_FAILING_ON_BASE: set[tuple[str, str]] = set()
+# Measured with `pytest -m "thorough or not thorough" tests/correctness/test_architectures.py` on 0504d76.
+KNOWN_FAILING_ON_BASE: set[tuple[str, str]] = {
+    # greedy_generate: RWKV's `state` and xLSTM's own cache are not what spec passes; Bamba drifts
+    # without explicit positions; Reformer ignores the cache
+    *(("rwkv", "greedy"), ("bamba", "greedy"), ("xlstm", "greedy"), ("reformer", "greedy")),
+    # speculative_generate: every sliding window crashes at its first rollback past the window;
+    # recurrent and hybrid caches cannot be cropped; TrOCR returns all logits (no logits_to_keep)
+    *((name, "speculative") for name in (
+        "mistral", "ministral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "starcoder2", "cohere2", "olmo3",
+        "exaone4", "vaultgemma", "granite_swa", "mixtral", "phimoe", "gpt_oss", "trocr",
+        "mamba", "mamba2", "falcon_mamba", "jamba", "bamba", "granitemoehybrid", "falcon_h1", "qwen3_next",
+        "kimi_linear", "nemotron_h", "zamba", "zamba2", "recurrent_gemma", "rwkv", "xlstm", "reformer")),
+    ("xlnet", "refused"),   # its non-causal forward runs instead of being refused
+}
 
 
 def _registry() -> list[Arch]:
