@@ -163,7 +163,8 @@ def hf_assisted(target, draft, prompt, gamma) -> list[int]:
     target.generation_config = plain_greedy_generation_config(MAX_NEW)
     draft.generation_config = plain_greedy_generation_config(MAX_NEW)
     gc = draft.generation_config
-    gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = gamma, "constant", 0.0
+    gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = gamma, "constant"
+    gc.assistant_confidence_threshold = 0.0  # every round drafts gamma
     try:
         with torch.inference_mode():
             out = target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=draft,
