@@ -187,9 +187,10 @@ def _small_kwargs(cls, default: dict, depth: int = 0) -> dict:
             continue
         if getattr(sub_cls, "model_type", "") in ("", None) or sub_cls.__name__ == "AutoConfig":
             from transformers import CONFIG_MAPPING
-            sub_cls = CONFIG_MAPPING.get(sub_default.get("model_type", ""), None)
-            if sub_cls is None:
+            sub_type = sub_default.get("model_type", "")
+            if sub_type not in CONFIG_MAPPING:  # (the lazy mapping has no working .get in 5.17)
                 continue
+            sub_cls = CONFIG_MAPPING[sub_type]
         sub_kw = _small_kwargs(sub_cls, sub_default, depth + 1)
         kw[key] = {**sub_default, **sub_kw}
     return kw
