@@ -303,7 +303,7 @@ def main(argv=None) -> int:
     totals = {v: sum(r["verdict"] == v for r in rows) for v in
               ("exact", "refused", "crash", "wrong", "self-inconsistent", "cannot build", "timeout")}
     hf_totals = {v: sum(r.get("hf_assisted") == v for r in counted) for v in ("exact", "refused", "crash", "wrong")}
-    late = sum("late" in r.get("detail", "") for r in rows)
+    late = sum(r.get("detail", "").startswith("late (") for r in rows)
     print(f"\nspec verdicts over {len(rows)} families: {totals}  (late refusals: {late})")
     print(f"HF assisted over the {len(counted)} counted families: {hf_totals}")
     print(f"sweep took {time.perf_counter() - t_start:.0f}s")
