@@ -40,3 +40,58 @@ def reference_rounds(draft, prompt: list[int], greedy_tokens: list[int], gamma: 
         rounds.append((g, k, emitted))
         n += emitted
     return rounds
+
+
+# --- cache-free references (issue 13) ---------------------------------------------------
+
+def _forward_kwargs(model) -> dict:
+    """use_cache=False where the forward takes it: the reference must not touch any cache."""
+    import inspect
+    params = inspect.signature(type(model).forward).parameters
+    return {"use_cache": False} if "use_cache" in params else {}
+
+
+def cache_free_greedy(model, prompt, max_new_tokens: int, eos_token_id=None) -> list[int]:
+    """Greedy decoding with no cache at all: the full forward over the whole sequence at
+    each step, argmax of the last position. Slow (quadratic) and independent of every
+    cache, rollback and position-inference path, which is what makes it the reference."""
+    import torch
+    seq = [int(t) for t in (prompt.reshape(-1).tolist() if hasattr(prompt, "reshape") else prompt)]
+    device = next(model.parameters()).device
+    kwargs = _forward_kwargs(model)
+    out = []
+    with torch.inference_mode():
+        for _ in range(max_new_tokens):
+            logits = model(input_ids=torch.tensor([seq], device=device), **kwargs).logits[0, -1]
+            token = int(logits.argmax())
+            out.append(token)
+            seq.append(token)
+            if eos_token_id is not None and token == eos_token_id:
+                break
+    return out
+
+
+def plain_greedy_generation_config(max_new_tokens: int):
+    """A GenerationConfig for plain greedy decoding and nothing else. generate() fills every
+    unset field from the model's own generation_config (BART's forced EOS, n-gram blocking,
+    beams...), so callers also swap the model's config for this one while generating."""
+    from transformers import GenerationConfig
+    return GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=max_new_tokens, eos_token_id=None,
+                            pad_token_id=0)
+
+
+def model_cached_greedy(model, prompt, max_new_tokens: int) -> list[int]:
+    """The model's OWN cached greedy decoding: HF `generate(do_sample=False)`, no EOS stop.
+    Where it disagrees with cache_free_greedy, the model's cached forward is itself
+    inconsistent and no decoder built on that cache can be exact ("model self-inconsistent")."""
+    import torch
+    device = next(model.parameters()).device
+    ids = torch.tensor([[int(t) for t in prompt]], device=device)
+    config = plain_greedy_generation_config(max_new_tokens)
+    saved, model.generation_config = model.generation_config, plain_greedy_generation_config(max_new_tokens)
+    try:
+        with torch.inference_mode():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+    finally:
+        model.generation_config = saved
+    return out[0, ids.shape[1]:].tolist()

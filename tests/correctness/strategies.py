@@ -36,3 +36,20 @@ def text_prompts():
                             "    return ", "# comment\n", "if __name__ == '__main__':\n"])
     words = st.text(st.characters(min_codepoint=32, max_codepoint=126), min_size=1, max_size=60)
     return st.one_of(code, words, st.builds(lambda a, b: a + b, code, words))
+
+
+def short_prompts_for_tiny_vocab(vocab: int, max_len: int = 12):
+    """Token-id prompts of 1..max_len ids for the architecture registry's 256-token models:
+    random ids, one id repeated (recurrent states see a constant input), and the special ids
+    0/1/2 and the top of the vocabulary mixed in."""
+    any_id = st.integers(0, vocab - 1)
+    edges = st.sampled_from([0, 1, 2, vocab - 1])
+    return st.one_of(st.lists(any_id, min_size=1, max_size=max_len),
+                     st.builds(lambda t, n: [t] * n, any_id, st.integers(1, max_len)),
+                     st.lists(edges | any_id, min_size=1, max_size=max_len))
+
+
+def max_new_tokens_crossing_window(window: int, max_value: int = 20):
+    """Generation lengths from window + 1 up: even a one-token prompt then grows past a
+    sliding window of `window` tokens, so some verify pass crosses the window boundary."""
+    return st.integers(window + 1, max_value)
