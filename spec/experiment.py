@@ -126,10 +126,33 @@ def load(args, say) -> tuple[models.Pair, dict]:
                 "draft_name": "shipped draft" if shipped else _short_name(d_path), "note": None}
     if (why := seq2seq.cli_refusal(pair.target, args.peer, args.features)) is not None:
         raise UsageError(why)
+    info["target_path"], info["draft_path"] = runner_paths(args, pair)
     info["target_params"] = sum(p.numel() for p in pair.target.parameters())
     info["draft_params"] = sum(p.numel() for p in pair.draft.parameters())
     info["tokenizer"] = pair.tokenizer is not None
     return pair, info
+
+
+def runner_paths(args, pair: models.Pair) -> tuple[str, str]:
+    """How each model is run and rolled back (spec.runner): a model spec cannot decode exactly is
+    refused here, before any timing."""
+    from spec import neox, runner
+
+    if seq2seq.is_encoder_decoder(pair.target):
+        return "encoder-decoder (decoder kv-cache)", "encoder-decoder (decoder kv-cache)"
+    try:
+        target_path = runner.path_of(pair.target)
+    except runner.UnsupportedModelError as err:
+        raise UsageError(f"--target: {err}") from None
+    impl = args.draft_impl
+    if impl == "plain" or (impl == "auto" and neox.supports(pair.draft)):
+        return target_path, "plain (spec.neox)"
+    if impl == "compiled":
+        return target_path, "compiled (static cache)"
+    try:
+        return target_path, runner.path_of(pair.draft)
+    except runner.UnsupportedModelError:
+        return target_path, "recompute (no cached path reproduces it; a draft cannot change the output)"
 
 
 # --------------------------------------------------------------------------- prompts

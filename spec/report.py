@@ -138,6 +138,9 @@ def header(args, pair_info: dict, ps: dict) -> str:
                  f"params, {args.draft_dtype}) | device: {device}"
                  + (f" | threads: {args.threads}" + (" (default)" if args.threads_default else "")
                     if args.threads is not None else ""))
+    if "target_path" in pair_info:
+        lines.append(f"runs as: target {pair_info['target_path']} | draft {pair_info['draft_path']} "
+                     "(spec.runner: how each model's state is rolled back)")
     lines.append(f"prompts: {len(ps['texts'])} ({ps['set']}) | max new tokens: {args.max_new_tokens}"
                  + (f" (default on {'CUDA' if device.startswith('cuda') else 'CPU'})" if args.max_new_tokens_default
                     else "")

@@ -32,6 +32,7 @@ is refused with the reason, before any decoding.
 from __future__ import annotations
 
 import copy
+import re
 
 import torch
 from transformers import PreTrainedModel
@@ -130,13 +131,38 @@ def _dtype(model) -> torch.dtype:
     return next(model.parameters()).dtype
 
 
+# Config fields past which a model's attention changes what it looks at: sliding windows,
+# and the key budget of indexer-selected sparse attention (DeepSeek's DSA: index_topk). The
+# probe must run longer than these to see a rollback or a block pass cross them.
+_REACH = re.compile(r"(window|topk)", re.I)
+PROBE_MAX = 64
+
+
+def _reach_fields(cfg) -> dict[str, int]:
+    return {k: v for k, v in vars(cfg).items()
+            if _REACH.search(k) and isinstance(v, int) and not isinstance(v, bool) and v > 0
+            and not k.startswith(("num_experts", "moe_", "topk_group", "n_group", "norm_topk"))}
+
+
 def probe_length(model) -> int:
-    """Long enough to cross a small sliding window, short enough to cost little."""
+    """Past every window-like reach of the model (sliding window, sparse top-k), at most PROBE_MAX."""
     cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
-    window = getattr(cfg, "sliding_window", None) or getattr(cfg, "attention_window_size", None) or 0
-    length = max(12, window + 6) if isinstance(window, int) and window <= 48 else 12
+    reach = max(_reach_fields(cfg).values(), default=0)
+    length = max(12, reach + 6) if reach + 6 <= PROBE_MAX else 12
     limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
     return min(length, limit) if isinstance(limit, int) and limit >= 4 else length
+
+
+def unprobed_reach(model) -> str | None:
+    """A sparse-attention key budget too large to probe: its block pass is unverified."""
+    cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+    big = {k: v for k, v in _reach_fields(cfg).items()         # a budget in blocks of keys: reach unknown
+           if "topk" in k.lower() and (v + 6 > PROBE_MAX or "block" in k.lower())}
+    if big:
+        k, v = next(iter(big.items()))
+        return (f"its attention selects keys per pass ({k}={v}); whether a block verify pass selects the same "
+                f"keys as one-token steps past {v} tokens cannot be checked by a short probe")
+    return None
 
 
 def _probe_ids(model, length: int, device) -> torch.Tensor:
@@ -193,6 +219,10 @@ def probe(model) -> str:
             raise known[1]
         return known[1]
     tol = PROBE_TOLERANCE.get(_dtype(model), 5e-2)
+    if (why := unprobed_reach(model)) is not None:
+        error = UnsupportedModelError(f"{type(model).__name__} cannot be decoded exactly by spec: {why}")
+        model._spec_runner_path = (key, error)
+        raise error
     ids = _probe_ids(model, probe_length(model), next(model.parameters()).device)
     reasons = []
     try:

@@ -350,19 +350,7 @@ FAST = ("gpt2", "bloom", "deepseek_v3", "trocr", "mistral", "gemma2", "qwen3", "
 # (family, check) pairs that fail on the code this registry was written against (branch `arch`,
 # base 0504d76): marked xfail(strict=True), so each must still fail there. Empty it as fixes land.
 # Measured with `pytest -m "thorough or not thorough" tests/correctness/test_architectures.py` on 0504d76.
-KNOWN_FAILING_ON_BASE: set[tuple[str, str]] = {
-    # greedy_generate: RWKV's `state` and xLSTM's own cache are not what spec passes; Bamba drifts
-    # without explicit positions; Reformer and OpenAI-GPT ignore the cache
-    *(("rwkv", "greedy"), ("bamba", "greedy"), ("xlstm", "greedy"), ("reformer", "greedy"), ("openai-gpt", "greedy")),
-    # speculative_generate: every sliding window crashes at its first rollback past the window;
-    # recurrent and hybrid caches cannot be cropped; TrOCR returns all logits (no logits_to_keep)
-    *((name, "speculative") for name in (
-        "mistral", "ministral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "starcoder2", "cohere2", "olmo3",
-        "exaone4", "vaultgemma", "granite_swa", "mixtral", "phimoe", "gpt_oss", "trocr", "openai-gpt",
-        "mamba", "mamba2", "falcon_mamba", "jamba", "bamba", "granitemoehybrid", "falcon_h1", "qwen3_next",
-        "kimi_linear", "nemotron_h", "zamba", "zamba2", "recurrent_gemma", "rwkv", "xlstm", "reformer")),
-    ("xlnet", "refused"),   # its non-causal forward runs instead of being refused
-}
+KNOWN_FAILING_ON_BASE: set[tuple[str, str]] = set()  # emptied once spec.runner landed (issue 13)
 
 
 def _registry() -> list[Arch]:
