@@ -353,6 +353,32 @@ FAST = ("gpt2", "bloom", "deepseek_v3", "trocr", "mistral", "gemma2", "qwen3", "
 KNOWN_FAILING_ON_BASE: set[tuple[str, str]] = set()  # emptied once spec.runner landed (issue 13)
 
 
+# The runner path (spec/runner.py) each family must take; kv-cache unless listed. The path is the
+# design: recurrent states snapshot, Mamba-style mixers whose multi-token pass drops the state step
+# one token at a time, cache-less or one-token-inexact forwards recompute. A rollback broken for one
+# kind makes the probe fall through to another path, so this pin is what catches it.
+EXPECTED_PATH: dict[str, str] = {
+    'mamba2': 'state-snapshot',
+    'bamba': 'state-snapshot',
+    'granitemoehybrid': 'state-snapshot',
+    'falcon_h1': 'state-snapshot',
+    'qwen3_next': 'state-snapshot',
+    'kimi_linear': 'state-snapshot',
+    'nemotron_h': 'recompute',
+    'zamba2': 'recompute',
+    'mamba': 'state-stepwise',
+    'falcon_mamba': 'state-stepwise',
+    'jamba': 'state-stepwise',
+    'zamba': 'state-stepwise',
+    'recurrent_gemma': 'recompute',
+    'rwkv': 'state-snapshot',
+    'xlstm': 'state-snapshot',
+    'openai-gpt': 'recompute',
+    'reformer': 'refused',
+    'xlnet': 'refused',
+}
+
+
 def _registry() -> list[Arch]:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     out = []

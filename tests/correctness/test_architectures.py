@@ -144,6 +144,18 @@ def test_speculative_equals_cache_free_reference(name, prompt, max_new_tokens, g
             [target, draft])
 
 
+@pytest.mark.parametrize("name", _params("path", ("exact", "refused", "exact_or_refused")))
+def test_each_family_takes_its_runner_path(name):
+    """The probe's choice is pinned: a rollback broken for one cache kind makes the probe fall
+    through to a slower path that is still exact, which only this check notices."""
+    from spec.runner import UnsupportedModelError, path_of
+    try:
+        path = path_of(archs.cached_model(name))
+    except UnsupportedModelError:
+        path = "refused"
+    assert path == archs.EXPECTED_PATH.get(name, "kv-cache"), f"{name}: runs on {path}"
+
+
 @pytest.mark.parametrize("name", _params("refused", ("refused",)))
 @pytest.mark.parametrize("decoder", ["greedy", "speculative"])
 def test_refused_up_front_with_a_reason(name, decoder):
