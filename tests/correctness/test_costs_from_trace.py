@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import torch
 
 from spec import speculative_generate
 
@@ -174,3 +175,103 @@ def test_verify_slope_by_least_squares(target, clock):
     # a pass that gets cheaper with more tokens is reported as flat, not negative
     clock([10.0, 9.0, 8.0, 7.0], target)
     assert verify_slope(target, MEASURE_PROMPT, max_gamma=8, repeats=1) == 0.0
+
+
+def test_step_time_and_cost_ratio_defaults(target, partial_draft, clock):
+    """Defaults: 4 warmup + 32 timed steps; cost_ratio's four blocks of 4 + 16."""
+    from spec.measure import cost_ratio, step_time
+    c = clock([1.0] * 4 + [float(i) for i in range(1, 33)], target)
+    assert step_time(target, MEASURE_PROMPT) == 16.5 and c.passes == 36
+    c = clock([1.0] * 80, target, partial_draft)
+    assert cost_ratio(target, partial_draft, MEASURE_PROMPT, draft_impl="hf").c == 1.0 and c.passes == 80
+
+
+def test_cost_ratio_runs_the_draft_as_the_loop_does(target, partial_draft, clock):
+    """draft_impl="plain": the draft runs in spec.neox, never through the model's forward, so
+    the scripted clock (moved only by forward passes) sees no draft time at all; its KV buffer
+    must hold the prompt, the warmup and the steps."""
+    from spec.measure import cost_ratio
+    c = clock([9.0] * 4 + [1.0, 2.0, 3.0] + [9.0] * 4 + [3.0, 3.0, 4.0], target, partial_draft)
+    costs = cost_ratio(target, partial_draft, MEASURE_PROMPT, steps=6, warmup=4, draft_impl="plain")
+    assert c.passes == 14 and costs.draft_step_s == 0.0  # two target blocks of 4 warmup + 3 steps, nothing else
+    assert costs.target_step_s == 2.5                    # medians 2 and 3
+
+
+def test_cost_ratio_checks_the_prompt_against_the_draft(target, partial_draft):
+    from spec.measure import cost_ratio
+    with pytest.raises(ValueError, match=r"^input_ids holds token id 600, outside the draft's vocabulary \[0, 600\)$"):
+        cost_ratio(target, build_small_draft(), [1, 600], steps=2, warmup=1)
+
+
+def build_small_draft():
+    from spec import build_gpt_neox
+    return build_gpt_neox("tiny-draft", seed=2, vocab_size=600)
+
+
+def test_pass_counts_at_the_defaults(target, clock):
+    from spec.measure import verify_cost, verify_slope
+    c = clock([2.0] * 16, target)
+    assert verify_cost(target, MEASURE_PROMPT, 3) == 1.0 and c.passes == 16      # 8 repeats of 2 passes
+    c = clock([2.0] * 24, target)
+    assert verify_slope(target, MEASURE_PROMPT) == 0.0 and c.passes == 24        # gammas 0, 4, 8, 16 x 6
+
+
+def test_sync_waits_for_cuda_only(monkeypatch):
+    from spec import measure
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
+    measure.sync("cpu")
+    measure.sync(torch.device("cpu"))
+    assert calls == []
+    measure.sync("cuda:1")
+    assert calls == [torch.device("cuda:1")]
+
+
+# --- AutoGamma by hand -------------------------------------------------------------------------
+
+
+def test_auto_gamma_defaults():
+    from spec.autogamma import SLOPE_PRIOR, AutoGamma
+    auto = AutoGamma()
+    assert (auto.gamma, auto.max_gamma, auto.rounds, auto.passes) == (5, 16, 0, 0)
+    assert auto.successes == pytest.approx(2.8, abs=1e-15) and auto.failures == pytest.approx(1.2, abs=1e-15)
+    assert SLOPE_PRIOR == 25.0
+
+
+def test_auto_gamma_verify_line_by_hand():
+    """Timed rounds drafting 5 and 4 with passes of 10 and 8 (the first round is not timed):
+    mean 4.5 and 9, sxx 0.5, sxy 1: slope 1 / (0.5 + 25), intercept 9 - 4.5 * slope."""
+    from spec.autogamma import AutoGamma
+    auto = AutoGamma()
+    auto.observe(drafted=5, accepted=5, draft_s=50.0, verify_s=50.0)
+    auto.observe(drafted=5, accepted=2, draft_s=0.5, verify_s=10.0)
+    auto.observe(drafted=4, accepted=4, draft_s=0.4, verify_s=8.0)
+    step, slope = auto.verify_line()
+    assert slope == pytest.approx(1 / 25.5, rel=1e-14) and step == pytest.approx(9 - 4.5 / 25.5, rel=1e-14)
+    # alpha: prior 2.8 / 1.2, then 5 + 2 + 4 successes and one failure
+    alpha = (2.8 + 11) / (2.8 + 11 + 1.2 + 1)
+    c = (0.9 / 9) / step
+    from spec import theory
+    assert auto.gamma == theory.optimal_gamma(alpha, c, 16, verify_slope=slope / step)
+    # a steep line through two rounds: its intercept would be small, and is floored at a quarter of the mean
+    steep = AutoGamma()
+    steep.observe(drafted=5, accepted=5, draft_s=0.0, verify_s=0.0)
+    for drafted, verify_s in ((2, 10.0), (16, 100.0)):
+        steep.observe(drafted=drafted, accepted=0, draft_s=0.01 * drafted, verify_s=verify_s)
+    step, slope = steep.verify_line()
+    # mean 9 and 55, sxx 2 * 7^2 = 98, sxy 2 * 7 * 45 = 630: slope 630 / 123, and the intercept
+    # 55 - 9 * 5.12 = 8.9 falls under a quarter of the mean pass, 13.75, which it is floored at
+    assert slope == pytest.approx(630 / 123, rel=1e-12)
+    assert step == 13.75
+
+
+def test_auto_gamma_caps_at_max_gamma_and_alpha_at_0_999():
+    from spec.autogamma import AutoGamma
+    auto = AutoGamma()
+    for _ in range(400):   # every token accepted, drafting nearly free: the optimum is the cap
+        auto.observe(drafted=auto.gamma, accepted=auto.gamma, draft_s=1e-6 * auto.gamma, verify_s=1.0)
+    assert auto.gamma == 16
+    wide = AutoGamma(max_gamma=40)
+    for _ in range(400):
+        wide.observe(drafted=wide.gamma, accepted=wide.gamma, draft_s=1e-6 * wide.gamma, verify_s=1.0)
+    assert wide.gamma == 40

@@ -57,7 +57,9 @@ def test_verify_path_perturbed_beyond_noise_is_a_bug_at_the_first_flip(target, p
     assert d.gap_step == pytest.approx(top2_gap(logits), abs=1e-12)
     assert d.gap_block == pytest.approx(top2_gap(logits), abs=1e-12)
     assert d.noise < 1e-12 < d.gap_step and d.dtype == "float64"
-    assert f"first divergence at new token {i}" in str(d) and "BUG" in str(d)
+    assert str(d) == (f"first divergence at new token {i}: greedy {expected[i]}, got {actual[i]}; target top-2 "
+                      f"logit gap {d.gap_step:.3g} (one-token step) / {d.gap_block:.3g} (block verify), noise "
+                      f"{d.noise:.3g} (float64): BUG (gap beyond the dtype's noise)")
 
 
 def test_token_outside_the_two_best_is_a_bug_even_at_a_zero_gap(target):
@@ -78,6 +80,7 @@ def test_token_outside_the_two_best_is_a_bug_even_at_a_zero_gap(target):
 
     tie = diagnose(tied, PROMPT, tokens[:i] + [low], tokens[:i] + [high])
     assert (tie.position, tie.verdict, tie.gap_step) == (i, "tie", 0.0)
+    assert str(tie).endswith(f"noise {tie.noise:.3g} (float64): numerical tie")
     bug = diagnose(tied, PROMPT, tokens[:i] + [low], tokens[:i] + [third])
     assert (bug.position, bug.actual, bug.verdict) == (i, third, "bug")
     assert bug.gap_step == 0.0 <= bug.noise

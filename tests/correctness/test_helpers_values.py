@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
+import os
+import platform
 from pathlib import Path
 
 import pytest
 import torch
+import transformers
 
 from spec import build_gpt_neox, report, validate
 from spec.models import SHAPES, gpt_neox_config, perturbed_copy, truncated_copy
@@ -167,6 +169,23 @@ def test_perturbed_copy_noise_is_relative_to_each_tensor(target):
     assert {p.dtype for p in half.parameters()} == {torch.float32}
 
 
+def test_perturbed_copy_by_its_documented_rule():
+    """Each tensor of more than one element gets seeded fp64 Gaussian noise times noise times
+    its own std; a one-element tensor (no std) is left alone."""
+    toy = torch.nn.Module()
+    toy.scalar = torch.nn.Parameter(torch.tensor([3.0], dtype=torch.float64))
+    toy.pair = torch.nn.Parameter(torch.tensor([1.0, 2.0], dtype=torch.float64))
+    toy.w = torch.nn.Parameter(torch.tensor([[1.0, -1.0, 0.5], [2.0, 0.0, 1.0]], dtype=torch.float64))
+    out = perturbed_copy(toy, noise=0.5, seed=9)
+    gen = torch.Generator().manual_seed(9)
+    z_pair = torch.randn(2, generator=gen, dtype=torch.float64)
+    z_w = torch.randn(2, 3, generator=gen, dtype=torch.float64)
+    assert torch.equal(out.scalar, toy.scalar)
+    # (the std is taken in fp32, so the match is to fp32 precision)
+    assert torch.allclose(out.pair, toy.pair + z_pair * 0.5 * toy.pair.detach().std(), rtol=0, atol=1e-7)
+    assert torch.allclose(out.w, toy.w + z_w * 0.5 * toy.w.detach().std(), rtol=0, atol=1e-7)
+
+
 def test_truncated_copy_is_the_first_layers(target):
     short = truncated_copy(target, num_layers=2, dtype=torch.float32)
     assert len(short.gpt_neox.layers) == 2 == short.config.num_hidden_layers
@@ -229,16 +248,22 @@ def test_results_and_peer_tables_by_hand():
                                "tok/s", "speedup", "accept", "rate", "alpha", "tok/round", "IDs", "identical"]
     assert rows[2].split() == ["1", "Hello\\nworld", "64", "2.00", "1.00", "32.0", "64.0", "2.00x", "0.50", "0.75",
                                "3.2", "YES"]
-    peer = report.peer_table([record()]).split("\n")
-    assert peer[2].split() == ["1", "1.50", "42.7", "1.33x", "1.50x", "NO"]
+    peer = report.peer_table([record(), record(2, peer=dict(hf_s=12.25, hf_tok_s=5.0, hf_speedup=0.5,
+                                                            ours_vs_hf=3.0, ids_identical=True))])
+    assert peer.split("\n") == [
+        "#  hf assisted s  hf tok/s  hf speedup  ours vs hf  hf IDs identical",
+        "-  -------------  --------  ----------  ----------  ----------------",
+        "1           1.50      42.7       1.33x       1.50x                NO",
+        "2          12.25       5.0       0.50x       3.00x               YES",
+    ]
 
 
 def test_summary_lines_by_hand():
-    s = dict(gamma=5, c=0.25, draft_step_s=0.001, target_step_s=0.004, alpha=0.8, accept_rate=0.6,
+    s = dict(gamma=5, c=0.25, draft_step_s=0.0125, target_step_s=0.05, alpha=0.8, accept_rate=0.6,
              tokens_per_round=3.36, predicted_speedup=1.5, measured_speedup=1.25, speedup_min=1.1, speedup_max=1.4,
              optimal_gamma=4, optimal_predicted_speedup=1.6)
     lines = report.summary_lines(s)
-    assert lines[0] == ("c (draft step / target step): 0.250  (1.00 ms / 4.00 ms, median cached one-token step)")
+    assert lines[0] == ("c (draft step / target step): 0.250  (12.50 ms / 50.00 ms, median cached one-token step)")
     assert lines[1] == ("alpha (pooled, per-token acceptance MLE): 0.800   accept rate (accepted/drafted): 0.600"
                         "   tokens/round: 3.36")
     assert lines[2] == ("speedup at gamma=5: predicted 1.50x (Theorem 3.8), measured 1.25x (total greedy s / total "
@@ -282,4 +307,91 @@ def test_machine_info_keys_and_values():
     assert info["torch_threads"] == torch.get_num_threads() and isinstance(info["cpu"], str) and info["cpu"]
     assert set(info) == {"platform", "python", "torch", "transformers", "cpu", "cpu_count", "torch_threads", "gpu",
                          "cuda", "device"}
-    assert not math.isnan(info["cpu_count"])
+    assert info["python"] == platform.python_version() and info["transformers"] == transformers.__version__
+    assert info["platform"] == platform.platform() and info["cuda"] == torch.version.cuda
+    assert info["cpu_count"] == os.cpu_count()
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        names = [line.split(":", 1)[1].strip() for line in f if line.lower().startswith("model name")]
+    if names:
+        assert info["cpu"] == names[0]
+
+
+# --- spec.models.load_pair: offline loading from folders ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pair_folders(tmp_path_factory):
+    """Tiny target and draft saved as a user would have them: weights, and a copied tokenizer."""
+    from spec.models import SHIPPED_PAIR
+    root = tmp_path_factory.mktemp("pair")
+    for role, shape, seed in (("target", "tiny-target", 1), ("draft", "tiny-draft", 2)):
+        build_gpt_neox(shape, seed=seed).save_pretrained(root / role)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            (root / role / name).write_bytes((SHIPPED_PAIR / "target" / name).read_bytes())
+    build_gpt_neox("tiny-draft", seed=2).save_pretrained(root / "weights-only")
+    return root
+
+
+def test_load_pair_from_folders_in_the_asked_dtypes(pair_folders):
+    from spec import load_pair
+    pair = load_pair(pair_folders / "target", pair_folders / "draft", target_dtype=torch.float64,
+                     draft_dtype=torch.bfloat16)
+    assert {p.dtype for p in pair.target.parameters()} == {torch.float64}
+    assert {p.dtype for p in pair.draft.parameters()} == {torch.bfloat16}
+    assert not pair.target.training and not pair.draft.training
+    assert str(next(pair.target.parameters()).device) == "cpu"
+    ref = build_gpt_neox("tiny-target", seed=1)
+    assert torch.equal(pair.target.get_output_embeddings().weight.float(), ref.get_output_embeddings().weight)
+    assert pair.tokenizer is not None and pair.tokenizer("def f():")["input_ids"]
+    assert load_pair(str(pair_folders / "target"), str(pair_folders / "draft")).target.dtype == torch.float32
+
+
+def test_load_pair_weights_only_folder_has_no_tokenizer(pair_folders):
+    from spec import load_pair
+    pair = load_pair(pair_folders / "weights-only", pair_folders / "draft")
+    assert pair.tokenizer is None
+    pair = load_pair(pair_folders / "target", pair_folders / "weights-only")  # the draft's tokenizer is not needed
+    assert pair.tokenizer is not None
+
+
+def test_load_pair_refuses_different_vocabularies(pair_folders, tmp_path):
+    import shutil
+
+    from spec import load_pair
+    other = tmp_path / "other"
+    shutil.copytree(pair_folders / "draft", other)
+    tok = json.loads((other / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = tok["model"]["vocab"]
+    first = next(iter(vocab))
+    vocab[first + "_renamed"] = vocab.pop(first)
+    (other / "tokenizer.json").write_text(json.dumps(tok), encoding="utf-8")
+    with pytest.raises(ValueError, match="target and draft cannot share a tokenizer: .* have different vocabularies"):
+        load_pair(pair_folders / "target", other)
+
+
+def test_load_pair_device_errors(pair_folders):
+    from spec import load_pair
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"device='cuda:0': CUDA is not available on this machine"):
+            load_pair(pair_folders / "target", pair_folders / "draft", device="cuda:0")
+    with pytest.raises(ValueError, match=r"device must be 'cpu', 'cuda' or 'cuda:N', got 'tpu'"):
+        load_pair(pair_folders / "target", pair_folders / "draft", device="tpu")
+
+
+def test_load_pair_names_the_missing_role(pair_folders, tmp_path):
+    from spec import load_pair
+    with pytest.raises(FileNotFoundError, match=r"^draft: no weights for '.*nothing' on this machine"):
+        load_pair(pair_folders / "target", tmp_path / "nothing")
+    with pytest.raises(FileNotFoundError, match=r"^target: no weights for 'org/no-such-model' on this machine.*"
+                                                r"hf download org/no-such-model"):
+        load_pair("org/no-such-model", pair_folders / "draft")
+
+
+def test_compile_step_options(monkeypatch):
+    """The compiled draft: static shapes, graph breaks allowed, CUDA graphs only on a GPU."""
+    from spec import hf
+    seen = {}
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.update(kw) or fn)
+    model = build_gpt_neox("tiny-draft")
+    assert hf.compile_step(model) == model.forward
+    assert seen == dict(mode="default", dynamic=False, fullgraph=False)

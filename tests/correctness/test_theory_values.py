@@ -4,6 +4,8 @@ inverses at their end points, and every refusal naming its argument."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -122,12 +124,24 @@ def test_implied_c_by_hand():
     (lambda: theory.alpha_from_distributions(torch.ones(1, 3), torch.ones(3)),
      r"p and q must be \[positions, vocab\] with equal positions, got \(1, 3\) and \(3,\)"),
     (lambda: theory.alpha_from_distributions(torch.ones(2, 3), torch.ones(1, 3)),
-     r"with equal positions, got \(2, 3\) and \(1, 3\)"),
+     r"p and q must be \[positions, vocab\] with equal positions, got \(2, 3\) and \(1, 3\)"),
+    (lambda: theory.alpha_from_distributions(torch.ones(2), torch.ones(2, 3)),   # equal first sizes, p 1-D
+     r"p and q must be \[positions, vocab\] with equal positions, got \(2,\) and \(2, 3\)"),
     (lambda: theory.implied_alpha(5.5, 4), r"tokens_per_round must be in \[1, gamma\+1=5\], got 5.5"),
     (lambda: theory.implied_alpha(0.5, 4), r"tokens_per_round must be in \[1, gamma\+1=5\], got 0.5"),
     (lambda: theory.implied_c(0.0, 0.5, 2), "speedup must be > 0, got 0.0"),
     (lambda: theory.implied_c(-1.0, 0.5, 2), "speedup must be > 0, got -1.0"),
 ])
 def test_refusals_name_the_argument(call, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ValueError) as err:
         call()
+    assert re.fullmatch(match, str(err.value)), str(err.value)  # the whole message, nothing around it
+
+
+def test_alpha_from_distributions_in_reduced_precision():
+    """bf16 / fp16 distributions are summed in fp64: the same alpha as their fp64 values."""
+    p = torch.tensor([[0.5, 0.25, 0.25], [0.125, 0.875, 0.0]])
+    q = torch.tensor([[0.25, 0.25, 0.5], [0.5, 0.5, 0.0]])
+    for dtype in (torch.bfloat16, torch.float16):
+        # 0.75 and 0.625, all values exact in both dtypes
+        assert theory.alpha_from_distributions(p.to(dtype), q.to(dtype)) == 0.6875
