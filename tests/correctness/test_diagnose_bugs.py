@@ -198,3 +198,78 @@ def test_diagnosis_deep_into_a_long_context(target):
     assert (d.position, d.verdict) == (40, "bug")
     assert d.gap_step == pytest.approx(top2_gap(logits), abs=1e-12)
     assert 0 < d.noise < 1e-12
+
+
+# --- the verdict rule on scripted logits ----------------------------------------------------------
+# spec.hf.forward replaced by one that hands back chosen logits, call by call: with a one-token
+# prompt diverging at once, diagnose makes two calls, the step path's and the block path's.
+# Exact binary fractions keep every gap and noise exact in fp64 (floor: 8 * 2^-52 * 1.0 = 2^-49).
+
+FLOOR64 = 2.0 ** -49
+
+
+def scripted(monkeypatch, step, block):
+    from spec import diagnose as diagnose_module
+    rows = iter([torch.tensor(step, dtype=torch.float64), torch.tensor(block, dtype=torch.float64)])
+    monkeypatch.setattr(diagnose_module.hf, "forward", lambda model, ids, cache, keep=0, step=None: next(rows)[None])
+
+
+@pytest.mark.parametrize("gap,verdict", [(FLOOR64 / 2, "tie"), (FLOOR64, "tie"), (2 * FLOOR64, "bug")])
+def test_gap_equal_to_the_noise_is_still_a_tie(target, monkeypatch, gap, verdict):
+    row = [1.0, 1.0 - gap, 0.0, -1.0]
+    scripted(monkeypatch, row, row)
+    d = diagnose(target, ONE, [0], [1])
+    assert (d.noise, d.gap_step, d.gap_block, d.verdict) == (FLOOR64, gap, gap, verdict)
+
+
+def test_either_paths_top_two_counts(target, monkeypatch):
+    """The runner-up differs between the paths (a three-way near tie): the token that is second
+    on the block path alone is still one of 'the target's two best'."""
+    a, b = 1.0 - 2.0 ** -50, 1.0 - 2.0 ** -49
+    scripted(monkeypatch, [1.0, a, b, 0.0], [1.0, b, a, 0.0])
+    d = diagnose(target, ONE, [0], [2])
+    assert (d.noise, d.gap_step, d.gap_block, d.verdict) == (FLOOR64, 2.0 ** -50, 2.0 ** -50, "tie")
+
+
+def test_measured_noise_above_the_floor_is_used(target, monkeypatch):
+    scripted(monkeypatch, [1.0, 0.5, 0.25, 0.0], [1.0, 0.5 + 2.0 ** -10, 0.25, 0.0])
+    d = diagnose(target, ONE, [0], [1])
+    assert (d.noise, d.gap_step, d.gap_block, d.verdict) == (2.0 ** -10, 0.5, 0.5 - 2.0 ** -10, "bug")
+    scripted(monkeypatch, [1.0, 1.0 - 2.0 ** -11, 0.0, 0.0], [1.0, 1.0 + 2.0 ** -10, 0.0, 0.0])
+    d = diagnose(target, ONE, [0], [1])    # the paths disagree on the winner, by less than their difference
+    assert (d.noise, d.gap_step, d.gap_block, d.verdict) == (3 * 2.0 ** -11, 2.0 ** -11, 2.0 ** -10, "tie")
+
+
+# --- the block path as the docstring describes it ---------------------------------------------------
+
+
+def path_logits(model, prompt, context):
+    """Recomputed here with HF's own cache: greedy's step path (prefill the prompt, then one token at a
+    time) and a verify block over the last min(6, ...) positions, never starting before the prompt's
+    last token. The head runs on the last row only (logits_to_keep=1), as a decode step does."""
+    from transformers import DynamicCache
+    with torch.no_grad():
+        cache = DynamicCache(config=model.config)
+        out = model(torch.tensor([context[:len(prompt)]]), past_key_values=cache, use_cache=True, logits_to_keep=1)
+        for t in range(len(prompt), len(context)):
+            out = model(torch.tensor([context[t:t + 1]]), past_key_values=cache, use_cache=True, logits_to_keep=1)
+        step = out.logits[0, -1].double()
+        start = max(len(prompt) - 1, len(context) - 6)
+        cache = DynamicCache(config=model.config)
+        if start > 0:
+            model(torch.tensor([context[:start]]), past_key_values=cache, use_cache=True, logits_to_keep=1)
+        block = model(torch.tensor([context[start:]]), past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1].double()
+    return step, block
+
+
+@pytest.mark.parametrize("prompt_len,position", [(2, 0), (3, 1), (64, 40), (9, 3)])
+def test_noise_is_the_measured_step_block_difference(target_fp32, prompt_len, position):
+    prompt = [(i * 53 + 7) % 500 for i in range(prompt_len)]
+    tokens = greedy_generate(target_fp32, prompt, max_new_tokens=position + 1).tokens
+    step, block = path_logits(target_fp32, prompt, prompt + tokens[:position])
+    runner_up = int(step.topk(2).indices[1])
+    d = diagnose(target_fp32, prompt, tokens, tokens[:position] + [runner_up])
+    measured = float((step - block).abs().max())
+    floor = 8 * 2.0 ** -23 * float(step.abs().max())
+    assert d.noise == max(measured, floor)
+    assert (d.gap_step, d.gap_block) == (top2_gap(step), top2_gap(block))
