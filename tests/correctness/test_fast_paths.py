@@ -14,6 +14,17 @@ from spec import build_gpt_neox, greedy_generate, hf, neox
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=512)
 
 
+def with_random_biases_and_norms(model, seed: int = 0):
+    """HF initialises every bias to 0 and every LayerNorm to (1, 0): a fast path that dropped one
+    would still match. A trained model has none of that; give each 1-D parameter random values."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_((torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.2).to(p.dtype))
+    return model
+
+
 def full_forward_logits(model, ids) -> torch.Tensor:
     """HF's forward over the whole sequence, no cache: the logits of its last position."""
     with torch.no_grad():
@@ -29,7 +40,7 @@ def test_plain_draft_past_256_positions_with_deep_rollbacks(dtype, tol):
     """Prefill 150, step one token at a time to 300, roll back to 40 (deep into the buffer),
     re-feed a block, cross 256 again in blocks of 2 and 5, roll back exactly to 255 and 256.
     Every step's logits are held to HF's uncached forward over the whole sequence."""
-    model = build_gpt_neox(SMALL, seed=4, dtype=dtype)
+    model = with_random_biases_and_norms(build_gpt_neox(SMALL, seed=4, dtype=dtype))
     plain = neox.NeoXDraft(model, 400)
     seq = ids_of(330)
     checks = 0
@@ -73,6 +84,21 @@ def test_plain_draft_past_256_positions_with_deep_rollbacks(dtype, tol):
         plain_logits = plain(torch.tensor(seq[keep + 1:keep + 4]))[-1]
         check(keep + 4)
     assert checks > 40
+
+
+@pytest.mark.parametrize("overrides", [dict(use_parallel_residual=False), dict(rotary_pct=1.0),
+                                       dict(hidden_act="gelu_new"), dict(attention_bias=False)],
+                         ids=["sequential", "full-rotary", "tanh-gelu", "no-attention-bias"])
+def test_plain_draft_variants_with_trained_like_parameters(overrides):
+    """Every variant supports() accepts, with non-zero biases and norms, against HF's forward."""
+    model = with_random_biases_and_norms(build_gpt_neox(SMALL, seed=5, dtype=torch.float64, **overrides), seed=1)
+    plain = neox.NeoXDraft(model, 64)
+    seq = ids_of(40, salt=2)
+    got = plain(torch.tensor(seq[:30]))[-1].double()
+    assert torch.allclose(got, full_forward_logits(model, seq[:30]), rtol=0, atol=1e-10)
+    for n in (32, 33, 38):
+        got = plain(torch.tensor(seq[len(plain):n]))[-1].double()
+        assert torch.allclose(got, full_forward_logits(model, seq[:n]), rtol=0, atol=1e-10)
 
 
 def test_plain_draft_crop_past_its_length_changes_nothing():

@@ -72,6 +72,14 @@ def test_top_k_at_or_past_the_vocabulary_changes_nothing(top_k):
     assert torch.equal(sampling.probabilities(logits, top_k=top_k), logits.softmax(-1))
 
 
+def test_top_p_one_keeps_even_a_vanishing_token():
+    """top_p = 1 filters nothing, not even a token whose mass is below rounding: the mass before it
+    rounds to 1.0, and a filter that ran at top_p = 1 would drop it."""
+    logits = torch.tensor([0.0, -60.0, 3.0], dtype=torch.float64)
+    ours = sampling.probabilities(logits, top_p=1.0)
+    assert torch.equal(ours, logits.softmax(-1)) and ours[1] > 0
+
+
 def test_top_k_one_is_one_hot_per_row():
     logits = torch.tensor([[0.1, 0.9, 0.3], [2.0, -1.0, 1.9]], dtype=torch.float64)
     want = torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]], dtype=torch.float64)
