@@ -275,3 +275,16 @@ def test_auto_gamma_caps_at_max_gamma_and_alpha_at_0_999():
     for _ in range(400):
         wide.observe(drafted=wide.gamma, accepted=wide.gamma, draft_s=1e-6 * wide.gamma, verify_s=1.0)
     assert wide.gamma == 40
+
+
+def test_auto_gamma_alpha_is_capped_at_0_999():
+    """After thousands of fully accepted rounds the estimate passes 0.9999; the controller still
+    prices it as 0.999. At c = 0.9 with a flat pass that matters: 14 at 0.999, the cap 16 above."""
+    from spec import theory
+    from spec.autogamma import AutoGamma
+    assert theory.optimal_gamma(0.999, 0.9, 16) == 14 and theory.optimal_gamma(0.9999, 0.9, 16) == 16
+    auto = AutoGamma()
+    for _ in range(3000):
+        auto.observe(drafted=auto.gamma, accepted=auto.gamma, draft_s=0.9 * auto.gamma, verify_s=1.0)
+    assert auto.successes / (auto.successes + auto.failures) > 0.9999
+    assert auto.gamma == 14

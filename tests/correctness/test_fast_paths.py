@@ -104,7 +104,7 @@ def test_plain_draft_variants_with_trained_like_parameters(overrides):
 def test_plain_draft_crop_past_its_length_changes_nothing():
     model = build_gpt_neox(SMALL, seed=4, dtype=torch.float64)
     plain = neox.NeoXDraft(model, 32)
-    plain(torch.tensor([1, 2, 3, 4]))
+    assert plain(torch.tensor([1, 2, 3, 4])).shape == (1, 512)   # the last position only, as documented
     plain.crop(10)
     assert len(plain) == 4
     got = plain(torch.tensor([5]))[-1].double()

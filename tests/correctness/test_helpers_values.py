@@ -301,6 +301,16 @@ def test_jsonable_and_write_json(tmp_path):
     assert report.jsonable(_Point) == str(_Point)  # a dataclass type is not an instance
 
 
+def test_machine_info_names_the_gpu_it_runs_on(monkeypatch):
+    """On a CUDA device, the GPU's name at that index (CUDA faked here); on the CPU, none."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: f"FakeGPU-{index}")
+    assert report.machine_info("cpu")["gpu"] is None
+    assert report.machine_info("cuda")["gpu"] == "FakeGPU-0"
+    assert report.machine_info("cuda:1")["gpu"] == "FakeGPU-1"
+    assert report.machine_info(torch.device("cuda", 2))["gpu"] == "FakeGPU-2"
+
+
 def test_machine_info_keys_and_values():
     info = report.machine_info("cpu")
     assert info["device"] == "cpu" and info["gpu"] is None and info["torch"] == torch.__version__
