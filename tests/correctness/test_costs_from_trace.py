@@ -288,3 +288,10 @@ def test_auto_gamma_alpha_is_capped_at_0_999():
         auto.observe(drafted=auto.gamma, accepted=auto.gamma, draft_s=0.9 * auto.gamma, verify_s=1.0)
     assert auto.successes / (auto.successes + auto.failures) > 0.9999
     assert auto.gamma == 14
+
+
+def test_cost_ratio_default_draft_impl_is_auto(target, partial_draft, clock):
+    from spec.measure import cost_ratio
+    c = clock([1.0] * 8, target, partial_draft)          # auto picks the plain draft: only target passes move it
+    assert cost_ratio(target, partial_draft, MEASURE_PROMPT, steps=2, warmup=1).draft_step_s == 0.0
+    assert c.passes == 4
