@@ -170,7 +170,9 @@ def _greedy_config(max_new_tokens: int, eos_token_id) -> GenerationConfig:
     puts it in place of the model's for the call."""
     cfg = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
                            num_beams=1)
-    cfg.pad_token_id = eos_token_id if eos_token_id is not None else 0
+    # generate() compares pad_token_id with single ids: the first of an EOS list stands in.
+    first_eos = eos_token_id[0] if isinstance(eos_token_id, (list, tuple)) else eos_token_id
+    cfg.pad_token_id = first_eos if first_eos is not None else 0
     return cfg
 
 

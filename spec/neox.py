@@ -86,6 +86,10 @@ class NeoXDraft:
     @torch.inference_mode()
     def __call__(self, ids: torch.Tensor, keep: int = 1) -> torch.Tensor:
         """Logits [1, vocab] of the last of `ids` (1-D), fed after the cached positions."""
+        return self._step(ids, keep)
+
+    # Undecorated so that mutation testing (docs/MUTATION.md) can reach it: mutmut skips decorated functions.
+    def _step(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
         T, start = ids.numel(), self.len
         end = start + T
         if keep != 1:

@@ -286,7 +286,7 @@ def can_plot() -> bool:
     return True
 
 
-def plot(results: dict, path: Path) -> bool:
+def plot(results: dict, path: Path) -> bool:  # pragma: no mutate block (layout and colours: looked at, not asserted)
     """results.png like the seed's: throughput per prompt, acceptance, one traced generation.
 
     Returns False (and writes nothing) when matplotlib is not installed."""
