@@ -29,14 +29,21 @@ def reference_rounds(draft, prompt: list[int], greedy_tokens: list[int], gamma: 
     continuation of the context (recomputed from scratch), accepts the prefix that
     matches the target's greedy output, and emits one more token (cut at the end,
     which is where greedy stopped at EOS or max_new_tokens)."""
+    return replay_rounds(greedy_tokens, gamma, max_new_tokens,
+                         lambda n, g: greedy_generate(draft, prompt + greedy_tokens[:n], max_new_tokens=g).tokens)
+
+
+def replay_rounds(expected: list[int], gamma: int, max_new_tokens: int, propose):
+    """Algorithm 1's bookkeeping for a target whose greedy output is `expected`: per round
+    (drafted, accepted, emitted); propose(n, g) is the draft's g tokens after expected[:n]."""
     rounds, n = [], 0
-    while n < len(greedy_tokens):
+    while n < len(expected):
         g = min(gamma, max_new_tokens - n - 1)
-        proposals = greedy_generate(draft, prompt + greedy_tokens[:n], max_new_tokens=g).tokens if g else []
+        proposals = propose(n, g) if g else []
         k = 0
-        while k < g and n + k < len(greedy_tokens) and proposals[k] == greedy_tokens[n + k]:
+        while k < g and n + k < len(expected) and proposals[k] == expected[n + k]:
             k += 1
-        emitted = min(k + 1, len(greedy_tokens) - n)
+        emitted = min(k + 1, len(expected) - n)
         rounds.append((g, k, emitted))
         n += emitted
     return rounds

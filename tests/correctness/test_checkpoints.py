@@ -20,7 +20,7 @@ def test_missing_local_path_is_named_as_missing(tmp_path):
 
 
 def test_folder_without_weights_says_what_it_lacks(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"holds no loadable model: a folder needs config.json"):
+    with pytest.raises(FileNotFoundError, match=r"holds no loadable model \(no weights found\): a folder needs config.json"):
         load_model(tmp_path, role="target")
 
 

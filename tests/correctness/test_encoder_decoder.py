@@ -23,6 +23,8 @@ from hypothesis import strategies as st
 from seq2seq_models import (CORE, FAMILIES, VOCAB, build, cache_free_greedy, decoder_start, distil_whisper_draft,
                             draft_for, encoder_inputs, encoder_output, hf_generate, token_mask)
 
+from oracles import replay_rounds as replay
+
 from spec import greedy_generate, speculative_generate
 from spec.diagnose import diagnose
 
@@ -53,17 +55,8 @@ def replay_rounds(target, draft, draft_encoder_out, prompt, expected, gamma, max
     are its cache-free greedy continuation over `draft_encoder_out`, under the target's token
     masks (spec applies the target's to both); `expected` is the target's greedy output."""
     mask = token_mask(target, len(prompt), max_new_tokens)
-    rounds, n = [], 0
-    while n < len(expected):
-        g = min(gamma, max_new_tokens - n - 1)
-        proposals = cache_free_greedy(draft, draft_encoder_out, prompt + expected[:n], g, mask=mask) if g else []
-        k = 0
-        while k < g and n + k < len(expected) and proposals[k] == expected[n + k]:
-            k += 1
-        emitted = min(k + 1, len(expected) - n)
-        rounds.append((g, k, emitted))
-        n += emitted
-    return rounds
+    return replay(expected, gamma, max_new_tokens,
+                  lambda n, g: cache_free_greedy(draft, draft_encoder_out, prompt + expected[:n], g, mask=mask))
 
 
 def check_trace(run, prompt_len: int):
