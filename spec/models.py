@@ -142,7 +142,8 @@ def _load(name_or_path: str, role: str, dtype: torch.dtype, device: str):
     except (OSError, ValueError) as err:
         if local.exists():
             raise FileNotFoundError(
-                f"{role}: {str(local)!r} holds no loadable model (no weights found): a folder needs config.json and weights "
+                f"{role}: {str(local)!r} holds no loadable model (no weights found): a folder needs config.json "
+                f"and weights "
                 f"(*.safetensors or pytorch_model.bin), or pass a .gguf file. ({type(err).__name__}: {err})"
             ) from None
         raise FileNotFoundError(
