@@ -166,7 +166,7 @@ def _greedy_config(max_new_tokens: int, eos_token_id) -> GenerationConfig:
 
     Every field left unset here would be filled by generate() from the model's own
     generation_config (5.17 and 5.24 alike: `_prepare_generation_config` updates the
-    None fields from it), so this config is only half the fix: `_as_only_config`
+    None fields from it), so this config is only half the fix: `as_only_config`
     puts it in place of the model's for the call."""
     cfg = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
                            num_beams=1)
@@ -177,7 +177,7 @@ def _greedy_config(max_new_tokens: int, eos_token_id) -> GenerationConfig:
 
 
 @contextlib.contextmanager
-def _as_only_config(cfg: GenerationConfig, *models):
+def as_only_config(cfg: GenerationConfig, *models):
     """`cfg` as the generation config of each of `models` for the duration of a generate() call.
 
     generate() merges the model's generation_config into the config it is passed, None
@@ -201,7 +201,7 @@ def hf_greedy(model, prompt: torch.Tensor, max_new_tokens: int, eos_token_id=Non
     eos_token_id=None: exactly max_new_tokens tokens, whatever the model's own generation_config says."""
     ids = prompt.reshape(1, -1).to(model.device)
     cfg = _greedy_config(max_new_tokens, eos_token_id)
-    with _as_only_config(cfg, model):
+    with as_only_config(cfg, model):
         out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=cfg)
     return out[0, ids.shape[1]:].tolist()
 
@@ -242,7 +242,7 @@ def hf_assisted(target, assistant, prompt: torch.Tensor, gamma: int, max_new_tok
     gc.assistant_confidence_threshold = 0.0
     ids = prompt.reshape(1, -1).to(target.device)
     cfg = _greedy_config(max_new_tokens, eos_token_id)
-    with _as_only_config(cfg, target):
+    with as_only_config(cfg, target):
         out = target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=assistant,
                               generation_config=cfg)
     return out[0, ids.shape[1]:].tolist()
@@ -257,6 +257,6 @@ def hf_prompt_lookup(model, prompt: torch.Tensor, max_new_tokens: int, eos_token
     cfg = _greedy_config(max_new_tokens, eos_token_id)
     cfg.prompt_lookup_num_tokens = num_tokens
     cfg.max_matching_ngram_size = max_ngram
-    with _as_only_config(cfg, model):
+    with as_only_config(cfg, model):
         out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=cfg)
     return out[0, ids.shape[1]:].tolist()

@@ -29,7 +29,6 @@ any callable named `module:function` or `path/to/file.py:function`.
 from __future__ import annotations
 
 import contextlib
-import copy
 import importlib
 import importlib.util
 import inspect
@@ -119,25 +118,12 @@ def _seeded_global_rng(generator, device):
         yield
 
 
-@contextlib.contextmanager
-def _only_config(model, cfg: GenerationConfig):
-    """`cfg` as the model's generation_config for the call. generate() fills every field left
-    unset (None) in the config it is given from the model's own: eos_token_id=None would stop at
-    the model's EOS, top_k=None would become 50. With the model's config replaced, nothing leaks in."""
-    saved = model.generation_config
-    model.generation_config = copy.deepcopy(cfg)
-    try:
-        yield
-    finally:
-        model.generation_config = saved
-
-
 @torch.inference_mode()
 def hf_generate(target, input_ids, *, max_new_tokens, eos_token_id=None, do_sample=False, temperature=1.0,
                 top_k=None, top_p=None, repetition_penalty=None, no_repeat_ngram_size=None, generator=None,
                 assistant=None, gamma=None, prompt_lookup_num_tokens=None, **generation_options) -> list[int]:
     """New tokens of target.generate(): assisted by `assistant` (gamma tokens a round) or by
-    prompt lookup, with every option set explicitly (see _only_config) and an all-ones
+    prompt lookup, with every option set explicitly (see hf.as_only_config) and an all-ones
     attention mask (without one, HF masks every prompt position equal to pad_token_id).
     generation_options: further GenerationConfig fields, set as given."""
     eos = list(eos_token_id) if isinstance(eos_token_id, (list, tuple)) else eos_token_id
@@ -155,12 +141,12 @@ def hf_generate(target, input_ids, *, max_new_tokens, eos_token_id=None, do_samp
     kwargs = {}
     stack = contextlib.ExitStack()
     with stack:
-        stack.enter_context(_only_config(target, cfg))
+        stack.enter_context(hf.as_only_config(cfg, target))
         if assistant is not None:
             # gamma and the confidence threshold are read from the assistant's own config only
-            stack.enter_context(_only_config(assistant, GenerationConfig(
+            stack.enter_context(hf.as_only_config(GenerationConfig(
                 num_assistant_tokens=gamma, num_assistant_tokens_schedule="constant",
-                assistant_confidence_threshold=0.0, eos_token_id=eos, pad_token_id=cfg.pad_token_id)))
+                assistant_confidence_threshold=0.0, eos_token_id=eos, pad_token_id=cfg.pad_token_id), assistant))
             kwargs["assistant_model"] = assistant
         stack.enter_context(_seeded_global_rng(generator, target.device))
         out = target.generate(ids, attention_mask=torch.ones_like(ids), generation_config=cfg, **kwargs)

@@ -41,7 +41,12 @@ from spec import hf
 
 
 class UnsupportedModelError(ValueError):
-    """A model spec cannot decode exactly; the message says why."""
+    """A model spec cannot decode exactly; the message says why. `runs_uncached`: its cache-free
+    forward works (so it can still serve as a draft, by recompute)."""
+
+    def __init__(self, message: str, runs_uncached: bool = False):
+        super().__init__(message)
+        self.runs_uncached = runs_uncached
 
 
 class KVRunner(hf.Cached):
@@ -221,16 +226,14 @@ def probe(model) -> str:
         return known[1]
     tol = PROBE_TOLERANCE.get(_dtype(model), 5e-2)
     if (why := unprobed_reach(model)) is not None:
-        error = UnsupportedModelError(f"{type(model).__name__} cannot be decoded exactly by spec: {why}")
-        model._spec_runner_path = (key, error)
-        raise error
+        _refuse(model, key, why, runs_uncached=True)
     ids = _probe_ids(model, probe_length(model), next(model.parameters()).device)
     reasons = []
     try:
         full, _ = hf.step(model, ids, start=0, use_cache=False)
-        reason = causal_check(model, ids, full, tol)
     except Exception as e:  # noqa: BLE001 - any failure of the model is a reason to refuse it
-        reason = f"its cache-free forward fails ({type(e).__name__}: {e})"
+        _refuse(model, key, f"its cache-free forward fails ({type(e).__name__}: {e})", runs_uncached=False)
+    reason = causal_check(model, ids, full, tol)
     if reason is None:
         for path, cls in RUNNERS.items():
             if path == "kv-cache" and hf.cache_kwarg(model) not in ("cache", "past_key_values"):
@@ -245,7 +248,13 @@ def probe(model) -> str:
                 return path
             reasons.append(f"{path}: {reason}")
         reason = "no way of running it reproduces its own cache-free forward (" + "; ".join(reasons) + ")"
-    error = UnsupportedModelError(f"{type(model).__name__} cannot be decoded exactly by spec: {reason}")
+    _refuse(model, key, reason, runs_uncached=True)
+
+
+def _refuse(model, key, reason: str, *, runs_uncached: bool):
+    """Raise the refusal, remembered on the model like a path so the probe runs once."""
+    error = UnsupportedModelError(f"{type(model).__name__} cannot be decoded exactly by spec: {reason}",
+                                  runs_uncached)
     model._spec_runner_path = (key, error)
     raise error
 
@@ -263,9 +272,9 @@ def runner_for(model, *, role: str = "target"):
     try:
         path = probe(model)
     except UnsupportedModelError as e:
-        if role == "draft" and "cache-free forward fails" not in str(e):
+        if role == "draft" and e.runs_uncached:
             return RecomputeRunner(model)
-        raise UnsupportedModelError(f"{role}: {e}") from None
+        raise UnsupportedModelError(f"{role}: {e}", e.runs_uncached) from None
     return RUNNERS[path](model)
 
 
