@@ -314,15 +314,6 @@ class Decoder:
         return hf.cache_len(self.cache.self_attention_cache)
 
 
-def full_logits(model, encoder_outputs: BaseModelOutput, decoder_ids, masks: TokenMasks | None = None):
-    """Cache-free: the decoder over the whole sequence in one pass, logits for every position."""
-    ids = torch.as_tensor(decoder_ids, dtype=torch.long, device=encoder_outputs.last_hidden_state.device)
-    mask = torch.ones(encoder_outputs.last_hidden_state.shape[:2], dtype=torch.long, device=ids.device)
-    logits = model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=ids[None],
-                   use_cache=False).logits[0]
-    return masks.apply(logits, 0) if masks is not None else logits
-
-
 # --------------------------------------------------------------------------- the decode loop's entry
 
 
