@@ -7,6 +7,8 @@ every run sees the same models; building them takes well under a second.
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -53,6 +55,20 @@ def _opt_in_left_out(item, config) -> bool:
     return any(marker in names and not config.getoption(marker)
                and not (expr and _asked_by_expression(expr, names, marker))
                for marker in OPT_IN_MARKERS)
+
+
+def pytest_sessionstart(session):
+    """Each session builds its models afresh. The test helpers memoise models (functools caches)
+    and spec memoises its probe's verdict on each model, so a process that runs pytest more than
+    once (mutmut's fork server does, once per mutant) would otherwise hand a session the models,
+    and the verdicts, of an earlier one, and a broken probe would never run."""
+    tests = Path(str(session.config.rootpath)) / "tests"
+    for module in list(sys.modules.values()):
+        if not Path(getattr(module, "__file__", None) or "/").resolve().is_relative_to(tests):
+            continue
+        for value in list(vars(module).values()):
+            if callable(getattr(value, "cache_clear", None)) and hasattr(value, "cache_info"):
+                value.cache_clear()
 
 
 def pytest_collection_modifyitems(config, items):
