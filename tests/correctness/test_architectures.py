@@ -170,6 +170,32 @@ def test_refused_up_front_with_a_reason(name, decoder):
     assert_clear_refusal(info.value, model, counter.n)
 
 
+def test_a_refusal_says_which_model_and_is_remembered():
+    """The refusal names the model's class, says whether the model still runs cache-free (a
+    non-causal forward does: such a model may still draft, by recompute), and is memoised on the
+    model: asking again raises the same error without running the model."""
+    from spec.runner import UnsupportedModelError, path_of, probe, runner_for
+    model = archs.BY_NAME["xlnet"].build(0)
+    with pytest.raises(UnsupportedModelError) as first:
+        probe(model)
+    assert str(first.value) == (f"{type(model).__name__} cannot be decoded exactly by spec: its forward is not "
+                                "causal: logits of a position change with later tokens")
+    assert first.value.runs_uncached is True
+    forwards = []
+    hook = model.register_forward_pre_hook(lambda *a: forwards.append(1))
+    try:
+        with pytest.raises(UnsupportedModelError) as again:
+            path_of(model)
+    finally:
+        hook.remove()
+    assert again.value is first.value and forwards == []
+    with pytest.raises(UnsupportedModelError, match=r"^target: XLNet"):
+        runner_for(model, role="target")
+    assert type(runner_for(model, role="draft")).__name__ == "RecomputeRunner"
+    assert UnsupportedModelError("why").runs_uncached is False
+    assert path_of(object()) == "custom"
+
+
 # Target and draft of different families (tokenizer contract: same vocabulary size and special
 # ids). The first two run by default.
 CROSS_FAMILY = [("mistral", "llama"), ("qwen3_next", "mamba2"), ("gemma2", "gpt2"), ("mamba", "llama"),

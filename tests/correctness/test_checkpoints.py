@@ -78,3 +78,81 @@ def test_cli_gguf_target_without_the_extra_exits_2(tmp_path, monkeypatch, capsys
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))
     assert cli.main(["--target", str(path), "--draft", str(path), "--out", str(tmp_path), "--quiet"]) == 2
     assert "spec[gguf]" in capsys.readouterr().err
+
+
+# --- what counts as a path, and what the loaders pass on (pinned by hand) -------------------
+
+@pytest.mark.parametrize("text, local", [
+    ("/abs/model", True), ("./model", True), ("../model", True), ("~/model", True), (".hidden", True),
+    ("model.gguf", True), ("Model.GGUF", True), ("a/b/c", True), ("dir\\model", True),
+    ("org/name", False), ("name", False), ("org/name.bin", False), ("gguf", False)])
+def test_what_looks_like_a_path(text, local):
+    """A missing path is named as a missing path; a hub id ('org/name', 'name') is looked up in the
+    cache instead. (On POSIX os.sep is '/', so its own clause adds nothing here.)"""
+    from spec.models import _looks_local
+    assert _looks_local(text) is local
+
+
+@pytest.mark.parametrize("missing, words", [(("gguf",), "the gguf package: "),
+                                            (("accelerate",), "the accelerate package: "),
+                                            (("gguf", "accelerate"), "the gguf and accelerate packages: ")])
+def test_gguf_hint_names_each_missing_package(tmp_path, monkeypatch, missing, words):
+    from spec.models import GGUF_HINT
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in missing else real(name, *a))
+    path = tmp_path / "m.gguf"
+    path.write_bytes(b"GGUF")
+    with pytest.raises(ImportError) as info:
+        load_model(path, role="draft")
+    assert str(info.value) == f"draft: {str(path)!r} is a GGUF file; reading it needs {words}{GGUF_HINT}"
+
+
+@pytest.fixture(scope="module")
+def saved_model(tmp_path_factory, word_tokenizer):
+    """A seeded tiny GPT-NeoX saved with a tokenizer, and a copy of the weights alone."""
+    from spec.models import build_gpt_neox
+    root = tmp_path_factory.mktemp("saved")
+    model = build_gpt_neox("tiny-draft", seed=3)
+    model.save_pretrained(root / "with-tokenizer")
+    word_tokenizer.save_pretrained(root / "with-tokenizer")
+    model.save_pretrained(root / "weights-only")
+    return root, model
+
+
+def test_load_model_passes_dtype_device_and_finds_the_tokenizer(saved_model):
+    import torch
+    root, model = saved_model
+    loaded, tok = load_model(root / "with-tokenizer", dtype=torch.float64, device="cpu")
+    assert next(loaded.parameters()).dtype == torch.float64 and not loaded.training
+    assert next(loaded.parameters()).device.type == "cpu"
+    assert tok is not None and tok.convert_tokens_to_ids("hello") == 4
+    ids = torch.tensor([[1, 2, 3]])
+    torch.testing.assert_close(loaded(ids).logits, model.double()(ids).logits)
+    model.float()
+    assert load_model(root / "weights-only")[1] is None  # no tokenizer files: None, not an empty one
+
+
+def test_load_model_names_its_role_in_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"^model: no weights for "):
+        load_model(tmp_path / "missing")
+
+
+def test_encode_prompt_adds_special_tokens_once(word_tokenizer):
+    """Raw text gets the tokenizer's special tokens; a chat prompt gets the template's alone (the
+    rendered template already holds them)."""
+    import copy
+
+    from tokenizers.processors import TemplateProcessing
+    tok = copy.deepcopy(word_tokenizer)
+    tok._tokenizer.post_processor = TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    assert encode_prompt(tok, "hello there") == [0, 4, 5]
+    assert encode_prompt(tok, "hello there", chat=True) == [2, 4, 5, 3]
+
+
+def test_chat_refusal_says_what_is_missing():
+    class NoTemplate:  # a tokenizer-like object with no chat_template attribute at all
+        def encode(self, text):
+            return [1]
+    with pytest.raises(ValueError) as info:
+        encode_prompt(NoTemplate(), "hi", chat=True)
+    assert str(info.value) == "chat=True: this tokenizer has no chat template (an instruction-tuned model's has one)"

@@ -266,6 +266,8 @@ def test_greedy_config_means_no_eos_when_none(target):
         (False, 7, None, 1, 0)
     cfg = hf._greedy_config(3, 5)
     assert cfg.eos_token_id == 5 and cfg.pad_token_id == 5
+    cfg = hf._greedy_config(3, [9, 4])  # a list: its first id pads
+    assert cfg.eos_token_id == [9, 4] and cfg.pad_token_id == 9
 
 
 def test_hf_assisted_sets_gamma_and_matches_greedy(target, partial_draft):

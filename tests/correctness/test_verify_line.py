@@ -19,6 +19,46 @@ def test_verify_line_recovers_fixed_and_slope(monkeypatch, target):
     assert line.cost(0) == 1.0 and line.cost(4) == pytest.approx(1.7)
 
 
+class ScriptedPasses:
+    """Stands in for measure.pass_times: records what it was asked, answers from a table of ms."""
+
+    def __init__(self, ms_of):
+        self.ms_of, self.calls = ms_of, []
+
+    def __call__(self, model, ids, gammas, repeats=6):
+        self.calls.append((model, ids, list(gammas), repeats))
+        return {g: self.ms_of(g) / 1e3 for g in gammas}
+
+
+@pytest.mark.parametrize("ms_of, max_gamma", [
+    (lambda g: 10.0 if g == 0 else (14.0 if g == 1 else 12.0 + g), 16),   # a bump at g = 1
+    (lambda g: 10.0 if g == 0 else 5.0 + 1.0 * g, 16),                     # fixed 0.5 step: below one
+    (lambda g: 10.0 if g == 0 else 30.0 - g, 16),                          # falling: slope clamped to 0
+    (lambda g: 10.0 if g == 0 else -2.0 + 4.0 * g, 16),                     # intercept -0.2: clamped to 0
+    (lambda g: 10.0 if g == 0 else 2.0 + 3.0 * g + (2.0 if g == 3 else 0.0), 6)])
+def test_verify_line_asks_for_its_gammas_and_fits_only_passes_that_draft(monkeypatch, target, ms_of, max_gamma):
+    """The g >= 1 passes are fitted by least squares (numpy's polyfit here, not spec's sums); the
+    one-token step only sets the unit. A negative slope is clamped to 0 (then the line is flat at the
+    mean) and a negative intercept to 0."""
+    np = pytest.importorskip("numpy")
+    fake = ScriptedPasses(ms_of)
+    monkeypatch.setattr(measure, "pass_times", fake)
+    line = measure.verify_line(target, [1, 2, 3], max_gamma=max_gamma, repeats=3)
+    expected_gammas = sorted({0, 1, 2, max(1, max_gamma // 4), max(1, max_gamma // 2), max_gamma})
+    assert fake.calls == [(target, [1, 2, 3], expected_gammas, 3)]
+    assert expected_gammas == ([0, 1, 2, 4, 8, 16] if max_gamma == 16 else [0, 1, 2, 3, 6])
+    xs = [g for g in expected_gammas if g >= 1]
+    ys = [ms_of(g) / ms_of(0) for g in xs]
+    slope, fixed = np.polyfit(xs, ys, 1)
+    if slope < 0:
+        slope, fixed = 0.0, float(np.mean(ys))
+    assert line.slope == pytest.approx(slope, abs=1e-12)
+    assert line.fixed == pytest.approx(max(fixed, 0.0), abs=1e-12)
+    assert line.measured == pytest.approx({g: ms_of(g) / ms_of(0) for g in expected_gammas})
+    assert measure.verify_line(target, [1, 2, 3], max_gamma=max_gamma).slope == line.slope
+    assert fake.calls[-1][3] == 6  # repeats' default
+
+
 def test_costed_speedup_with_a_fixed_verify_cost():
     # alpha 0.8, gamma 4: 1 + .8 + .64 + .512 + .4096 = 3.3616 tokens a round; c = 0;
     # a 5-token pass costs 1.5 + 0.05 * 4 = 1.7 steps.
