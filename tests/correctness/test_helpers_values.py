@@ -5,12 +5,12 @@ cells and JSON (expected strings written out by hand)."""
 
 from __future__ import annotations
 
-import re
-
 import dataclasses
 import json
 import os
 import platform
+import re
+import types
 from pathlib import Path
 
 import pytest
@@ -407,3 +407,11 @@ def test_compile_step_options(monkeypatch):
     model = build_gpt_neox("tiny-draft")
     assert hf.compile_step(model) == model.forward
     assert seen == dict(mode="default", dynamic=False, fullgraph=False)
+
+    class OnCuda:  # stands in for a model whose weights are on a GPU (none is needed to check the mode)
+        forward = object()
+
+        def parameters(self):
+            yield types.SimpleNamespace(device=torch.device("cuda", 0))
+    assert hf.compile_step(OnCuda()) is OnCuda.forward
+    assert seen == dict(mode="reduce-overhead", dynamic=False, fullgraph=False)
