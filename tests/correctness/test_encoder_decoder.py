@@ -359,3 +359,28 @@ def test_cli_runs_a_saved_t5_pair_and_refuses_what_it_cannot_run(tmp_path, capsy
     assert "--features: T5ForConditionalGeneration encodes token ids" in capsys.readouterr().err
     assert cli.main([*whisper, "--features", str(tmp_path / "bad.pt")]) == 2
     assert "--features: cannot read" in capsys.readouterr().err
+
+
+def test_cli_refusals_say_what_to_give_instead(target):
+    """What `python -m spec` refuses before loading prompts, word for word (spec.seq2seq.cli_refusal)."""
+    from spec.seq2seq import cli_refusal
+    t5, whisper = build("t5"), build("whisper")
+    assert cli_refusal(target, None) is None and cli_refusal(t5, None) is None
+    assert cli_refusal(target, "hf", features=["a.pt"]) == \
+        "--features: the target is decoder-only; its prompts are text (--prompts)"
+    assert cli_refusal(whisper, None) == ("WhisperForConditionalGeneration encodes audio features: give a features "
+                                          "file per prompt, --features FILE.pt or FILE.npy ([num_mel_bins, frames])")
+    assert cli_refusal(t5, None, features=["a.pt"]) == \
+        "--features: T5ForConditionalGeneration encodes token ids; give text prompts (--prompts)"
+    assert cli_refusal(t5, "hf") == cli_refusal(whisper, "hf", features=["a.pt"]) == \
+        "--peer hf: the HF assisted-generation peer is run for decoder-only pairs only"
+    assert cli_refusal(whisper, None, features=["a.pt"]) is None
+
+
+def test_decoder_runner_names_its_model_in_refusals():
+    import transformers as T
+
+    from spec.seq2seq import decoder_runner
+    model = UNSUPPORTED["prophetnet"](T).eval()
+    with pytest.raises(ValueError, match=r"^model: encoder-decoder family 'prophetnet'"):
+        decoder_runner(model, torch.tensor([3, 4, 5]))
