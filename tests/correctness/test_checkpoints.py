@@ -156,3 +156,56 @@ def test_chat_refusal_says_what_is_missing():
     with pytest.raises(ValueError) as info:
         encode_prompt(NoTemplate(), "hi", chat=True)
     assert str(info.value) == "chat=True: this tokenizer has no chat template (an instruction-tuned model's has one)"
+
+
+# --- what the loaders ask transformers for (spied: offline always, the GGUF file named) ------
+
+class Spy:
+    def __init__(self, answer):
+        self.calls, self.answer = [], answer
+
+    def __call__(self, *args, **kwargs):
+        self.calls.append((args, kwargs))
+        return self.answer
+
+
+def test_tokenizers_are_loaded_offline_from_what_was_given(tmp_path, monkeypatch, saved_model):
+    import spec.models as sm
+    spy = Spy("tok")
+    monkeypatch.setattr(sm.AutoTokenizer, "from_pretrained", spy)
+    assert sm._tokenizer(str(tmp_path / "m.gguf")) == "tok"
+    assert spy.calls[-1] == ((str(tmp_path),), {"gguf_file": "m.gguf", "local_files_only": True})
+    root, _ = saved_model
+    assert sm._tokenizer(str(root / "with-tokenizer")) == "tok"
+    assert spy.calls[-1] == ((str(root / "with-tokenizer"),), {"local_files_only": True})
+    assert sm._tokenizer("org/cached-id") == "tok"
+    assert spy.calls[-1] == (("org/cached-id",), {"local_files_only": True})
+    n = len(spy.calls)
+    assert sm._tokenizer(str(root / "weights-only")) is None and len(spy.calls) == n  # not even asked
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # either file makes a folder a tokenizer's
+        folder = tmp_path / name.split(".")[0]
+        folder.mkdir()
+        (folder / name).write_text("{}")
+        assert sm._tokenizer(str(folder)) == "tok" and spy.calls[-1][0] == (str(folder),)
+
+
+def test_load_pair_turns_tf32_off_for_an_fp32_target_on_cuda(monkeypatch, saved_model):
+    import torch
+
+    import spec.models as sm
+    root, model = saved_model
+    devices = []
+    monkeypatch.setattr(sm, "_load", lambda name, role, dtype, device: devices.append((role, device)) or model)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for flag in (torch.backends.cuda.matmul, torch.backends.cudnn):
+        monkeypatch.setattr(flag, "allow_tf32", True)
+    sm.load_pair(root / "with-tokenizer", root / "with-tokenizer", device="cuda:1", target_dtype=torch.bfloat16)
+    assert torch.backends.cuda.matmul.allow_tf32 is True and torch.backends.cudnn.allow_tf32 is True
+    sm.load_pair(root / "with-tokenizer", root / "with-tokenizer", device="cuda:1")
+    assert torch.backends.cuda.matmul.allow_tf32 is False and torch.backends.cudnn.allow_tf32 is False
+    assert devices[-2:] == [("target", "cuda:1"), ("draft", "cuda:1")]
+    for device in ("mps", "xpu", "xpu:0", "cpu"):
+        sm.load_pair(root / "with-tokenizer", root / "with-tokenizer", device=device)
+        assert devices[-1] == ("draft", device)
+    with pytest.raises(ValueError, match=r"^device must be 'cpu', 'cuda' or 'cuda:N', got 'tpu'$"):
+        sm.load_pair(root / "with-tokenizer", root / "with-tokenizer", device="tpu")
