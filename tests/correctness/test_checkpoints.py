@@ -209,3 +209,37 @@ def test_load_pair_turns_tf32_off_for_an_fp32_target_on_cuda(monkeypatch, saved_
         assert devices[-1] == ("draft", device)
     with pytest.raises(ValueError, match=r"^device must be 'cpu', 'cuda' or 'cuda:N', got 'tpu'$"):
         sm.load_pair(root / "with-tokenizer", root / "with-tokenizer", device="tpu")
+
+
+def test_gguf_weights_are_loaded_offline_in_the_dtype_asked(tmp_path, monkeypatch, saved_model):
+    import torch
+
+    import spec.models as sm
+    _, model = saved_model
+    path = tmp_path / "m.gguf"
+    path.write_bytes(b"GGUF")
+    spy = Spy(model)
+    monkeypatch.setattr(sm.AutoModelForCausalLM, "from_pretrained", spy)
+    assert sm._load(str(path), "target", torch.float64, "cpu") is model
+    assert spy.calls == [((str(tmp_path),), {"gguf_file": "m.gguf", "dtype": torch.float64, "local_files_only": True})]
+
+    def unreadable(*args, **kwargs):
+        raise OSError("bad magic")
+    monkeypatch.setattr(sm.AutoModelForCausalLM, "from_pretrained", unreadable)
+    with pytest.raises(ValueError) as info:
+        sm._load(str(path), "draft", torch.float32, "cpu")
+    assert str(info.value) == f"draft: cannot load the GGUF file {str(path)!r}: OSError: bad magic"
+
+
+def test_folders_and_hub_ids_are_loaded_offline_in_the_dtype_asked(monkeypatch, saved_model):
+    import torch
+
+    import spec.models as sm
+    root, model = saved_model
+    spy = Spy(model)
+    monkeypatch.setattr(sm.AutoModelForCausalLM, "from_pretrained", spy)
+    sm._load(str(root / "with-tokenizer"), "target", torch.float64, "cpu")
+    assert spy.calls[-1] == ((str(root / "with-tokenizer"),), {"dtype": torch.float64, "local_files_only": True})
+    monkeypatch.setattr(sm.AutoConfig, "from_pretrained", Spy(model.config))
+    sm._load("org/cached-id", "target", torch.bfloat16, "cpu")
+    assert spy.calls[-1] == (("org/cached-id",), {"dtype": torch.bfloat16, "local_files_only": True})
