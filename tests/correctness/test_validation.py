@@ -93,3 +93,119 @@ def test_no_state_leaks_between_calls(target, partial_draft):
     a = speculative_generate(target, partial_draft, [1, 2, 3], gamma=3, max_new_tokens=10).tokens
     b = speculative_generate(target, partial_draft, [1, 2, 3], gamma=3, max_new_tokens=10).tokens
     assert a == b
+
+
+# --- every message word for word, at the boundaries of each argument (spec.validate) ---------
+
+def _message(fn, *args, **kwargs):
+    with pytest.raises((TypeError, ValueError)) as info:
+        fn(*args, **kwargs)
+    return type(info.value).__name__, str(info.value)
+
+
+@pytest.mark.parametrize("kwargs, expected", [
+    (dict(max_new_tokens=0), "max_new_tokens must be an integer >= 1, got 0"),
+    (dict(max_new_tokens=True), "max_new_tokens must be an integer >= 1, got True"),
+    (dict(max_new_tokens=2.0), "max_new_tokens must be an integer >= 1, got 2.0"),
+    (dict(max_new_tokens=1, gamma=0), "gamma must be an integer >= 1 or 'auto', got 0"),
+    (dict(max_new_tokens=1, gamma=False), "gamma must be an integer >= 1 or 'auto', got False"),
+    (dict(max_new_tokens=1, gamma="Auto"), "gamma must be an integer >= 1 or 'auto', got 'Auto'"),
+    (dict(max_new_tokens=1, gamma=2.0), "gamma must be an integer >= 1 or 'auto', got 2.0"),
+    (dict(max_new_tokens=1, temperature=0), "temperature must be a number > 0, got 0"),
+    (dict(max_new_tokens=1, temperature="1"), "temperature must be a number > 0, got '1'"),
+    (dict(max_new_tokens=1, top_k=0), "top_k must be None or an integer >= 1, got 0"),
+    (dict(max_new_tokens=1, top_k=1.0), "top_k must be None or an integer >= 1, got 1.0"),
+    (dict(max_new_tokens=1, top_p=0), "top_p must be None or a number in (0, 1], got 0"),
+    (dict(max_new_tokens=1, top_p=1.0000001), "top_p must be None or a number in (0, 1], got 1.0000001"),
+    (dict(max_new_tokens=1, top_p="0.5"), "top_p must be None or a number in (0, 1], got '0.5'"),
+])
+def test_option_messages(kwargs, expected):
+    from spec.validate import check_options
+    assert _message(check_options, **kwargs) == ("ValueError", expected)
+
+
+@pytest.mark.parametrize("kwargs", [dict(max_new_tokens=1), dict(max_new_tokens=1, gamma=1),
+                                    dict(max_new_tokens=1, gamma="auto", temperature=1e-9, top_k=1, top_p=1),
+                                    dict(max_new_tokens=1, top_p=1e-9, temperature=2)])
+def test_options_at_their_boundaries_pass(kwargs):
+    from spec.validate import check_options
+    assert check_options(**kwargs) is None
+
+
+def test_prompt_messages(target, random_draft):
+    from spec.validate import as_prompt
+    models = {"target": target, "draft": random_draft}   # vocabularies 640 and 512 rows
+    cpu = torch.device("cpu")
+    assert _message(as_prompt, torch.tensor([1.0]), cpu, models) == \
+        ("TypeError", "input_ids must hold integer token ids, got dtype torch.float32")
+    assert _message(as_prompt, torch.tensor([True]), cpu, models) == \
+        ("TypeError", "input_ids must hold integer token ids, got dtype torch.bool")
+    assert _message(as_prompt, torch.tensor([1j]), cpu, models) == \
+        ("TypeError", "input_ids must hold integer token ids, got dtype torch.complex64")
+    assert _message(as_prompt, torch.ones(2, 3, dtype=torch.long), cpu, models) == \
+        ("ValueError", "input_ids must be 1-D or (1, n): batch size 2 is not supported")
+    assert _message(as_prompt, torch.ones(1, 1, 3, dtype=torch.long), cpu, models) == \
+        ("ValueError", "input_ids must be 1-D or (1, n), got shape (1, 1, 3)")
+    assert _message(as_prompt, [1, True], cpu, models) == ("TypeError", "input_ids as a list must hold ints only")
+    assert _message(as_prompt, "1 2", cpu, models) == \
+        ("TypeError", "input_ids must be a LongTensor or a list of ints, got str")
+    assert _message(as_prompt, [], cpu, models) == \
+        ("ValueError", "input_ids is empty: the prompt needs at least one token")
+    assert _message(as_prompt, [3, -1], cpu, models) == \
+        ("ValueError", "input_ids holds token id -1, outside the target's vocabulary [0, 640)")
+    assert _message(as_prompt, [600, 3], cpu, models) == \
+        ("ValueError", "input_ids holds token id 600, outside the draft's vocabulary [0, 512)")
+    for ok in ([0, 511], (0, 511), torch.tensor([0, 511]), torch.tensor([[0, 511]], dtype=torch.int32)):
+        out = as_prompt(ok, cpu, models)
+        assert out.dtype == torch.long and out.tolist() == [0, 511] and out.device == cpu
+
+
+def test_eos_messages(target, random_draft):
+    from spec.validate import stop_ids
+    models = {"target": target, "draft": random_draft}   # logit widths 640 and 512
+    assert stop_ids(None, models) == frozenset()
+    assert stop_ids(0, models) == frozenset({0}) and stop_ids(511, models) == frozenset({511})
+    assert stop_ids([3, 7], models) == stop_ids((7, 3), models) == stop_ids({3, 7}, models) == frozenset({3, 7})
+    assert _message(stop_ids, 512, models) == ("ValueError", "eos_token_id 512 is outside the vocabulary [0, 512)")
+    assert _message(stop_ids, [1, -1], models) == ("ValueError", "eos_token_id -1 is outside the vocabulary [0, 512)")
+    for bad in ("2", [1, "2"], [True], 2.0):
+        assert _message(stop_ids, bad, models) == \
+            ("TypeError", f"eos_token_id must be None, an int or a list of ints, got {bad!r}")
+
+
+def test_model_and_pair_messages(target, random_draft):
+    from spec.validate import check_model, check_pair
+    assert _message(check_model, object(), "draft") == \
+        ("TypeError", "draft must be a Hugging Face causal LM (a torch.nn.Module with a config), got object")
+    assert _message(check_model, GPTNeoXModel(target.config), "target") == \
+        ("TypeError", "target must have a causal-LM head (e.g. AutoModelForCausalLM); GPTNeoXModel has no output "
+                      "embeddings")
+    import copy
+    other = copy.deepcopy(random_draft)
+    other.config.eos_token_id = 7
+    assert _message(check_pair, target, other) == \
+        ("ValueError", "target and draft cannot share a tokenizer: config.eos_token_id is 0 for the target and 7 "
+                       "for the draft")
+    other.config.eos_token_id, other.config.bos_token_id = 0, 9
+    assert _message(check_pair, target, other)[1].startswith("target and draft cannot share a tokenizer: "
+                                                             "config.bos_token_id is 0")
+    other.config.bos_token_id = None  # unknown on one side: nothing to compare
+    assert check_pair(target, other) is None
+    wide = build_gpt_neox("tiny-draft", vocab_size=512 + 640 + 1024 + 1)
+    assert _message(check_pair, target, wide) == \
+        ("ValueError", "target and draft cannot share a tokenizer: logit widths 640 and 2177 differ by more than "
+                       "embedding padding (1024)")
+    assert check_pair(target, build_gpt_neox("tiny-draft", vocab_size=640 + 1024)) is None   # a gap of exactly 1024
+
+
+def test_position_limit_messages(target):
+    from spec.validate import check_positions, position_limit
+    assert position_limit(target) == 2048
+    assert position_limit(object()) is None
+    for bad in (0, -1, True, 2048.0, None):
+        fake = type("M", (), {"config": type("C", (), {"max_position_embeddings": bad})()})()
+        assert position_limit(fake) is None
+    assert check_positions(2000, 48, {"target": target}) is None   # exactly at the limit
+    assert _message(check_positions, 2000, 49, {"draft": target}) == \
+        ("ValueError", "prompt (2000 tokens) + max_new_tokens (49) = 2049 positions exceeds the draft's limit of 2048 "
+                       "(config.max_position_embeddings); shorten the prompt or lower max_new_tokens")
