@@ -243,3 +243,39 @@ def test_folders_and_hub_ids_are_loaded_offline_in_the_dtype_asked(monkeypatch, 
     monkeypatch.setattr(sm.AutoConfig, "from_pretrained", Spy(model.config))
     sm._load("org/cached-id", "target", torch.bfloat16, "cpu")
     assert spy.calls[-1] == (("org/cached-id",), {"dtype": torch.bfloat16, "local_files_only": True})
+
+
+def test_a_home_relative_path_is_expanded(monkeypatch, saved_model):
+    root, model = saved_model
+    monkeypatch.setenv("HOME", str(root))
+    loaded, tok = load_model("~/with-tokenizer")
+    assert tok is not None
+    import torch
+    ids = torch.tensor([[1, 2, 3]])
+    torch.testing.assert_close(loaded(ids).logits, model(ids).logits)
+
+
+def test_load_errors_carry_the_underlying_error_type(tmp_path):
+    with pytest.raises(FileNotFoundError) as info:
+        load_model(tmp_path, role="draft")   # a folder with no config.json
+    assert str(info.value).startswith(f"draft: {str(tmp_path)!r} holds no loadable model (no weights found)")
+    assert "a .gguf file. (ValueError: " in str(info.value) or "a .gguf file. (OSError: " in str(info.value)
+    with pytest.raises(FileNotFoundError) as info:
+        load_model("org/surely-not-cached", role="target")
+    assert "copy the cache here. (OSError: " in str(info.value)
+
+
+def test_seeded_models_are_the_fp32_ones_cast():
+    """build_gpt_neox builds in fp32 or fp64 and casts half precision afterwards: the same seed gives
+    the same weights (rounded) in every dtype, and the default seed is 0."""
+    import torch
+
+    from spec.models import build_gpt_neox
+    ref = build_gpt_neox("tiny-draft", seed=0)
+    assert torch.equal(build_gpt_neox("tiny-draft").gpt_neox.embed_in.weight, ref.gpt_neox.embed_in.weight)
+    for dtype in (torch.bfloat16, torch.float16):
+        half = build_gpt_neox("tiny-draft", seed=0, dtype=dtype)
+        for (name, a), (_, b) in zip(half.state_dict().items(), ref.state_dict().items()):
+            assert a.dtype == (dtype if b.is_floating_point() else b.dtype), name
+            assert torch.equal(a, b.to(a.dtype)), name
+    assert torch.get_default_dtype() == torch.float32
