@@ -40,6 +40,37 @@ def test_off_is_identity_and_narrow_rows_ignore_wide_ids():
     assert out.tolist() == [[1.0, float("-inf"), -1.0, 3.0]]
 
 
+def test_the_first_ngram_is_banned_as_soon_as_it_exists():
+    """A prefix of exactly n tokens holds one n-gram; if its first n-1 tokens are also the last n-1
+    (a run of one id), the next id is banned already. HF agrees."""
+    for n in (2, 3):
+        seq = torch.full((n,), 5)
+        logits = torch.zeros(1, 8, dtype=torch.float64)
+        expected = NoRepeatNGramLogitsProcessor(n)(seq[None], logits.clone())[0]
+        got = Processors(None, n)(logits, seq, n)[0]
+        assert torch.equal(got, expected) and got[5] == float("-inf") and torch.isfinite(got[:5]).all()
+
+
+def test_ids_exactly_one_past_a_narrow_head_are_ignored():
+    seq = torch.tensor([4, 1, 4, 1])   # 4 is one past a 4-wide draft head
+    # prefix [4, 1, 4]: 1 penalised (2.0 -> 1.0), 4 skipped; "4 1" seen, so 1 after 4 is banned
+    out = Processors(2.0, 2)(torch.tensor([[1.0, 2.0, -1.0, 3.0]]), seq, 3)
+    assert out.tolist() == [[1.0, float("-inf"), -1.0, 3.0]]
+    # prefix [4, 1, 4, 1]: "1 4" seen, so 4 after 1 is banned, but the head has no row 4
+    out = Processors(1.5, 2)(torch.tensor([[1.0, 3.0, -1.0, 3.0]]), seq, 4)
+    assert out.tolist() == [[1.0, 2.0, -1.0, 3.0]]
+
+
+def test_half_precision_logits_are_processed_in_fp32():
+    gen = torch.Generator().manual_seed(3)
+    seq = torch.randint(0, 6, (12,), generator=gen)
+    logits = (torch.randn(4, 10, generator=gen) * 3).to(torch.bfloat16)
+    for dtype in (torch.bfloat16, torch.float16):
+        got = Processors(1.3, 2)(logits.to(dtype), seq, 8)
+        assert got.dtype == torch.float32
+        assert torch.equal(got, Processors(1.3, 2)(logits.to(dtype).float(), seq, 8))
+
+
 @pytest.mark.parametrize("kwargs, name", [(dict(repetition_penalty=0), "repetition_penalty"),
                                           (dict(repetition_penalty="2"), "repetition_penalty"),
                                           (dict(no_repeat_ngram_size=-1), "no_repeat_ngram_size"),
