@@ -196,6 +196,11 @@ def test_diagnose_names_the_first_divergence_of_an_encoder_decoder_target():
     d = diagnose(whisper, None, tokens, tokens[:2] + [(tokens[2] + 1) % VOCAB],
                  input_features=w_inputs["input_features"])
     assert d.position == 2 and d.verdict == "bug"
+    # Whisper's masks set some logits to -inf in both passes: the noise is measured over the others
+    assert 0 <= d.noise < 1e-9 < d.gap_step
+    import transformers as T
+    with pytest.raises(ValueError, match=r"^target: encoder-decoder family 'prophetnet'"):
+        diagnose(UNSUPPORTED["prophetnet"](T).eval(), [3, 4, 5], [1, 2], [1, 3])
 
 
 # --- refused up front, with the argument named ------------------------------------------------
