@@ -281,3 +281,23 @@ def test_hf_assisted_sets_gamma_and_matches_greedy(target, partial_draft):
     stop = free[12]
     assert hf.hf_assisted(target, assistant, torch.tensor(PROMPT), gamma=2, max_new_tokens=20,
                           eos_token_id=stop) == free[:free.index(stop) + 1]
+
+
+def test_draft_runner_picks_the_runner_each_impl_names(monkeypatch, partial_draft):
+    """auto: the plain-tensor path for a GPT-NeoX draft it supports, else the probed HF path;
+    compiled: a static cache of at least 256 positions (a power of two) and the compiled step."""
+    from spec import neox, runner
+    from spec.decode import draft_runner
+    assert isinstance(draft_runner(partial_draft, 40), neox.NeoXDraft)
+    assert isinstance(draft_runner(partial_draft, 40, "plain"), neox.NeoXDraft)
+    assert isinstance(draft_runner(partial_draft, 40, "hf"), runner.KVRunner)
+    monkeypatch.setattr(neox, "supports", lambda model: False)
+    assert isinstance(draft_runner(partial_draft, 40, "auto"), runner.KVRunner)
+    monkeypatch.setattr(hf, "compile_step", lambda model: "compiled step")
+    monkeypatch.delattr(partial_draft, "_spec_compiled_step", raising=False)
+    run = draft_runner(partial_draft, 300, "compiled")
+    assert type(run) is hf.Cached and run.step == "compiled step" and run.cache.get_max_length() == 512
+    monkeypatch.delattr(partial_draft, "_spec_compiled_step")
+    with pytest.raises(ValueError) as info:
+        draft_runner(partial_draft, 40, "fast")
+    assert str(info.value) == "draft_impl must be one of 'auto', 'plain', 'hf', 'compiled', got 'fast'"
