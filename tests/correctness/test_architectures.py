@@ -196,6 +196,26 @@ def test_a_refusal_says_which_model_and_is_remembered():
     assert path_of(object()) == "custom"
 
 
+def test_recompute_runner_feeds_the_whole_sequence_and_crops_it():
+    """RecomputeRunner against the model's own cache-free forward: all new rows by default, the
+    last `keep` when asked, and a crop that forgets exactly the positions from `keep` on."""
+    from spec import hf
+    from spec.runner import RecomputeRunner
+    model = archs.cached_model("openai-gpt")
+    ids = torch.tensor([5, 17, 99, 3, 250, 7, 8])
+    full, _ = hf.step(model, ids, start=0, use_cache=False)
+    run = RecomputeRunner(model)
+    assert len(run) == 0
+    torch.testing.assert_close(run(ids[:5]), full[:5], rtol=0, atol=1e-12)
+    assert len(run) == 5
+    run.crop(3)
+    assert len(run) == 3
+    other = torch.tensor([1, 2])
+    expected, _ = hf.step(model, torch.cat([ids[:3], other]), start=0, use_cache=False)
+    torch.testing.assert_close(run(other, keep=1), expected[-1:], rtol=0, atol=1e-12)
+    assert len(run) == 5
+
+
 # Target and draft of different families (tokenizer contract: same vocabulary size and special
 # ids). The first two run by default.
 CROSS_FAMILY = [("mistral", "llama"), ("qwen3_next", "mamba2"), ("gemma2", "gpt2"), ("mamba", "llama"),
