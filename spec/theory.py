@@ -69,6 +69,8 @@ def optimal_gamma(alpha: float, c: float, max_gamma: int = 64, verify_slope: flo
     """The integer gamma in [1, max_gamma] that maximises Theorem 3.8 (with a verify line, the
     costed form above: a dearer verify pass for more tokens favours a shorter gamma)."""
     _check(alpha, None, c)
+    if not isinstance(max_gamma, int) or isinstance(max_gamma, bool) or max_gamma < 1:
+        raise ValueError(f"max_gamma must be an integer >= 1, got {max_gamma!r}")
     return max(range(1, max_gamma + 1),
                key=lambda g: expected_speedup_costed(alpha, g, c, verify_slope, verify_fixed))
 

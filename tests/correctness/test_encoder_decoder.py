@@ -290,6 +290,55 @@ def test_multilingual_whisper_without_language_is_refused():
     _raises("return_timestamps", greedy_generate, whisper, None, input_features=feats)
 
 
+_TASK_REFUSAL = ("whisper: generation_config.task / language are set; spec does not build Whisper's language and "
+                 "task tokens: pass the whole decoder prompt as decoder_input_ids= "
+                 "(e.g. [<|startoftranscript|>, <|en|>, <|transcribe|>, <|notimestamps|>])")
+_NO_LANGUAGE = ("whisper: a multilingual Whisper without a language: HF generate would detect it with an extra pass; "
+                "pass the decoder prompt as decoder_input_ids= "
+                "(e.g. [<|startoftranscript|>, <|en|>, <|transcribe|>, <|notimestamps|>])")
+
+
+@pytest.mark.parametrize("config, generation, expected", [
+    # the start token (3), forced_decoder_ids' run from index 1, then <|notimestamps|> where the config has one
+    # (WhisperGenerationMixin._retrieve_init_tokens' rules, written out by hand)
+    ({}, {}, [3]),
+    ({"forced_decoder_ids": [[1, 50], [2, 51]]}, {}, [3, 50, 51]),  # the model config's, as HF falls back to
+    ({}, {"forced_decoder_ids": [[2, 51], [1, 50]]}, [3, 50, 51]),  # in index order
+    ({"forced_decoder_ids": [[1, 40]]}, {"forced_decoder_ids": [[1, 50]]}, [3, 50]),  # generation_config's first
+    ({}, {"no_timestamps_token_id": 60}, [3, 60]),
+    ({}, {"forced_decoder_ids": [[1, 50], [2, 60]], "no_timestamps_token_id": 60}, [3, 50, 60]),  # not twice
+    ({}, {"lang_to_id": {"<|en|>": 50}, "forced_decoder_ids": [[1, 50]]}, [3, 50]),  # multilingual, language given
+    ({}, {"task": "transcribe"}, _TASK_REFUSAL),
+    ({}, {"language": "en"}, _TASK_REFUSAL),
+    ({}, {"task": "transcribe", "language": "en", "forced_decoder_ids": [[1, 50]]}, _TASK_REFUSAL),
+    ({}, {"lang_to_id": {"<|en|>": 50}}, _NO_LANGUAGE),
+    ({}, {"lang_to_id": {"<|en|>": 50}, "forced_decoder_ids": [[1, None], [2, 51]]}, _NO_LANGUAGE),
+    ({}, {"forced_decoder_ids": [[2, 51]]}, "whisper: forced_decoder_ids [(2, 51)] do not follow Whisper's prompt "
+                                            "pattern (one token for each index 1, 2, ...): pass decoder_input_ids="),
+    ({}, {"forced_decoder_ids": [[1, None]]}, "whisper: forced_decoder_ids [(1, None)] do not follow Whisper's "
+                                              "prompt pattern (one token for each index 1, 2, ...): pass "
+                                              "decoder_input_ids="),
+])
+def test_whisper_decoder_prompt_from_its_configs(config, generation, expected):
+    """spec.seq2seq.decoder_prompt for Whisper: what HF generate starts the decoder from, or why spec
+    refuses to guess it (word for word)."""
+    import copy
+
+    from spec.seq2seq import decoder_prompt
+    whisper = copy.deepcopy(build("whisper"))
+    for key, value in config.items():
+        setattr(whisper.config, key, value)
+    for key, value in generation.items():
+        setattr(whisper.generation_config, key, value)
+    if isinstance(expected, str):
+        with pytest.raises(ValueError) as err:
+            decoder_prompt(whisper, name="whisper")
+        assert str(err.value) == expected
+    else:
+        assert decoder_prompt(whisper, name="whisper") == expected
+        assert decoder_prompt(whisper, [3, 70], name="whisper") == [3, 70]  # decoder_input_ids win
+
+
 # --- what sharing the encoder saves (docs/BENCHMARKS.md): `pytest -m thorough -s -k share_encoder` ----
 
 @pytest.mark.thorough

@@ -68,6 +68,19 @@ def test_ngram_bounds():
             PromptLookup(**bad)
 
 
+def test_defaults_and_messages():
+    assert repr(PromptLookup()) == "PromptLookup(max_ngram=3, min_ngram=2)"
+    for kwargs, message in [(dict(max_ngram=True), "max_ngram must be an integer >= 1, got True"),
+                            (dict(max_ngram=0), "max_ngram must be an integer >= 1, got 0"),
+                            (dict(min_ngram=False), "min_ngram must be an integer >= 1, got False"),
+                            (dict(min_ngram=2.0), "min_ngram must be an integer >= 1, got 2.0"),
+                            (dict(max_ngram=2, min_ngram=3), "min_ngram (3) must be <= max_ngram (2)")]:
+        with pytest.raises(ValueError) as info:
+            PromptLookup(**kwargs)
+        assert str(info.value) == message
+    assert repr(PromptLookup(max_ngram=1, min_ngram=1)) == "PromptLookup(max_ngram=1, min_ngram=1)"
+
+
 @given(history=st.lists(st.integers(0, 4), min_size=1, max_size=40), limit=st.integers(0, 12),
        max_ngram=st.integers(1, 4), min_ngram=st.integers(1, 4))
 def test_proposals_match_the_reference(history, limit, max_ngram, min_ngram):

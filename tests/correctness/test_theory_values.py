@@ -66,6 +66,7 @@ def test_optimal_gamma_limits():
     assert theory.optimal_gamma(0.0, 0.5) == 1            # nothing accepted: the least drafting, never 0
     assert theory.optimal_gamma(0.99, 0.0, max_gamma=5) == 5   # free drafts: the cap itself
     assert theory.optimal_gamma(1.0, 0.0, max_gamma=1) == 1
+    assert theory.optimal_gamma(1.0, 0.0) == 64               # the default cap
     # seed-like pair (alpha 0.8, c 0.47): Theorem 3.8 gives 1.224, 1.258, 1.225 for gamma 1, 2, 3 (by hand)
     assert theory.optimal_gamma(0.8, 0.47) == 2
 
@@ -114,6 +115,11 @@ def test_implied_c_by_hand():
     (lambda: theory.expected_speedup_costed(0.5, 2, 0.1, -0.01), r"verify_slope must be >= 0, got -0.01"),
     (lambda: theory.optimal_gamma(0.5, -0.1), r"c must be >= 0, got -0.1"),
     (lambda: theory.optimal_gamma(-0.5, 0.1), r"alpha must be in \[0, 1\], got -0.5"),
+    (lambda: theory.optimal_gamma(0.5, 0.1, max_gamma=0), r"max_gamma must be an integer >= 1, got 0"),
+    (lambda: theory.optimal_gamma(0.5, 0.1, max_gamma=True), r"max_gamma must be an integer >= 1, got True"),
+    (lambda: theory.optimal_gamma(0.5, -0.1, max_gamma=0), r"c must be >= 0, got -0.1"),   # c is checked first
+    # gamma is checked before the verify line's arguments, whichever else is wrong
+    (lambda: theory.expected_speedup_costed(0.5, -1, 0.1, -0.01), r"gamma must be an integer >= 0, got -1"),
     (lambda: theory.alpha_from_accepted([1, 2], [3]), "accepted_per_round and drafted_per_round must have the same length"),
     (lambda: theory.alpha_from_accepted([4], [3]), r"accepted count 4 outside \[0, drafted=3\]"),
     (lambda: theory.alpha_from_accepted([-1], [3]), r"accepted count -1 outside \[0, drafted=3\]"),
