@@ -135,6 +135,12 @@ def test_gpt_neox_config_has_the_pythia_defaults_and_overrides():
     assert (cfg.max_position_embeddings, cfg.bos_token_id, cfg.eos_token_id) == (2048, 0, 0)
     assert SHAPES["pythia-12b"]["vocab_size"] == 50688 and SHAPES["pythia-410m"]["vocab_size"] == 50304
     assert gpt_neox_config(dict(SHAPES["tiny-draft"])).vocab_size == 512
+    # and nothing else: the same config spelled out by hand
+    by_hand = transformers.GPTNeoXConfig(hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                                         intermediate_size=256, vocab_size=640, rotary_pct=0.25,
+                                         use_parallel_residual=True, tie_word_embeddings=False,
+                                         max_position_embeddings=2048, bos_token_id=0, eos_token_id=0)
+    assert gpt_neox_config("tiny-target").to_dict() == by_hand.to_dict()
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
