@@ -62,9 +62,34 @@ def pytest_sessionstart(session):
     and spec memoises its probe's verdict on each model, so a process that runs pytest more than
     once (mutmut's fork server does, once per mutant) would otherwise hand a session the models,
     and the verdicts, of an earlier one, and a broken probe would never run."""
-    tests = Path(str(session.config.rootpath)) / "tests"
+    _clear_test_caches(Path(str(session.config.rootpath)) / "tests")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_models_while_mutmut_maps_tests(request):
+    """mutmut first runs the suite once to map each function to the tests that call it
+    (MUTANT_UNDER_TEST=stats), then runs only those tests against each mutant. A model built once
+    and probed once would map the probe's code to the first test that used it alone. While it
+    maps, every test gets fresh models from the helpers' caches, and the session fixtures' models
+    forget their probe verdicts."""
+    if os.environ.get("MUTANT_UNDER_TEST") == "stats":
+        _clear_test_caches(Path(__file__).parent / "tests")
+        for name in request.fixturenames:
+            if name == request.fixturename:
+                continue
+            try:
+                value = request.getfixturevalue(name)
+            except Exception:  # noqa: BLE001 - a parameter, not a fixture: nothing to forget
+                continue
+            for model in (value, getattr(value, "target", None), getattr(value, "draft", None)):
+                if isinstance(model, torch.nn.Module):
+                    vars(model).pop("_spec_runner_path", None)
+    yield
+
+
+def _clear_test_caches(tests: Path) -> None:
     for module in list(sys.modules.values()):
-        if not Path(getattr(module, "__file__", None) or "/").resolve().is_relative_to(tests):
+        if not Path(getattr(module, "__file__", None) or "/").resolve().is_relative_to(tests.resolve()):
             continue
         for value in list(vars(module).values()):
             if callable(getattr(value, "cache_clear", None)) and hasattr(value, "cache_info"):
