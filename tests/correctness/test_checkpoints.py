@@ -83,7 +83,7 @@ def test_cli_gguf_target_without_the_extra_exits_2(tmp_path, monkeypatch, capsys
 # --- what counts as a path, and what the loaders pass on (pinned by hand) -------------------
 
 @pytest.mark.parametrize("text, local", [
-    ("/abs/model", True), ("./model", True), ("../model", True), ("~/model", True), (".hidden", True),
+    ("/abs/model", True), ("/model", True), ("./model", True), ("../model", True), ("~/model", True), (".hidden", True),
     ("model.gguf", True), ("Model.GGUF", True), ("a/b/c", True), ("dir\\model", True),
     ("org/name", False), ("name", False), ("org/name.bin", False), ("gguf", False)])
 def test_what_looks_like_a_path(text, local):

@@ -35,7 +35,8 @@ class ScriptedPasses:
     (lambda g: 10.0 if g == 0 else 5.0 + 1.0 * g, 16),                     # fixed 0.5 step: below one
     (lambda g: 10.0 if g == 0 else 30.0 - g, 16),                          # falling: slope clamped to 0
     (lambda g: 10.0 if g == 0 else -2.0 + 4.0 * g, 16),                     # intercept -0.2: clamped to 0
-    (lambda g: 10.0 if g == 0 else 2.0 + 3.0 * g + (2.0 if g == 3 else 0.0), 6)])
+    (lambda g: 10.0 if g == 0 else 2.0 + 3.0 * g + (2.0 if g == 3 else 0.0), 6),
+    (lambda g: 10.0 if g == 0 else 12.0 + g, 7)])
 def test_verify_line_asks_for_its_gammas_and_fits_only_passes_that_draft(monkeypatch, target, ms_of, max_gamma):
     """The g >= 1 passes are fitted by least squares (numpy's polyfit here, not spec's sums); the
     one-token step only sets the unit. A negative slope is clamped to 0 (then the line is flat at the
@@ -46,7 +47,8 @@ def test_verify_line_asks_for_its_gammas_and_fits_only_passes_that_draft(monkeyp
     line = measure.verify_line(target, [1, 2, 3], max_gamma=max_gamma, repeats=3)
     expected_gammas = sorted({0, 1, 2, max(1, max_gamma // 4), max(1, max_gamma // 2), max_gamma})
     assert fake.calls == [(target, [1, 2, 3], expected_gammas, 3)]
-    assert expected_gammas == ([0, 1, 2, 4, 8, 16] if max_gamma == 16 else [0, 1, 2, 3, 6])
+    assert expected_gammas == {16: [0, 1, 2, 4, 8, 16], 6: [0, 1, 2, 3, 6], 7: [0, 1, 2, 3, 7]}[max_gamma]
+    assert all(type(g) is int for g in fake.calls[0][2])
     xs = [g for g in expected_gammas if g >= 1]
     ys = [ms_of(g) / ms_of(0) for g in xs]
     slope, fixed = np.polyfit(xs, ys, 1)
@@ -57,6 +59,8 @@ def test_verify_line_asks_for_its_gammas_and_fits_only_passes_that_draft(monkeyp
     assert line.measured == pytest.approx({g: ms_of(g) / ms_of(0) for g in expected_gammas})
     assert measure.verify_line(target, [1, 2, 3], max_gamma=max_gamma).slope == line.slope
     assert fake.calls[-1][3] == 6  # repeats' default
+    measure.verify_line(target, [1, 2, 3])
+    assert fake.calls[-1][2] == [0, 1, 2, 4, 8, 16]  # max_gamma's default
 
 
 def test_costed_speedup_with_a_fixed_verify_cost():
