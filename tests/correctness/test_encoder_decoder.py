@@ -14,10 +14,13 @@ proposals, hence the accepted counts, change.
 
 from __future__ import annotations
 
+import copy
 import time
+from types import SimpleNamespace as NS
 
 import pytest
 import torch
+import transformers as T
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from seq2seq_models import (CORE, FAMILIES, VOCAB, build, cache_free_greedy, decoder_start, distil_whisper_draft,
@@ -27,6 +30,7 @@ from oracles import replay_rounds as replay
 
 from spec import greedy_generate, speculative_generate
 from spec.diagnose import diagnose
+from spec.seq2seq import decoder_prompt, encode, prepare, refuse_inputs
 
 # A sixth of the profile's examples per family (ci: 6, thorough: 333): eight families share the budget.
 EXAMPLES = settings(max_examples=max(4, settings().max_examples // 6))
@@ -181,6 +185,109 @@ def test_decoder_input_ids_continue_a_given_decoder_prompt(family):
     assert hf_generate(model, inputs, 12, decoder_input_ids=dec) == expected
 
 
+def test_whisper_features_are_cast_to_the_model_dtype():
+    """fp64 features (or any float) into an fp32 Whisper: cast as HF's feature extractor output would be."""
+    whisper = copy.deepcopy(build("whisper")).float()
+    inputs = _inputs("whisper", None, 5)
+    assert inputs["input_features"].dtype == torch.float64
+    expected = cache_free_greedy(whisper, encoder_output(whisper, inputs), [3], 6, mask=token_mask(whisper, 1, 6))
+    assert greedy_generate(whisper, max_new_tokens=6, **inputs).tokens == expected
+    assert hf_generate(whisper, inputs, 6) == expected
+
+
+@pytest.mark.parametrize("draft_impl", ["auto", "hf"])
+def test_draft_impl_auto_and_hf_both_run_the_decoder_runner(draft_impl):
+    """The two draft_impl values an encoder-decoder draft accepts: the same runner, the same rounds."""
+    target, draft = build("bart"), draft_for("bart")
+    inputs = _inputs("bart", list(range(4, 18)), 0)
+    expected = cache_free_greedy(target, encoder_output(target, inputs), [2], 10, mask=token_mask(target, 1, 10))
+    run = speculative_generate(target, draft, gamma=3, max_new_tokens=10, draft_impl=draft_impl, **inputs)
+    assert run.tokens == expected
+    assert list(zip(run.drafted_per_round, run.accepted_per_round, run.tokens_per_round)) == \
+        replay_rounds(target, draft, encoder_output(draft, inputs), [2], expected, 3, 10)
+
+
+def test_token_masks_read_from_the_generation_config():
+    """TokenMasks.of: suppress_tokens and one-token bad_words_ids everywhere, begin suppression at the
+    prompt's length, forced BOS / EOS, the last new token's position (prompt_len + max_new_tokens - 1)."""
+    from spec.seq2seq import TokenMasks
+    gen = NS(suppress_tokens=[5, 6], bad_words_ids=[[9], [10, 11]], begin_suppress_tokens=[7, 2],
+             forced_bos_token_id=4, forced_eos_token_id=3)
+    assert TokenMasks.of(NS(generation_config=gen), 3, 5) == TokenMasks((5, 6, 9), (7, 2), 4, 3, 3, 7)
+    assert TokenMasks.of(NS(generation_config=gen), 1, 1) == TokenMasks((5, 6, 9), (7, 2), 4, 3, 1, 1)
+    assert TokenMasks.of(NS(generation_config=gen), 2) == TokenMasks((5, 6, 9), (7, 2), 4, 3, 2, None)
+    empty = NS(suppress_tokens=None, bad_words_ids=None, begin_suppress_tokens=None, forced_bos_token_id=None,
+               forced_eos_token_id=None)
+    assert TokenMasks.of(NS(generation_config=empty), 4, 6) == TokenMasks((), (), None, None, 4, 9)
+    assert TokenMasks.of(NS(generation_config=NS()), 4, 6) == TokenMasks((), (), None, None, 4, 9)
+    assert TokenMasks.of(NS(), 4, 6) == TokenMasks(begin_at=4)  # no generation_config: nothing masked
+    assert TokenMasks.of(build("whisper"), 1, 8) == TokenMasks((5, 6), (7, 2), None, None, 1, 8)
+    assert TokenMasks.of(build("m2m_100"), 1, 8) == TokenMasks((), (), 9, None, 1, 8)
+    assert TokenMasks.of(build("bart"), 2, 8) == TokenMasks((), (), None, 2, 2, 9)
+
+
+def _masked(rows, width, masked=(), only=None):
+    """Expected logits: row r of `rows` is 10 * r + column, -inf where masked, or all but `only`."""
+    out = torch.arange(rows * width, dtype=torch.float64).reshape(rows, width)
+    for r, cols in masked:
+        out[r, list(cols)] = -float("inf")
+    for r, token in only or ():
+        keep = out[r, token].clone()
+        out[r] = -float("inf")
+        out[r, token] = keep
+    return out
+
+
+@pytest.mark.parametrize("first_pos, masked, only", [
+    # rows predict positions first_pos + 1, ...: 1 (forced BOS), 2 (begin suppression), 3, 4 (forced EOS)
+    (0, [(1, (5, 7)), (2, (5,))], [(0, 4), (3, 2)]),
+    (1, [(0, (5, 7)), (1, (5,)), (3, (5,))], [(2, 2)]),  # positions 2..5: no BOS row
+    (4, [(r, (5,)) for r in range(4)], []),  # positions 5..8: suppression only
+])
+def test_token_masks_act_on_the_rows_predicting_their_positions(first_pos, masked, only):
+    from spec.seq2seq import TokenMasks
+    masks = TokenMasks(suppress=(5, 12, 40), begin_suppress=(7, 12), forced_bos=4, forced_eos=2, begin_at=2, end_at=4)
+    logits = torch.arange(48, dtype=torch.float64).reshape(4, 12)
+    out = masks.apply(logits, first_pos)
+    assert torch.equal(out, _masked(4, 12, masked, only))
+    assert torch.equal(logits, torch.arange(48, dtype=torch.float64).reshape(4, 12))  # the input is left as is
+    if first_pos == 0:  # one row at a time, as a decoding step feeds them
+        for i in range(4):
+            assert torch.equal(masks.apply(logits[i:i + 1], i), out[i:i + 1])
+    nothing = TokenMasks(begin_at=2, end_at=4)
+    assert nothing.apply(logits, first_pos) is logits
+    for only_one in (TokenMasks(forced_bos=4), TokenMasks(forced_eos=2, end_at=4), TokenMasks(suppress=(5,)),
+                     TokenMasks(begin_suppress=(7,), begin_at=4)):
+        assert not torch.equal(only_one.apply(logits, 0), logits)
+
+
+def test_ids_may_be_any_integer_tensor_or_a_list():
+    """input_ids and decoder_input_ids: a list, a tuple, a 1-D or (1, n) tensor of any integer dtype
+    (uint8 and int16 ids are cast: the embedding takes int64 ones)."""
+    t5 = build("t5")
+    ids, dec = list(range(3, 15)), [0, 30]
+    expected = cache_free_greedy(t5, encoder_output(t5, {"input_ids": ids}), dec, 5)
+    for dtype, shape in ((torch.uint8, (-1,)), (torch.int16, (1, -1))):
+        run = greedy_generate(t5, torch.tensor(ids, dtype=dtype).reshape(shape), max_new_tokens=5,
+                              decoder_input_ids=torch.tensor(dec, dtype=dtype).reshape(shape))
+        assert run.tokens == expected, (dtype, shape)
+    assert greedy_generate(t5, tuple(ids), max_new_tokens=5, decoder_input_ids=tuple(dec)).tokens == expected
+
+
+def test_decoder_starts_from_the_generation_config_then_the_config():
+    """decoder_start_token_id: generation_config's first (as HF generate reads it), else the model config's."""
+    t5 = _with(build("t5"))
+    t5.generation_config.decoder_start_token_id = 7
+    inputs = {"input_ids": list(range(3, 15))}
+    assert decoder_prompt(t5) == [7]
+    expected = cache_free_greedy(t5, encoder_output(t5, inputs), [7], 4)
+    assert greedy_generate(t5, max_new_tokens=4, **inputs).tokens == expected == hf_generate(t5, inputs, 4)
+    t5.generation_config.decoder_start_token_id = None
+    t5.config.decoder_start_token_id = 5
+    assert decoder_prompt(t5) == [5]
+    assert decoder_prompt(NS(config=NS(decoder_start_token_id=6, model_type="bart"))) == [6]  # no generation_config
+
+
 def test_diagnose_names_the_first_divergence_of_an_encoder_decoder_target():
     target = build("t5")
     inputs = {"input_ids": list(range(3, 20))}
@@ -249,6 +356,177 @@ def test_mismatched_pairs_are_refused(target):
             _narrow_whisper(), None, input_features=_inputs("whisper", None, 0)["input_features"], share_encoder=True)
     _raises("share_encoder=True needs one family", speculative_generate, bart, build("mbart"), [3, 4],
             share_encoder=True)
+
+
+def _like_bart(model):
+    """`model` with BART's special ids (config and generation_config), so only its family differs."""
+    for key in ("bos_token_id", "pad_token_id", "eos_token_id", "decoder_start_token_id"):
+        setattr(model.config, key, getattr(build("bart").config, key))
+        setattr(model.generation_config, key, getattr(build("bart").generation_config, key))
+    return model
+
+
+def _with(model, **generation):
+    model = copy.deepcopy(model)
+    for key, value in generation.items():
+        setattr(model.config, key, value)
+        setattr(model.generation_config, key, value)
+    return model
+
+
+def _features_of(shape, dtype=torch.float64):
+    return torch.zeros(shape, dtype=dtype)
+
+
+_UNSUPPORTED_MSG = ("{}: encoder-decoder family 'prophetnet' (ProphetNetForConditionalGeneration) is not supported; "
+                    "spec runs t5, bart, mbart, marian, pegasus, m2m_100, blenderbot-small, whisper (each checked "
+                    "exact against HF generate)")
+_NOT_A_LIST = "input_ids as a list must hold at least one int, and ints only"
+_FEATURES_TYPE = ("input_features must be a floating-point tensor [num_mel_bins, frames] or [1, num_mel_bins, frames], "
+                  "got {}")
+_FEATURES_BATCH = ("input_features must be [num_mel_bins, frames] or [1, num_mel_bins, frames] (batch 1), "
+                   "got shape {}")
+_FEATURES_SIZE = ("input_features must be [8, 32] for this model (num_mel_bins, 2 x max_source_positions), got {}; "
+                  "longer audio is not supported")
+_S = speculative_generate
+REFUSALS = {  # case: (call, exception, message word for word)
+    "draft decoder-only": (lambda: _S(build("t5"), _causal(), [1, 2]), ValueError,
+                           "draft is a decoder-only model but the target is encoder-decoder: "
+                           "both must be encoder-decoder models"),
+    "target decoder-only": (lambda: _S(_causal(), build("t5"), [1, 2]), ValueError,
+                            "target is a decoder-only model but the draft is encoder-decoder: "
+                            "both must be encoder-decoder models"),
+    "draft unsupported": (lambda: _S(build("bart"), _like_bart(UNSUPPORTED["prophetnet"](T).eval()), [3, 4]),
+                          ValueError, _UNSUPPORTED_MSG.format("draft")),
+    "target unsupported": (lambda: _S(_like_bart(UNSUPPORTED["prophetnet"](T).eval()), build("bart"), [3, 4]),
+                           ValueError, _UNSUPPORTED_MSG.format("target")),
+    "no LM head": (lambda: prepare({"target": T.T5Model(T.T5Config(d_model=16, d_kv=4, d_ff=16, num_layers=1,
+                                                                    num_heads=4, vocab_size=VOCAB)).eval()}, [3]),
+                   TypeError, "target must be an encoder-decoder model with an LM head (e.g. AutoModelForSeq2SeqLM); "
+                              "T5Model has none"),
+    "draft timestamps": (lambda: _S(build("whisper"), _with(build("whisper"), return_timestamps=True), None,
+                                    input_features=_features_of((8, 32))), ValueError,
+                         "draft: generation_config.return_timestamps is set; Whisper timestamp decoding is not "
+                         "supported (set it to False)"),
+    "start tokens differ": (lambda: _S(build("t5"), _with(build("t5"), decoder_start_token_id=2), [1]), ValueError,
+                            "target and draft decoders start from different tokens: decoder_start_token_id is 0 "
+                            "for the target and 2 for the draft"),
+    "vocabularies differ": (lambda: _S(build("bart"), _wide_bart(), [1, 2]), ValueError,
+                            "target and draft vocabularies differ: logit widths 96 and 104 (encoder-decoder pairs "
+                            "must share one vocabulary)"),
+    "no start token": (lambda: greedy_generate(_with(build("t5"), decoder_start_token_id=None), [3]), ValueError,
+                       "model has no decoder_start_token_id in its config or generation_config: "
+                       "pass decoder_input_ids="),
+    "empty list": (lambda: greedy_generate(build("t5"), []), TypeError, _NOT_A_LIST),
+    "bool in list": (lambda: greedy_generate(build("t5"), [3, True]), TypeError, _NOT_A_LIST),
+    "float in list": (lambda: greedy_generate(build("t5"), (3, 4.0)), TypeError, _NOT_A_LIST),
+    "str": (lambda: greedy_generate(build("t5"), "abc"), TypeError,
+            "input_ids must be a LongTensor or a list of ints, got str"),
+    "float tensor": (lambda: greedy_generate(build("t5"), torch.tensor([3., 4.])), TypeError,
+                     "input_ids must be a LongTensor or a list of ints, got torch.float32"),
+    "bool tensor": (lambda: greedy_generate(build("t5"), torch.tensor([True])), TypeError,
+                    "input_ids must be a LongTensor or a list of ints, got torch.bool"),
+    "complex tensor": (lambda: greedy_generate(build("t5"), torch.tensor([3, 4], dtype=torch.complex64)), TypeError,
+                       "input_ids must be a LongTensor or a list of ints, got torch.complex64"),
+    "batch of 2": (lambda: greedy_generate(build("t5"), torch.tensor([[3, 4, 5], [6, 7, 8]])), ValueError,
+                   "input_ids must be 1-D or (1, n): batch size 2 is not supported"),
+    "3-D ids": (lambda: greedy_generate(build("t5"), torch.tensor([[[3, 4]]])), ValueError,
+                "input_ids must be a non-empty 1-D or (1, n) sequence, got shape (1, 1, 2)"),
+    "0-D ids": (lambda: greedy_generate(build("t5"), torch.tensor(3)), ValueError,
+                "input_ids must be a non-empty 1-D or (1, n) sequence, got shape ()"),
+    "no ids": (lambda: greedy_generate(build("t5"), torch.zeros(1, 0, dtype=torch.long)), ValueError,
+               "input_ids must be a non-empty 1-D or (1, n) sequence, got shape (1, 0)"),
+    "negative id": (lambda: greedy_generate(build("t5"), [3, -1]), ValueError,
+                    "input_ids holds token id -1, outside the model's vocabulary [0, 96)"),
+    "id past the vocabulary": (lambda: _S(build("t5"), draft_for("t5"), [96, 3]), ValueError,
+                               "input_ids holds token id 96, outside the target's vocabulary [0, 96)"),
+    "decoder id past it": (lambda: _S(build("t5"), draft_for("t5"), [3], decoder_input_ids=[0, 96]), ValueError,
+                           "decoder_input_ids holds token id 96, outside the target's vocabulary [0, 96)"),
+    "whisper given ids": (lambda: greedy_generate(build("whisper"), None), ValueError,
+                          "model (WhisperForConditionalGeneration) takes input_features (log-mel spectrogram), not "
+                          "input_ids, as its encoder input: pass input_features="),
+    "whisper given ids only": (lambda: greedy_generate(build("whisper"), [1, 2]), ValueError,
+                               "model (WhisperForConditionalGeneration) takes input_features (log-mel spectrogram), "
+                               "not input_ids, as its encoder input: pass input_features="),
+    "whisper given both": (lambda: _S(build("whisper"), draft_for("whisper"), [1, 2],
+                                      input_features=_features_of((8, 32))), ValueError,
+                           "target (WhisperForConditionalGeneration) encodes input_features; input_ids is not used "
+                           "(give the decoder prompt as decoder_input_ids=)"),
+    "t5 given features": (lambda: greedy_generate(build("t5"), [1, 2], input_features=_features_of((8, 32))),
+                          ValueError, "model (T5ForConditionalGeneration) encodes token ids: pass input_ids=, "
+                                      "not input_features="),
+    "t5 given nothing": (lambda: _S(build("t5"), draft_for("t5"), None), ValueError,
+                         "target (T5ForConditionalGeneration) needs input_ids (the encoder input)"),
+    "features a list": (lambda: greedy_generate(build("whisper"), None, input_features=[[0.5] * 32] * 8), TypeError,
+                        _FEATURES_TYPE.format("list")),
+    "features long": (lambda: greedy_generate(build("whisper"), None,
+                                              input_features=_features_of((8, 32), torch.long)),
+                      TypeError, _FEATURES_TYPE.format("torch.int64")),
+    "features 1-D": (lambda: greedy_generate(build("whisper"), None, input_features=_features_of(256)), ValueError,
+                     _FEATURES_BATCH.format("(256,)")),
+    "features batch 2": (lambda: greedy_generate(build("whisper"), None, input_features=_features_of((2, 8, 32))),
+                         ValueError, _FEATURES_BATCH.format("(2, 8, 32)")),
+    "features short": (lambda: greedy_generate(build("whisper"), None, input_features=_features_of((1, 8, 10))),
+                       ValueError, _FEATURES_SIZE.format("[8, 10]")),
+    "features few bins": (lambda: greedy_generate(build("whisper"), None, input_features=_features_of((4, 32))),
+                          ValueError, _FEATURES_SIZE.format("[4, 32]")),
+    "no model_type": (lambda: prepare({"target": NS(config=NS(is_encoder_decoder=True))}, [3]), ValueError,
+                      "target: encoder-decoder family '?' (SimpleNamespace) is not supported; spec runs t5, bart, "
+                      "mbart, marian, pegasus, m2m_100, blenderbot-small, whisper (each checked exact against HF "
+                      "generate)"),
+    "no output embeddings": (lambda: prepare({"target": NS(config=NS(model_type="t5", is_encoder_decoder=True),
+                                                           get_encoder=lambda: None)}, [3]), TypeError,
+                             "target must be an encoder-decoder model with an LM head (e.g. AutoModelForSeq2SeqLM); "
+                             "SimpleNamespace has none"),
+    "decoder ids float": (lambda: greedy_generate(build("t5"), [3], decoder_input_ids=torch.tensor([0., 1.])),
+                          TypeError, "decoder_input_ids must be a LongTensor or a list of ints, got torch.float32"),
+    "default name: start": (lambda: decoder_prompt(NS(config=NS(decoder_start_token_id=None, model_type="bart"))),
+                            ValueError, "model has no decoder_start_token_id in its config or generation_config: "
+                                        "pass decoder_input_ids="),
+    "default name: encode": (lambda: encode(build("t5")), ValueError,
+                             "model (T5ForConditionalGeneration) needs input_ids (the encoder input)"),
+    "share without draft": (lambda: prepare({"target": build("t5")}, [3], share_encoder=True), ValueError,
+                            "share_encoder=True needs a draft"),
+    "share not a bool": (lambda: _S(build("t5"), draft_for("t5"), [3], share_encoder=1), TypeError,
+                         "share_encoder must be True or False, got 1"),
+    "draft_impl": (lambda: _S(build("t5"), draft_for("t5"), [3], draft_impl="compiled"), ValueError,
+                   "draft_impl='compiled' is for decoder-only drafts; an encoder-decoder draft runs its own forward: "
+                   "use 'auto' or 'hf'"),
+    "features decoder-only": (lambda: refuse_inputs(input_features=_features_of((8, 32))), ValueError,
+                              "input_features is for encoder-decoder models; this model is decoder-only (pass its "
+                              "prompt as input_ids)"),
+    "decoder ids decoder-only": (lambda: refuse_inputs(decoder_input_ids=[0]), ValueError,
+                                 "decoder_input_ids is for encoder-decoder models; this model is decoder-only (pass "
+                                 "its prompt as input_ids)"),
+    "share decoder-only": (lambda: refuse_inputs(share_encoder=True), ValueError,
+                           "share_encoder=True is for encoder-decoder pairs; these models are decoder-only"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_refusals_word_for_word(case):
+    """Each refusal of spec.seq2seq names the argument (or model) and what was expected, exactly."""
+    call, error, message = REFUSALS[case]
+    with pytest.raises(error) as err:
+        call()
+    assert str(err.value) == message
+
+
+def test_a_model_without_generation_config_passes_the_family_check():
+    from spec.seq2seq import check_supported
+    duck = NS(config=NS(model_type="t5"), get_encoder=lambda: None, get_output_embeddings=lambda: object())
+    assert check_supported(duck, "target") is None
+
+
+def _causal():
+    from spec import build_gpt_neox
+    return build_gpt_neox("tiny-draft", eos_token_id=1, vocab_size=VOCAB)
+
+
+def _wide_bart():
+    wide = copy.deepcopy(build("bart"))
+    wide.resize_token_embeddings(VOCAB + 8, mean_resizing=False)
+    return wide
 
 
 def _narrow_whisper():
@@ -322,9 +600,6 @@ _NO_LANGUAGE = ("whisper: a multilingual Whisper without a language: HF generate
 def test_whisper_decoder_prompt_from_its_configs(config, generation, expected):
     """spec.seq2seq.decoder_prompt for Whisper: what HF generate starts the decoder from, or why spec
     refuses to guess it (word for word)."""
-    import copy
-
-    from spec.seq2seq import decoder_prompt
     whisper = copy.deepcopy(build("whisper"))
     for key, value in config.items():
         setattr(whisper.config, key, value)
