@@ -25,10 +25,12 @@ encoder is a copy of the target's: it saves the draft's encoder pass).
 
 Token masks from the target's generation_config that HF generate applies to every greedy
 step of these models are applied to the logits here, for target and draft alike, so the
-greedy output equals HF generate's: suppress_tokens (every position), begin_suppress_tokens
-and forced_bos_token_id (the first generated position). Other processors (forced_eos,
-bad_words_ids, no_repeat_ngram_size, repetition_penalty, min_length, beams) are not applied,
-exactly as for decoder-only models: spec decodes the model's own argmax.
+greedy output equals HF generate's: suppress_tokens and one-token bad_words_ids (every
+position), begin_suppress_tokens (the first new token), forced_bos_token_id (decoder position 1,
+as HF forces it whatever the prompt's length) and forced_eos_token_id (the last new token at
+max_new_tokens). Multi-token bad_words_ids are refused: HF generate bans those sequences, spec
+does not. Other processors (no_repeat_ngram_size, repetition_penalty, min_length, beams) are
+not applied, exactly as for decoder-only models: spec decodes the model's own argmax.
 """
 
 from __future__ import annotations
@@ -234,7 +236,12 @@ class TokenMasks:
         if gen is None:
             return cls(begin_at=prompt_len)
         ids = lambda v: tuple(int(t) for t in (v or ()))  # noqa: E731
-        bad = [w[0] for w in (getattr(gen, "bad_words_ids", None) or ()) if len(w) == 1]
+        words = getattr(gen, "bad_words_ids", None) or ()
+        if any(len(w) > 1 for w in words):
+            raise ValueError(f"{type(model).__name__}: generation_config.bad_words_ids holds multi-token entries "
+                             f"({[list(w) for w in words if len(w) > 1]}); HF generate bans those sequences and "
+                             "spec does not, so the outputs could differ: keep one-token entries only")
+        bad = [w[0] for w in words if len(w) == 1]
         one = lambda v: int(v) if v is not None else None  # noqa: E731
         return cls(ids(getattr(gen, "suppress_tokens", None)) + ids(bad),
                    ids(getattr(gen, "begin_suppress_tokens", None)),

@@ -713,3 +713,18 @@ def test_decoder_runner_names_its_model_in_refusals():
     model = UNSUPPORTED["prophetnet"](T).eval()
     with pytest.raises(ValueError, match=r"^model: encoder-decoder family 'prophetnet'"):
         decoder_runner(model, torch.tensor([3, 4, 5]))
+
+
+def test_multi_token_bad_words_are_refused_one_token_ones_applied():
+    model = copy.deepcopy(build("t5"))
+    inputs = {"input_ids": list(range(3, 12))}
+    free = greedy_generate(model, max_new_tokens=6, **inputs).tokens
+    model.generation_config.bad_words_ids = [[free[1]]]
+    banned = greedy_generate(model, max_new_tokens=6, **inputs).tokens
+    assert free[1] not in banned[:2] and banned == hf_generate(model, inputs, 6)
+    model.generation_config.bad_words_ids = [[free[1]], [5, 6]]
+    with pytest.raises(ValueError) as info:
+        greedy_generate(model, max_new_tokens=6, **inputs)
+    assert str(info.value) == ("T5ForConditionalGeneration: generation_config.bad_words_ids holds multi-token entries "
+                               "([[5, 6]]); HF generate bans those sequences and spec does not, so the outputs could "
+                               "differ: keep one-token entries only")
