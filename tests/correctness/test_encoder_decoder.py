@@ -211,11 +211,14 @@ def test_token_masks_read_from_the_generation_config():
     """TokenMasks.of: suppress_tokens and one-token bad_words_ids everywhere, begin suppression at the
     prompt's length, forced BOS / EOS, the last new token's position (prompt_len + max_new_tokens - 1)."""
     from spec.seq2seq import TokenMasks
-    gen = NS(suppress_tokens=[5, 6], bad_words_ids=[[9], [10, 11]], begin_suppress_tokens=[7, 2],
+    gen = NS(suppress_tokens=[5, 6], bad_words_ids=[[9], [12]], begin_suppress_tokens=[7, 2],
              forced_bos_token_id=4, forced_eos_token_id=3)
-    assert TokenMasks.of(NS(generation_config=gen), 3, 5) == TokenMasks((5, 6, 9), (7, 2), 4, 3, 3, 7)
-    assert TokenMasks.of(NS(generation_config=gen), 1, 1) == TokenMasks((5, 6, 9), (7, 2), 4, 3, 1, 1)
-    assert TokenMasks.of(NS(generation_config=gen), 2) == TokenMasks((5, 6, 9), (7, 2), 4, 3, 2, None)
+    assert TokenMasks.of(NS(generation_config=gen), 3, 5) == TokenMasks((5, 6, 9, 12), (7, 2), 4, 3, 3, 7)
+    assert TokenMasks.of(NS(generation_config=gen), 1, 1) == TokenMasks((5, 6, 9, 12), (7, 2), 4, 3, 1, 1)
+    assert TokenMasks.of(NS(generation_config=gen), 2) == TokenMasks((5, 6, 9, 12), (7, 2), 4, 3, 2, None)
+    gen.bad_words_ids = [[9], [10, 11]]   # a multi-token entry: refused (HF would ban the sequence)
+    with pytest.raises(ValueError, match=r"^SimpleNamespace: generation_config.bad_words_ids holds multi-token"):
+        TokenMasks.of(NS(generation_config=gen), 3, 5)
     empty = NS(suppress_tokens=None, bad_words_ids=None, begin_suppress_tokens=None, forced_bos_token_id=None,
                forced_eos_token_id=None)
     assert TokenMasks.of(NS(generation_config=empty), 4, 6) == TokenMasks((), (), None, None, 4, 9)
