@@ -106,3 +106,46 @@ def test_plain_buffer_overflow_names_the_sizes():
     with pytest.raises(ValueError, match=r"ids: 2 tokens after 3 cached overflow the draft's buffer of 4"):
         plain(torch.tensor([4, 5]))
     assert len(plain) == 3  # nothing half-done
+
+
+def test_supports_reads_the_rotary_type_and_defaults_it():
+    """A config without rope_parameters (transformers 5.17 keeps rotary settings as attributes)
+    has the default rotary embedding; a scaled rotary type is left to the HF path."""
+    from types import SimpleNamespace as NS
+    plain = NS(config=NS(model_type="gpt_neox", hidden_act="gelu"), gpt_neox=object())
+    assert neox.supports(plain)
+    plain.config.rope_parameters = {"rope_type": "default", "rope_theta": 10000.0}
+    assert neox.supports(plain)
+    plain.config.rope_parameters = {"rope_type": "linear", "factor": 2.0}
+    assert not neox.supports(plain)
+    assert not neox.supports(NS(config=NS(model_type="llama", hidden_act="gelu"), gpt_neox=object()))
+    assert not neox.supports(NS(config=NS(model_type="gpt_neox", hidden_act="relu"), gpt_neox=object()))
+
+
+@pytest.mark.parametrize("scaling", [0.5, None])
+def test_plain_logits_follow_the_rotary_attention_scaling(scaling):
+    """The rotary's attention_scaling multiplies cos and sin (1.0 when the rotary has none)."""
+    model = build_gpt_neox("tiny-draft", seed=4, dtype=torch.float64)
+    rotary = model.gpt_neox.rotary_emb
+    if scaling is None:
+        ids = torch.tensor([3, 9, 27, 81, 243])
+        expected = model(ids[None]).logits[0, -1]
+        del rotary.attention_scaling          # an older rotary without the attribute: scaling 1
+    else:
+        rotary.attention_scaling = scaling
+        ids = torch.tensor([3, 9, 27, 81, 243])
+        expected = model(ids[None]).logits[0, -1]
+    plain = neox.NeoXDraft(model, 16)
+    torch.testing.assert_close(plain(ids)[-1], expected, rtol=1e-10, atol=1e-10)
+
+
+def test_perturbed_copy_adds_seeded_noise_scaled_by_each_tensors_std():
+    model = build_gpt_neox("tiny-draft", seed=5)
+    copy = perturbed_copy(model, noise=0.1)
+    gen = torch.Generator().manual_seed(0)                    # the default seed
+    for (name, p), (_, q) in zip(model.named_parameters(), copy.named_parameters()):
+        if p.numel() > 1:
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p) * 0.1 * p.float().std()
+            assert torch.equal(q, p + noise), name
+        else:
+            assert torch.equal(q, p), name
