@@ -155,6 +155,8 @@ def test_prompt_messages(target, random_draft):
         ("ValueError", "input_ids holds token id -1, outside the target's vocabulary [0, 640)")
     assert _message(as_prompt, [600, 3], cpu, models) == \
         ("ValueError", "input_ids holds token id 600, outside the draft's vocabulary [0, 512)")
+    assert _message(as_prompt, [0, 600], cpu, models) == \
+        ("ValueError", "input_ids holds token id 600, outside the draft's vocabulary [0, 512)")
     for ok in ([0, 511], (0, 511), torch.tensor([0, 511]), torch.tensor([[0, 511]], dtype=torch.int32)):
         out = as_prompt(ok, cpu, models)
         assert out.dtype == torch.long and out.tolist() == [0, 511] and out.device == cpu
