@@ -301,3 +301,26 @@ def test_draft_runner_picks_the_runner_each_impl_names(monkeypatch, partial_draf
     with pytest.raises(ValueError) as info:
         draft_runner(partial_draft, 40, "fast")
     assert str(info.value) == "draft_impl must be one of 'auto', 'plain', 'hf', 'compiled', got 'fast'"
+
+
+def test_cached_returns_the_last_row_and_runs_the_compiled_step_once_a_model(monkeypatch, partial_draft):
+    """hf.Cached: one row by default; with static_len, every pass goes through the compiled step,
+    which is compiled once a model and kept on it."""
+    compiled = []
+
+    def fake_compile(model):
+        calls = []
+        compiled.append(calls)
+        return lambda **kwargs: calls.append(1) or model.forward(**kwargs)
+    monkeypatch.setattr(hf, "compile_step", fake_compile)
+    monkeypatch.delattr(partial_draft, "_spec_compiled_step", raising=False)
+    ids = torch.tensor(PROMPT[:5])
+    eager = hf.Cached(partial_draft)
+    assert eager(ids).shape == (1, hf.logit_width(partial_draft)) and compiled == []
+    run, ref = hf.Cached(partial_draft, static_len=16), hf.Cached(partial_draft)
+    torch.testing.assert_close(run(ids[:4]), ref(ids[:4]))      # a prefill runs eagerly
+    torch.testing.assert_close(run(ids[4:]), ref(ids[4:]))      # a one-token step, compiled
+    again = hf.Cached(partial_draft, static_len=16)
+    again(ids[:4]), again(ids[4:])
+    assert len(compiled) == 1 and len(compiled[0]) == 2   # compiled once, used by both runners
+    monkeypatch.delattr(partial_draft, "_spec_compiled_step")
