@@ -204,6 +204,7 @@ def test_position_limit_messages(target):
     from spec.validate import check_positions, position_limit
     assert position_limit(target) == 2048
     assert position_limit(object()) is None
+    assert position_limit(type("M", (), {"config": type("C", (), {"max_position_embeddings": 1})()})()) == 1
     for bad in (0, -1, True, 2048.0, None):
         fake = type("M", (), {"config": type("C", (), {"max_position_embeddings": bad})()})()
         assert position_limit(fake) is None
