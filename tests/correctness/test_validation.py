@@ -182,6 +182,10 @@ def test_model_and_pair_messages(target, random_draft):
     assert _message(check_model, GPTNeoXModel(target.config), "target") == \
         ("TypeError", "target must have a causal-LM head (e.g. AutoModelForCausalLM); GPTNeoXModel has no output "
                       "embeddings")
+    bare = torch.nn.Linear(2, 2)
+    bare.config = target.config       # a module with a config but no LM-head accessor at all
+    assert _message(check_model, bare, "draft") == \
+        ("TypeError", "draft must have a causal-LM head (e.g. AutoModelForCausalLM); Linear has no output embeddings")
     import copy
     other = copy.deepcopy(random_draft)
     other.config.eos_token_id = 7
