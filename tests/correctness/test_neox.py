@@ -127,14 +127,12 @@ def test_plain_logits_follow_the_rotary_attention_scaling(scaling):
     """The rotary's attention_scaling multiplies cos and sin (1.0 when the rotary has none)."""
     model = build_gpt_neox("tiny-draft", seed=4, dtype=torch.float64)
     rotary = model.gpt_neox.rotary_emb
-    if scaling is None:
-        ids = torch.tensor([3, 9, 27, 81, 243])
-        expected = model(ids[None]).logits[0, -1]
-        del rotary.attention_scaling          # an older rotary without the attribute: scaling 1
-    else:
+    ids = torch.tensor([3, 9, 27, 81, 243])
+    if scaling is not None:
         rotary.attention_scaling = scaling
-        ids = torch.tensor([3, 9, 27, 81, 243])
-        expected = model(ids[None]).logits[0, -1]
+    expected = model(ids[None]).logits[0, -1]
+    if scaling is None:
+        del rotary.attention_scaling          # an older rotary without the attribute: scaling 1
     plain = neox.NeoXDraft(model, 16)
     torch.testing.assert_close(plain(ids)[-1], expected, rtol=1e-10, atol=1e-10)
 
