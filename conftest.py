@@ -14,7 +14,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
-from spec import build_gpt_neox
+from spec import build_gpt_neox, runner
 from spec.models import SHIPPED_PAIR, TINY_TOKENIZER_SIZE, perturbed_copy, truncated_copy
 
 # --- hypothesis profiles: `pytest --hypothesis-profile=NAME` ---------------------------
@@ -83,7 +83,7 @@ def _fresh_models_while_mutmut_maps_tests(request):
                 continue
             for model in (value, getattr(value, "target", None), getattr(value, "draft", None)):
                 if isinstance(model, torch.nn.Module):
-                    vars(model).pop("_spec_runner_path", None)
+                    runner.forget(model)
     yield
 
 

@@ -20,6 +20,7 @@ import contextlib
 import copy
 import functools
 import inspect
+import weakref
 
 import torch
 from transformers import DynamicCache, GenerationConfig, StaticCache
@@ -32,12 +33,12 @@ CACHE_KWARGS = ("cache", "past_key_values", "cache_params", "state")
 
 
 @functools.lru_cache(maxsize=None)
-def _forward_params(model_class: type) -> frozenset[str]:
+def forward_params(model_class: type) -> frozenset[str]:
     return frozenset(inspect.signature(model_class.forward).parameters)
 
 
 def cache_kwarg(model) -> str | None:
-    params = _forward_params(type(model))
+    params = forward_params(type(model))
     return next((k for k in CACHE_KWARGS if k in params), None)
 
 
@@ -83,12 +84,17 @@ def crop(cache, keep: int) -> None:
         cache.crop(-surplus)
 
 
+# Each model's compiled one-token step (compile_step), kept for later runners: compiling takes
+# seconds on a GPU, minutes on a small CPU. Keyed weakly: nothing is stored on the model.
+COMPILED_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 class Cached:
     """A model and its KV cache. `cached(ids)` feeds ids after the positions the cache
     holds and returns their logits; `crop(keep)` forgets every position from `keep` on.
 
     static_len: a preallocated StaticCache of at least that many positions, with the one-token
-    step compiled (the `compiled` draft). The compiled step is kept on the model and
+    step compiled (the `compiled` draft). The compiled step is kept (COMPILED_STEPS) and
     reused by later calls: compiling takes seconds on a GPU, minutes on a small CPU."""
 
     def __init__(self, model, static_len: int | None = None):
@@ -100,9 +106,9 @@ class Cached:
             # Rounded up to a power of two (at least 256): the compiled step is specialised to
             # the cache's shape, and an exact length would recompile for every prompt length.
             self.cache = new_static_cache(model, max(256, 1 << (static_len - 1).bit_length()))
-            self.step = getattr(model, "_spec_compiled_step", None)
+            self.step = COMPILED_STEPS.get(model)
             if self.step is None:
-                self.step = model._spec_compiled_step = compile_step(model)
+                self.step = COMPILED_STEPS[model] = compile_step(model)
 
     def __call__(self, ids: torch.Tensor, keep: int = 1) -> torch.Tensor:
         return forward(self.model, ids, self.cache, keep, self.step)
@@ -122,19 +128,26 @@ def compile_step(model):
     return torch.compile(model.forward, mode=mode, dynamic=False, fullgraph=False)
 
 
-def step(model, ids: torch.Tensor, cache=None, *, start: int, keep: int = 0, use_cache: bool = True, fn=None):
-    """Run `ids` (1-D) at positions start.. through `model` on top of `cache` (None: the
-    model builds its own). Returns (logits [n or keep, vocab], the cache the model returned).
+def step(model, ids: torch.Tensor, cache=None, *, position_ids: torch.Tensor | None = None, keep: int = 0,
+         use_cache: bool = True, fn=None, mask_len: int | None = None):
+    """Run `ids` (1-D) through `model` on top of `cache` (None: the model builds its own).
+    Returns (logits [n or keep, vocab], the cache the model returned).
 
-    Positions are always passed where the forward takes them, so that no model has to
-    infer them from a cache. `keep` > 0 computes the LM head on the last `keep` positions
-    only. use_cache=False is a cache-free pass over `ids` alone."""
-    params = _forward_params(type(model))
+    position_ids ([1, n]) are passed where the forward takes them; None passes none (the
+    model counts for itself: spec.positions says which a model needs). `keep` > 0 computes
+    the LM head on the last `keep` positions only. use_cache=False is a cache-free pass
+    over `ids` alone. mask_len: an all-ones attention mask over that many positions (cache
+    and new), for positions that may step back (a pad token's, counted the RoBERTa way):
+    given positions and no mask, transformers reads a step back as the start of another
+    packed sequence and masks across it."""
+    params = forward_params(type(model))
     kwargs = {"input_ids": ids[None], "use_cache": use_cache}
+    if mask_len is not None and "attention_mask" in params:
+        kwargs["attention_mask"] = torch.ones(1, mask_len, dtype=torch.long, device=ids.device)
     if "logits_to_keep" in params:
         kwargs["logits_to_keep"] = keep
-    if "position_ids" in params:
-        kwargs["position_ids"] = torch.arange(start, start + ids.numel(), device=ids.device)[None]
+    if position_ids is not None and "position_ids" in params:
+        kwargs["position_ids"] = position_ids
     name = cache_kwarg(model)
     if use_cache and cache is not None and name is not None:
         kwargs[name] = cache
@@ -143,12 +156,28 @@ def step(model, ids: torch.Tensor, cache=None, *, start: int, keep: int = 0, use
     return (logits[-keep:] if keep else logits), (returned_cache(out) if use_cache else None)
 
 
+def authors_forward(model, ids: torch.Tensor) -> torch.Tensor:
+    """Logits [n, vocab] of the model's forward over `ids` (1-D) called as its authors call it:
+    the ids and an all-ones attention mask, no positions, no cache. The reference spec reproduces."""
+    params = forward_params(type(model))
+    kwargs = {"input_ids": ids[None]}
+    if "attention_mask" in params:
+        kwargs["attention_mask"] = torch.ones_like(ids)[None]
+    if "use_cache" in params:
+        kwargs["use_cache"] = False
+    return model(**kwargs).logits[0]
+
+
 def forward(model, ids: torch.Tensor, cache, keep: int = 0, step_fn=None) -> torch.Tensor:
-    """Run `ids` (1-D) through `model` on top of `cache` (mutated in place); return logits [n, vocab].
+    """Run `ids` (1-D) at positions len(cache).. through `model` on top of `cache` (mutated in
+    place); return logits [n, vocab]. (0-based positions: a draft's, or a model spec.positions
+    found to count that way.)
 
     `step_fn`, from compile_step, runs one-token inputs; longer ones (prefill, catch-up) run eagerly."""
     fn = step_fn if step_fn is not None and ids.numel() == 1 else None
-    return step(model, ids, cache, start=cache_len(cache), keep=keep, fn=fn)[0]
+    start = cache_len(cache)
+    positions = torch.arange(start, start + ids.numel(), device=ids.device)[None]
+    return step(model, ids, cache, position_ids=positions, keep=keep, fn=fn)[0]
 
 
 def vocab_rows(model) -> int:

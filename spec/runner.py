@@ -33,11 +33,13 @@ from __future__ import annotations
 
 import copy
 import re
+import weakref
 
 import torch
 from transformers import PreTrainedModel
 
 from spec import hf
+from spec.positions import choose as choose_positions, counted_pad, mask_len, position_ids
 
 
 class UnsupportedModelError(ValueError):
@@ -49,25 +51,52 @@ class UnsupportedModelError(ValueError):
         self.runs_uncached = runs_uncached
 
 
-class KVRunner(hf.Cached):
+class _Runner:
+    """What every runner shares: the model, how it counts positions (spec.positions), and
+    the ids it holds (the "counted" positions are counted over the whole sequence)."""
+
+    def __init__(self, model, positions: str = "explicit"):
+        self.model, self.positions = model, positions
+        self.held = None
+
+    def _step(self, ids: torch.Tensor, cache, start: int, keep: int):
+        """hf.step over `ids` fed on top of the `start` positions held, positions as the model counts."""
+        self.held = ids if start == 0 or self.held is None else torch.cat([self.held[:start], ids])
+        return hf.step(self.model, ids, cache, position_ids=position_ids(self.positions, self.model, self.held, start),
+                       keep=keep, mask_len=mask_len(self.positions, self.held.numel()))
+
+
+class KVRunner(_Runner):
+    """A DynamicCache of full layers (hf.new_cache), cropped to `keep`."""
     path = "kv-cache"
 
+    def __init__(self, model, positions: str = "explicit"):
+        super().__init__(model, positions)
+        self.cache = hf.new_cache(model)
+
     def __call__(self, ids: torch.Tensor, keep: int = 0) -> torch.Tensor:
-        return super().__call__(ids, keep)
+        return self._step(ids, self.cache, len(self), keep)[0]
+
+    def crop(self, keep: int) -> None:
+        hf.crop(self.cache, keep)
+
+    def __len__(self) -> int:
+        return hf.cache_len(self.cache)
 
 
-class SnapshotRunner:
+class SnapshotRunner(_Runner):
     """The model's own cache (whatever kind it builds), copied before the first pass after
     each crop; a crop to a shorter length restores the copy."""
     path = "state-snapshot"
     stepwise = False
 
-    def __init__(self, model):
-        self.model, self.cache, self.len = model, None, 0
+    def __init__(self, model, positions: str = "explicit"):
+        super().__init__(model, positions)
+        self.cache, self.len = None, 0
         self.saved = None           # (length, cache copy) at the last commit point
 
     def _feed(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
-        logits, self.cache = hf.step(self.model, ids, self.cache, start=self.len, keep=keep)
+        logits, self.cache = self._step(ids, self.cache, self.len, keep)
         self.len += ids.numel()
         return logits
 
@@ -100,25 +129,24 @@ class StepwiseSnapshotRunner(SnapshotRunner):
     stepwise = True
 
 
-class RecomputeRunner:
+class RecomputeRunner(_Runner):
     """No cache: each pass runs the model over every token held so far."""
     path = "recompute"
 
-    def __init__(self, model):
-        self.model = model
-        self.ids = None
-
     def __call__(self, ids: torch.Tensor, keep: int = 0) -> torch.Tensor:
-        self.ids = ids if self.ids is None else torch.cat([self.ids, ids])
-        logits, _ = hf.step(self.model, self.ids, start=0, keep=keep or ids.numel(), use_cache=False)
+        held = ids if self.held is None else torch.cat([self.held, ids])
+        self.held = held
+        positions = position_ids(self.positions, self.model, held, 0)
+        logits, _ = hf.step(self.model, held, position_ids=positions, keep=keep or ids.numel(), use_cache=False,
+                            mask_len=mask_len(self.positions, held.numel()))
         return logits
 
     def crop(self, keep: int) -> None:
-        if self.ids is not None:
-            self.ids = self.ids[:keep]
+        if self.held is not None:
+            self.held = self.held[:keep]
 
     def __len__(self) -> int:
-        return 0 if self.ids is None else self.ids.numel()
+        return 0 if self.held is None else self.held.numel()
 
 
 RUNNERS = {r.path: r for r in (KVRunner, SnapshotRunner, StepwiseSnapshotRunner, RecomputeRunner)}
@@ -172,9 +200,16 @@ def unprobed_reach(model) -> str | None:
 
 
 def _probe_ids(model, length: int, device) -> torch.Tensor:
+    """Seeded random ids; with a pad token in the middle for a model that counts positions by
+    skipping pad tokens (RoBERTa's family, spec.positions), so that its counting is checked
+    across one."""
     gen = torch.Generator().manual_seed(1234)
     rows = hf.vocab_rows(model)
-    return torch.randint(0, rows, (length,), generator=gen).to(device)
+    ids = torch.randint(0, rows, (length,), generator=gen)
+    pad = counted_pad(model)
+    if pad is not None and 0 <= pad < rows:
+        ids[length // 2] = pad
+    return ids.to(device)
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, tol: float) -> bool:
@@ -208,64 +243,96 @@ def causal_check(model, ids: torch.Tensor, full: torch.Tensor, tol: float) -> st
     logits of the earlier ones. (Speculative decoding scores a block in one pass.)"""
     changed = ids.clone()
     changed[-3:] = (changed[-3:] + 1) % hf.vocab_rows(model)
-    other, _ = hf.step(model, changed, start=0, use_cache=False)
+    other = hf.authors_forward(model, changed)
     if not _close(other[:-3], full[:-3], tol):
         return "its forward is not causal: logits of a position change with later tokens"
     return None
 
 
-def probe(model) -> str:
-    """The runner path that reproduces `model`'s cache-free forward; raises
-    UnsupportedModelError with each candidate's failure when none does."""
-    # A context manager, not the decorator: mutation testing skips decorated functions.
-    with torch.inference_mode():
-        return _probe(model)
+# Each model's verdict, keyed weakly (nothing is stored on the user's model): ((dtype, device),
+# (path, positions)) or ((dtype, device), the UnsupportedModelError to raise again).
+_VERDICTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _probe(model) -> str:
+def forget(model) -> None:
+    """Drop the memoised verdict on `model`, so that the next call probes it again."""
+    _VERDICTS.pop(model, None)
+
+
+def verdict(model) -> tuple[str, str]:
+    """(runner path, positions mode) that reproduce `model`'s own forward, called as its
+    authors call it (spec.positions); raises UnsupportedModelError with each candidate's
+    failure when none does. Probed once per model, dtype and device."""
     key = (str(_dtype(model)), str(next(model.parameters()).device))
-    known = getattr(model, "_spec_runner_path", None)
+    known = _VERDICTS.get(model)
     if known is not None and known[0] == key:
         if isinstance(known[1], Exception):
             raise known[1]
         return known[1]
+    try:
+        with torch.inference_mode():
+            found = _probe(model)
+    except UnsupportedModelError as error:
+        _VERDICTS[model] = (key, error)
+        raise
+    _VERDICTS[model] = (key, found)
+    return found
+
+
+def probe(model) -> str:
+    """The runner path that reproduces `model`'s own forward (see `verdict`)."""
+    return verdict(model)[0]
+
+
+def _probe(model) -> tuple[str, str]:
     tol = PROBE_TOLERANCE.get(_dtype(model), 5e-2)
     if (why := unprobed_reach(model)) is not None:
-        _refuse(model, key, why, runs_uncached=True)
+        raise _refusal(model, why, runs_uncached=True)
+    if (why := unsupported_head(model)) is not None:
+        raise _refusal(model, why, runs_uncached=False)
     ids = _probe_ids(model, probe_length(model), next(model.parameters()).device)
     reasons = []
     try:
-        full, _ = hf.step(model, ids, start=0, use_cache=False)
+        full = hf.authors_forward(model, ids)
     except Exception as e:  # noqa: BLE001 - any failure of the model is a reason to refuse it
-        _refuse(model, key, f"its cache-free forward fails ({type(e).__name__}: {e})", runs_uncached=False)
+        raise _refusal(model, f"its cache-free forward fails ({type(e).__name__}: {e})", runs_uncached=False) from None
     reason = causal_check(model, ids, full, tol)
     if reason is None:
+        positions = choose_positions(model, ids, full, lambda a, b: _close(a, b, tol))
         for path, cls in RUNNERS.items():
             if path == "kv-cache" and hf.cache_kwarg(model) not in ("cache", "past_key_values"):
                 reasons.append(f"{path}: the forward takes no attention cache")
                 continue
             try:
-                reason = _replay(cls(model), ids, full, tol)
+                reason = _replay(cls(model, positions), ids, full, tol)
             except Exception as e:  # noqa: BLE001
                 reason = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
             if reason is None:
-                model._spec_runner_path = (key, path)
-                return path
+                return path, positions
             reasons.append(f"{path}: {reason}")
         reason = "no way of running it reproduces its own cache-free forward (" + "; ".join(reasons) + ")"
-    _refuse(model, key, reason, runs_uncached=True)
+    raise _refusal(model, reason, runs_uncached=True)
 
 
-def _refuse(model, key, reason: str, *, runs_uncached: bool):
-    """Raise the refusal, remembered on the model like a path so the probe runs once."""
-    error = UnsupportedModelError(f"{type(model).__name__} cannot be decoded exactly by spec: {reason}",
-                                  runs_uncached)
-    model._spec_runner_path = (key, error)
-    raise error
+def unsupported_head(model) -> str | None:
+    """spec decodes one stream of tokens from one LM head. A model whose output embeddings are
+    several heads (MusicGen: one per codebook) or none is refused before any forward."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if isinstance(head, torch.nn.ModuleList):
+        return (f"its LM head is {len(head)} heads (one per codebook, as in MusicGen): spec decodes "
+                f"a single stream of tokens")
+    if getattr(head, "weight", None) is None or getattr(head.weight, "ndim", 0) != 2:
+        return "it has no single LM head (get_output_embeddings() gives no [vocab, hidden] weight)"
+    return None
+
+
+def _refusal(model, reason: str, *, runs_uncached: bool) -> UnsupportedModelError:
+    return UnsupportedModelError(f"{type(model).__name__} cannot be decoded exactly by spec: {reason}",
+                                 runs_uncached)
 
 
 def runner_for(model, *, role: str = "target"):
-    """A fresh runner for `model`, on the path `probe` found for it.
+    """A fresh runner for `model`, on the path and with the positions `verdict` found for it.
 
     A draft cannot change the output of speculative decoding, only its speed (the target
     decides every emitted token, and a sampled draft token is tested against the very
@@ -275,12 +342,12 @@ def runner_for(model, *, role: str = "target"):
     if role == "draft" and not isinstance(model, PreTrainedModel):
         return KVRunner(model)
     try:
-        path = probe(model)
+        path, positions = verdict(model)
     except UnsupportedModelError as e:
         if role == "draft" and e.runs_uncached:
-            return RecomputeRunner(model)
+            return RecomputeRunner(model, "own")
         raise UnsupportedModelError(f"{role}: {e}", e.runs_uncached) from None
-    return RUNNERS[path](model)
+    return RUNNERS[path](model, positions)
 
 
 def path_of(model) -> str:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -278,14 +279,18 @@ class TokenMasks:
         return logits
 
 
+# Each model's decoder text config, keyed weakly (nothing is stored on the model).
+_DECODER_CONFIGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def new_cache(model) -> EncoderDecoderCache:
     """As transformers' generate() builds it: a DynamicCache for the decoder's self-attention,
     one for its cross-attention, both configured from the decoder's text config. Where that
     config miscounts the decoder's layers (T5 with num_decoder_layers != num_layers: HF
     generate itself fails there in 5.24), config-free caches that grow a layer per use."""
-    config = getattr(model, "_spec_decoder_config", None)
+    config = _DECODER_CONFIGS.get(model)
     if config is None:  # get_text_config deep-copies: a few ms, once per model rather than per call
-        config = model._spec_decoder_config = model.config.get_text_config(decoder=True)
+        config = _DECODER_CONFIGS[model] = model.config.get_text_config(decoder=True)
     layers = getattr(model.config, "num_decoder_layers", None) or getattr(model.config, "decoder_layers", None)
     if layers is not None and layers != getattr(config, "num_hidden_layers", layers):
         return EncoderDecoderCache(DynamicCache(), DynamicCache())

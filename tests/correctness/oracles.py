@@ -51,11 +51,18 @@ def replay_rounds(expected: list[int], gamma: int, max_new_tokens: int, propose)
 
 # --- cache-free references (issue 13) ---------------------------------------------------
 
-def _forward_kwargs(model) -> dict:
-    """use_cache=False where the forward takes it: the reference must not touch any cache."""
+def _forward_kwargs(model, length: int) -> dict:
+    """The forward as its authors call it: the ids, an all-ones attention mask, and no
+    positions (the model counts them itself; RoBERTa's family counts from padding_idx + 1);
+    use_cache=False where the forward takes it: the reference must not touch any cache."""
     import inspect
+
+    import torch
     params = inspect.signature(type(model).forward).parameters
-    return {"use_cache": False} if "use_cache" in params else {}
+    kwargs = {"use_cache": False} if "use_cache" in params else {}
+    if "attention_mask" in params:
+        kwargs["attention_mask"] = torch.ones(1, length, dtype=torch.long, device=next(model.parameters()).device)
+    return kwargs
 
 
 def cache_free_greedy(model, prompt, max_new_tokens: int, eos_token_id=None) -> list[int]:
@@ -65,11 +72,10 @@ def cache_free_greedy(model, prompt, max_new_tokens: int, eos_token_id=None) -> 
     import torch
     seq = [int(t) for t in (prompt.reshape(-1).tolist() if hasattr(prompt, "reshape") else prompt)]
     device = next(model.parameters()).device
-    kwargs = _forward_kwargs(model)
     out = []
     with torch.inference_mode():
         for _ in range(max_new_tokens):
-            logits = model(input_ids=torch.tensor([seq], device=device), **kwargs).logits[0, -1]
+            logits = model(input_ids=torch.tensor([seq], device=device), **_forward_kwargs(model, len(seq))).logits[0, -1]
             token = int(logits.argmax())
             out.append(token)
             seq.append(token)
@@ -87,10 +93,50 @@ def plain_greedy_generation_config(max_new_tokens: int):
                             pad_token_id=0)
 
 
+# The keywords a forward takes its cache under, and the output fields it returns it in.
+_CACHE_KWARGS = ("cache", "past_key_values", "cache_params", "state", "past_buckets_states", "mems")
+
+
+def model_own_cached_greedy(model, prompt, max_new_tokens: int) -> list[int]:
+    """Greedy decoding on the model's OWN cache, driven as its authors drive it: the prompt, then
+    one token at a time, each call given the new ids, the cache the last call returned and,
+    where the forward takes it, the cache_position its authors' generate() passes, and nothing
+    else (no positions, no mask: Mamba's mixer multiplies its hidden states by a mask it is given,
+    and a mask over the whole sequence on a one-token step broadcasts). Where it
+    disagrees with cache_free_greedy the model's cached forward is itself inconsistent with its
+    full forward ("self-inconsistent"); HF generate disagreeing proves nothing of the kind (it
+    passes its own 0-based positions, wrong for RoBERTa's family). Raises where the forward
+    takes no cache (nothing to judge)."""
+    import inspect
+
+    import torch
+    params = inspect.signature(type(model).forward).parameters
+    name = next((k for k in _CACHE_KWARGS if k in params), None)
+    if name is None:
+        raise TypeError(f"{type(model).__name__}'s forward takes no cache")
+    device = next(model.parameters()).device
+    seq, feed, cache, out = [int(t) for t in prompt], [int(t) for t in prompt], None, []
+    with torch.inference_mode():
+        for _ in range(max_new_tokens):
+            kwargs = {"input_ids": torch.tensor([feed], device=device), "use_cache": True}
+            if cache is not None:
+                kwargs[name] = cache
+            if "cache_position" in params:
+                kwargs["cache_position"] = torch.arange(len(seq) - len(feed), len(seq), device=device)
+            result = model(**kwargs)
+            cache = next((getattr(result, k) for k in _CACHE_KWARGS if getattr(result, k, None) is not None), None)
+            if cache is None:
+                raise TypeError(f"{type(model).__name__}'s forward returned no cache")
+            token = int(result.logits[0, -1].argmax())
+            out.append(token)
+            seq.append(token)
+            feed = [token]
+    return out
+
+
 def model_cached_greedy(model, prompt, max_new_tokens: int) -> list[int]:
-    """The model's OWN cached greedy decoding: HF `generate(do_sample=False)`, no EOS stop.
-    Where it disagrees with cache_free_greedy, the model's cached forward is itself
-    inconsistent and no decoder built on that cache can be exact ("model self-inconsistent")."""
+    """HF `generate(do_sample=False)` on the model, no EOS stop: the peer's verdict, reported
+    beside spec's (tests/sweep_architectures.py), never used to excuse it."""
     import torch
     device = next(model.parameters()).device
     ids = torch.tensor([[int(t) for t in prompt]], device=device)

@@ -156,6 +156,30 @@ def test_each_family_takes_its_runner_path(name):
     assert path == archs.EXPECTED_PATH.get(name, "kv-cache"), f"{name}: runs on {path}"
 
 
+@pytest.mark.parametrize("name", _params("positions", ("exact", "exact_or_refused")))
+def test_each_family_gets_positions_the_way_it_counts_them(name):
+    """spec passes positions only as the model counts them (spec/positions.py): 0-based where the
+    forward given them equals the forward given none, RoBERTa's count (from padding_idx + 1,
+    skipping pad tokens) for that family, none where the forward takes none."""
+    from spec.runner import verdict
+    assert verdict(archs.cached_model(name))[1] == archs.EXPECTED_POSITIONS.get(name, "explicit")
+
+
+@pytest.mark.parametrize("name", _params("pad", ("exact", "exact_or_refused")))
+def test_a_pad_token_inside_the_sequence_keeps_positions_exact(name):
+    """RoBERTa's family gives a pad token the position padding_idx and counts on after it: a
+    runner that counted positions from its cache length alone would drift from there on."""
+    target = archs.cached_model(name)
+    prompt = [5, 17, archs.PAD, 99, archs.PAD, 3, 250]
+    expected = cache_free_greedy(target, prompt, 14)
+    _check_exact_or_refused(name, archs.BY_NAME[name].expect, prompt, expected,
+                            lambda: greedy_generate(target, prompt, max_new_tokens=14).tokens, [target])
+    draft = archs.draft_model(name)
+    _check_exact_or_refused(name, archs.BY_NAME[name].expect, prompt, expected,
+                            lambda: speculative_generate(target, draft, prompt, gamma=3, max_new_tokens=14).tokens,
+                            [target, draft])
+
+
 @pytest.mark.parametrize("name", _params("refused", ("refused",)))
 @pytest.mark.parametrize("decoder", ["greedy", "speculative"])
 def test_refused_up_front_with_a_reason(name, decoder):
@@ -203,7 +227,7 @@ def test_recompute_runner_feeds_the_whole_sequence_and_crops_it():
     from spec.runner import RecomputeRunner
     model = archs.cached_model("openai-gpt")
     ids = torch.tensor([5, 17, 99, 3, 250, 7, 8])
-    full, _ = hf.step(model, ids, start=0, use_cache=False)
+    full = hf.authors_forward(model, ids)
     run = RecomputeRunner(model)
     assert len(run) == 0
     torch.testing.assert_close(run(ids[:5]), full[:5], rtol=0, atol=1e-12)
@@ -211,7 +235,7 @@ def test_recompute_runner_feeds_the_whole_sequence_and_crops_it():
     run.crop(3)
     assert len(run) == 3
     other = torch.tensor([1, 2])
-    expected, _ = hf.step(model, torch.cat([ids[:3], other]), start=0, use_cache=False)
+    expected = hf.authors_forward(model, torch.cat([ids[:3], other]))
     torch.testing.assert_close(run(other, keep=1), expected[-1:], rtol=0, atol=1e-12)
     assert len(run) == 5
 

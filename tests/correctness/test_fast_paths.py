@@ -199,11 +199,11 @@ def test_static_cache_crop_and_refeed(small64):
 
 def test_cached_static_len_rounds_to_a_power_of_two(small64, monkeypatch):
     monkeypatch.setattr(hf, "compile_step", lambda model: "compiled")
-    monkeypatch.delattr(small64, "_spec_compiled_step", raising=False)
+    monkeypatch.delitem(hf.COMPILED_STEPS, small64, raising=False)
     for asked, size in ((10, 256), (256, 256), (257, 512), (600, 1024)):
         run = hf.Cached(small64, static_len=asked)
         assert run.cache.layers[0].max_cache_len == size and run.step == "compiled"
-    monkeypatch.delattr(small64, "_spec_compiled_step", raising=False)
+    monkeypatch.delitem(hf.COMPILED_STEPS, small64, raising=False)
 
 
 def test_cache_keyword_follows_the_forward_signature():
@@ -294,10 +294,10 @@ def test_draft_runner_picks_the_runner_each_impl_names(monkeypatch, partial_draf
     monkeypatch.setattr(neox, "supports", lambda model: False)
     assert isinstance(draft_runner(partial_draft, 40, "auto"), runner.KVRunner)
     monkeypatch.setattr(hf, "compile_step", lambda model: "compiled step")
-    monkeypatch.delattr(partial_draft, "_spec_compiled_step", raising=False)
+    monkeypatch.delitem(hf.COMPILED_STEPS, partial_draft, raising=False)
     run = draft_runner(partial_draft, 300, "compiled")
     assert type(run) is hf.Cached and run.step == "compiled step" and run.cache.get_max_length() == 512
-    monkeypatch.delattr(partial_draft, "_spec_compiled_step")
+    monkeypatch.delitem(hf.COMPILED_STEPS, partial_draft)
     with pytest.raises(ValueError) as info:
         draft_runner(partial_draft, 40, "fast")
     assert str(info.value) == "draft_impl must be one of 'auto', 'plain', 'hf', 'compiled', got 'fast'"
@@ -305,7 +305,7 @@ def test_draft_runner_picks_the_runner_each_impl_names(monkeypatch, partial_draf
 
 def test_cached_returns_the_last_row_and_runs_the_compiled_step_once_a_model(monkeypatch, partial_draft):
     """hf.Cached: one row by default; with static_len, every pass goes through the compiled step,
-    which is compiled once a model and kept on it."""
+    which is compiled once a model and kept (weakly keyed, not on the model)."""
     compiled = []
 
     def fake_compile(model):
@@ -313,7 +313,7 @@ def test_cached_returns_the_last_row_and_runs_the_compiled_step_once_a_model(mon
         compiled.append(calls)
         return lambda **kwargs: calls.append(kwargs["input_ids"].shape[-1]) or model.forward(**kwargs)
     monkeypatch.setattr(hf, "compile_step", fake_compile)
-    monkeypatch.delattr(partial_draft, "_spec_compiled_step", raising=False)
+    monkeypatch.delitem(hf.COMPILED_STEPS, partial_draft, raising=False)
     ids = torch.tensor([3, 141, 59, 26, 5])
     eager = hf.Cached(partial_draft)
     assert eager(ids).shape == (1, hf.logit_width(partial_draft)) and compiled == []
@@ -323,4 +323,4 @@ def test_cached_returns_the_last_row_and_runs_the_compiled_step_once_a_model(mon
     again = hf.Cached(partial_draft, static_len=16)
     again(ids[:4]), again(ids[4:])
     assert compiled == [[1, 1]]   # compiled once, used by both runners, for one-token steps only
-    monkeypatch.delattr(partial_draft, "_spec_compiled_step")
+    monkeypatch.delitem(hf.COMPILED_STEPS, partial_draft)

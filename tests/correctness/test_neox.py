@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import gammas, max_new_tokens_values, short_token_id_prompts
 
-from spec import hf, neox, speculative_generate
+from spec import hf, neox, runner, speculative_generate
 from spec.decode import draft_runner
 from spec.models import build_gpt_neox, perturbed_copy
 from synthetic import SyntheticDraft
@@ -86,7 +86,7 @@ def test_plain_and_hf_drafts_run_the_same_rounds(target, fp64_draft, prompt, gam
 def test_auto_picks_plain_for_gpt_neox_and_hf_otherwise(target, fp64_draft):
     assert isinstance(draft_runner(fp64_draft, 16, "auto"), neox.NeoXDraft)
     synthetic = SyntheticDraft(fp64_draft, {}, alpha=0.5)
-    assert isinstance(draft_runner(synthetic, 16, "auto"), hf.Cached)
+    assert isinstance(draft_runner(synthetic, 16, "auto"), runner.KVRunner)
 
 
 def test_unknown_draft_impl_is_rejected(target, fp64_draft):

@@ -1,0 +1,86 @@
+"""Positions the way each model counts them.
+
+A forward that takes `position_ids` and is given none computes them itself, and that
+forward, called as its authors call it, is what spec must reproduce. Most models count
+0, 1, 2, ...: passing those positions explicitly changes nothing and spares the model
+from inferring them from a cache. RoBERTa-family decoders (RoBERTa, XLM-R, CamemBERT,
+X-MOD, Data2Vec-text, ...) count from `padding_idx + 1` and give pad tokens the position
+`padding_idx`: 0-based positions would shift every position embedding and change every
+logit. So positions are passed only where they equal what the model computes for
+itself, and which way that is, is decided by behaviour (`choose`, run by the probe):
+
+  explicit  0-based positions, where the forward given them reproduces the forward given none;
+  counted   the model's own counting function (`create_position_ids_from_input_ids`) over the
+            whole sequence held, where that reproduces the forward given none; the count over
+            the whole sequence (not just the new ids) is what keeps it exact after a pad token;
+  own       nothing is passed: the model infers them (from its cache). The probe's replay
+            then decides whether that is exact.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from spec import hf
+
+MODES = ("explicit", "counted", "own")
+
+
+def _counter(model):
+    """(count(ids [1, n]) -> positions [1, n], padding_idx) as the model's own embeddings count, or None."""
+    for module in model.modules():
+        fn = getattr(module, "create_position_ids_from_input_ids", None)
+        pad = getattr(module, "padding_idx", None)
+        if callable(fn) and isinstance(pad, int):
+            return fn, pad
+    # older releases keep the function at module level, beside the model class
+    fn = getattr(sys.modules.get(type(model).__module__), "create_position_ids_from_input_ids", None)
+    pad = getattr(model.config, "pad_token_id", None)
+    return (fn, pad) if callable(fn) and isinstance(pad, int) else None
+
+
+def counted_pad(model) -> int | None:
+    """The pad id a model's own position count skips, where it counts that way."""
+    counter = _counter(model)
+    return counter[1] if counter is not None else None
+
+
+def takes_positions(model) -> bool:
+    return "position_ids" in hf.forward_params(type(model))
+
+
+def position_ids(mode: str, model, held: torch.Tensor, start: int) -> torch.Tensor | None:
+    """The positions ([1, n]) of held[start:], fed on top of held[:start]; None: pass none."""
+    if mode == "explicit":
+        return torch.arange(start, held.numel(), device=held.device)[None]
+    if mode == "counted":
+        count, pad = _counter(model)
+        return count(held[None], pad)[:, start:]
+    return None
+
+
+def mask_len(mode: str, length: int) -> int | None:
+    """The attention mask length a pass over positions ..length needs: counted positions step
+    back at a pad token, which transformers, given positions and no mask, would read as the
+    start of another packed sequence (hf.step)."""
+    return length if mode == "counted" else None
+
+
+def choose(model, ids: torch.Tensor, full: torch.Tensor, close) -> str:
+    """The first mode whose cache-free forward over `ids` reproduces `full`, the model's
+    forward with no position_ids; "own" where none does (or the forward takes none)."""
+    if not takes_positions(model):
+        return "own"
+    for mode in ("explicit", "counted"):
+        if mode == "counted" and _counter(model) is None:
+            continue
+        try:
+            logits, _ = hf.step(model, ids, position_ids=position_ids(mode, model, ids, 0), use_cache=False,
+                                mask_len=mask_len(mode, ids.numel()))
+        except Exception:  # noqa: BLE001 - a forward that fails given positions must not be given them
+            continue
+        if close(logits, full):
+            return mode
+    return "own"
