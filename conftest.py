@@ -29,7 +29,9 @@ settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHES
 torch.set_num_threads(1)
 
 
-pytest_plugins = ["pytester"]  # tests/test_markers.py runs pytest on a scratch project
+# pytester: tests/test_markers.py and tests/test_leakguard.py run pytest on a scratch project;
+# leakguard (tests/leakguard.py): a test that leaves torch's flags or spec's loaders changed fails.
+pytest_plugins = ["pytester", "leakguard"]
 
 # --- markers that compose ----------------------------------------------------------------
 # An opt-in marker keeps its tests out of every run that does not ask for them: asked for by
@@ -131,7 +133,7 @@ def pytest_addoption(parser):
 
 # --- model pairs ------------------------------------------------------------------------
 # The target runs in fp64 on CPU: logit noise between a one-token step and a block
-# verify is ~1e-15 there (NOTES.md), so any divergence from greedy is a bug, not a tie.
+# verify is ~1e-15 there (docs/FACTS.md), so any divergence from greedy is a bug, not a tie.
 
 @pytest.fixture(scope="session")
 def target():

@@ -16,9 +16,9 @@ The noise is the larger of two numbers:
     one-token prompt diverging at its first new token, where both paths are the same
     computation). Per dtype that floor is, relative to the largest logit:
         float64  8 * 2^-52 = 1.8e-15
-        float32  8 * 2^-23 = 9.5e-7   (NOTES.md: step vs block differ by up to 1.1e-6)
+        float32  8 * 2^-23 = 9.5e-7   (docs/FACTS.md: step vs block differ by up to 1.1e-6)
         float16  8 * 2^-10 = 7.8e-3
-        bfloat16 8 * 2^-7  = 6.3e-2   (NOTES.md: up to 9e-3, and argmax flips in 3 of 320)
+        bfloat16 8 * 2^-7  = 6.3e-2   (docs/FACTS.md: up to 9e-3, argmax flips in 3 of 320)
     Why 8 ulps: a logit is a long dot product at the end of a stack of layers whose
     inputs already carry rounding; the two matmul shapes sum in different orders, and
     measured step/block differences reach a few ulps of the largest logit. Eight keeps

@@ -154,7 +154,7 @@ RUNNERS = {r.path: r for r in (KVRunner, SnapshotRunner, StepwiseSnapshotRunner,
 # How far a runner's logits may stray from the cache-free forward's, relative to the
 # largest logit. Rounding alone, measured on tiny random models (CPU): up to 3e-7 in fp32
 # and 2e-8 in fp64 (RWKV and Mamba compute parts in fp32 whatever the weights), 1e-2 in
-# bf16 (NOTES.md). Real faults measured the same way: a cache that is ignored 3e-3, a
+# bf16 (docs/FACTS.md). Real faults measured the same way: a cache that is ignored 3e-3, a
 # multi-token pass that drops the recurrent state (Mamba) 3e-4. Half precision cannot
 # tell faults that small from its own rounding; there the probe catches the gross ones.
 PROBE_TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-5, torch.bfloat16: 5e-2, torch.float16: 2e-2}

@@ -81,7 +81,7 @@ def build(family: str, seed: int = 0):
     finally:
         torch.set_default_dtype(default)
     model = sharpen(model, seed).eval()
-    model.generation_config.eos_token_id = None  # an EOS only where a test passes one (NOTES.md trap)
+    model.generation_config.eos_token_id = None  # an EOS only where a test passes one (docs/FACTS.md: HF harness traps)
     for key, value in GENERATION.get(family, {}).items():
         setattr(model.generation_config, key, value)
     return model

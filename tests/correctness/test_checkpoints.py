@@ -3,6 +3,7 @@ without the `gguf` extra, and chat-template prompts (spec.models)."""
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 
 import pytest
@@ -10,6 +11,19 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from spec.models import encode_prompt, load_model, load_pair
+
+
+def gguf_extra(monkeypatch, *, missing: tuple[str, ...]) -> None:
+    """The `gguf` extra's packages as these tests need them, whatever is installed: the ones in
+    `missing` not found, the others found (a stand-in spec; the loader only asks whether they
+    exist). So the tests pin the messages with and without the extra on any environment."""
+    real = importlib.util.find_spec
+
+    def find_spec(name, *args):
+        if name in ("gguf", "accelerate"):
+            return None if name in missing else importlib.machinery.ModuleSpec(name, None)
+        return real(name, *args)
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
 
 
 def test_missing_local_path_is_named_as_missing(tmp_path):
@@ -32,8 +46,7 @@ def test_unknown_hub_id_says_it_is_neither_path_nor_cached():
 def test_gguf_without_the_extra_names_the_extra(tmp_path, monkeypatch):
     path = tmp_path / "model.gguf"
     path.write_bytes(b"GGUF")  # never read: the check comes first
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))
+    gguf_extra(monkeypatch, missing=("gguf",))
     with pytest.raises(ImportError, match=r"GGUF file; reading it needs the gguf package: pip install 'spec\[gguf\]'"):
         load_model(path, role="target")
 
@@ -74,8 +87,7 @@ def test_cli_gguf_target_without_the_extra_exits_2(tmp_path, monkeypatch, capsys
     import spec.__main__ as cli
     path = tmp_path / "model.gguf"
     path.write_bytes(b"GGUF")
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))
+    gguf_extra(monkeypatch, missing=("gguf",))
     assert cli.main(["--target", str(path), "--draft", str(path), "--out", str(tmp_path), "--quiet"]) == 2
     assert "spec[gguf]" in capsys.readouterr().err
 
@@ -98,8 +110,7 @@ def test_what_looks_like_a_path(text, local):
                                             (("gguf", "accelerate"), "the gguf and accelerate packages: ")])
 def test_gguf_hint_names_each_missing_package(tmp_path, monkeypatch, missing, words):
     from spec.models import GGUF_HINT
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in missing else real(name, *a))
+    gguf_extra(monkeypatch, missing=missing)
     path = tmp_path / "m.gguf"
     path.write_bytes(b"GGUF")
     with pytest.raises(ImportError) as info:
@@ -197,8 +208,22 @@ def test_load_pair_turns_tf32_off_for_an_fp32_target_on_cuda(monkeypatch, saved_
     devices = []
     monkeypatch.setattr(sm, "_load", lambda name, role, dtype, device: devices.append((role, device)) or model)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    for flag in (torch.backends.cuda.matmul, torch.backends.cudnn):
-        monkeypatch.setattr(flag, "allow_tf32", True)
+    # The TF32 flags are properties of torch's backend modules, not attributes in their __dict__:
+    # monkeypatch (pytest >= 9.2) would undo them with delattr, which they refuse, and abandon the
+    # rest of its undo. They are set and put back by hand.
+    flags = (torch.backends.cuda.matmul, torch.backends.cudnn)
+    saved = [flag.allow_tf32 for flag in flags]
+    try:
+        for flag in flags:
+            flag.allow_tf32 = True
+        _load_pair_on_devices(sm, root, devices)
+    finally:
+        for flag, value in zip(flags, saved):
+            flag.allow_tf32 = value
+
+
+def _load_pair_on_devices(sm, root, devices):
+    import torch
     sm.load_pair(root / "with-tokenizer", root / "with-tokenizer", device="cuda:1", target_dtype=torch.bfloat16)
     assert torch.backends.cuda.matmul.allow_tf32 is True and torch.backends.cudnn.allow_tf32 is True
     sm.load_pair(root / "with-tokenizer", root / "with-tokenizer", device="cuda:1")
@@ -219,6 +244,7 @@ def test_gguf_weights_are_loaded_offline_in_the_dtype_asked(tmp_path, monkeypatc
     path = tmp_path / "m.gguf"
     path.write_bytes(b"GGUF")
     spy = Spy(model)
+    gguf_extra(monkeypatch, missing=())      # from_pretrained is spied: the packages are never used
     monkeypatch.setattr(sm.AutoModelForCausalLM, "from_pretrained", spy)
     assert sm._load(str(path), "target", torch.float64, "cpu") is model
     assert spy.calls == [((str(tmp_path),), {"gguf_file": "m.gguf", "dtype": torch.float64, "local_files_only": True})]

@@ -140,7 +140,7 @@ def test_seed_speedups_imply_c_046_to_048_on_every_prompt():
 
 def test_seed_alphas_with_a_cheap_draft_predict_26x_to_39x():
     # Same alphas, c = 0.05 (a draft step 1/20 of a target step): Theorem 3.8 at gamma 5.
-    # NOTES.md says "2.3x to 4.3x"; at gamma = 5 the values are 2.64x to 3.92x (inside that range).
+    # docs/FACTS.md: at gamma = 5 the values are 2.64x to 3.92x ("2.6x to 3.9x").
     predicted = [theory.expected_speedup(theory.implied_alpha(tpr, SEED_GAMMA), SEED_GAMMA, 0.05) for tpr, *_ in SEED]
     assert [round(x, 2) for x in predicted] == [2.64, 3.20, 3.92, 3.68, 3.76]
     assert all(2.3 <= x <= 4.3 for x in predicted)
