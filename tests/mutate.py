@@ -73,6 +73,10 @@ MUTANTS = {
     "snapshot-not-restored": ("a recurrent state left as it is after a rejection (state-snapshot path)",
                               "            self.len, self.cache = at, cache\n", "            self.len = at\n",
                               "spec/runner.py"),
+    "snapshot-copy-stays-behind": ("a rollback leaves the kept tokens to the next pass, so the state copy never "
+                                   "moves past the last fully accepted round (output stays exact)",
+                                   "            if keep > at:\n                self._feed(self.ids[at:keep], 1)\n",
+                                   "", "spec/runner.py"),
     "probe-trusts-kv-cache": ("every model run on the KV path unchecked (recurrent, sliding, cache-less alike)",
                               "    if known is not None and known[0] == key:",
                               "    return \"kv-cache\"\n    if known is not None and known[0] == key:", "spec/runner.py"),
