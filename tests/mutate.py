@@ -65,6 +65,11 @@ MUTANTS = {
                                   "self.k[i, 0, :, start:end] = qk[:, :, 1].transpose(0, 1)",
                                   "self.k[i, 0, :, start + 1:end + 1] = qk[:, :, 1].transpose(0, 1)",
                                   "spec/neox.py"),
+    "plain-draft-rotary-from-bf16-positions": ("the plain draft's rotary table computed from positions held in the "
+                                               "model's dtype (bf16 rounds 257 to 256; output stays exact)",
+                                               "freqs = torch.arange(max_len, device=self.device, dtype=torch.float)",
+                                               "freqs = torch.arange(max_len, device=self.device, dtype=self.dtype).float()",
+                                               "spec/neox.py"),
     "autogamma-flat-verify": ("gamma=auto prices the verify pass flat at its current time (climbs on CPU)",
                               "        slope = max(0.0, sxy / (max(sxx, 0.0) + SLOPE_PRIOR))\n",
                               "        slope = 0.0\n", "spec/autogamma.py"),
