@@ -34,23 +34,58 @@ def mamba2(seed: int = 0) -> Mamba2ForCausalLM:
     return Mamba2ForCausalLM(cfg).eval()
 
 
-def counting(target, log: list[int]):
-    """hf.step, counting the tokens each forward of `target` is fed."""
-    step = hf.step
+class _Marked:
+    """The target's runner, marking in `log` where each verify pass starts: the tokens fed
+    between two marks are one round's (its verify pass and its rollback's re-feed)."""
 
-    def spy(model, ids, *args, **kwargs):
+    def __init__(self, inner, log: list):
+        self.inner, self.log = inner, log
+
+    def __call__(self, ids, keep=0):
+        self.log.append("pass")
+        return self.inner(ids, keep)
+
+    def crop(self, keep):
+        self.inner.crop(keep)
+
+    def __len__(self):
+        return len(self.inner)
+
+
+def counted_run(target, draft, prompt, **kwargs):
+    """speculative_generate with every token the target's forward is fed counted (a spy on
+    hf.step, through which every runner runs its model): (result, tokens fed per round)."""
+    log: list = []
+    real_step, real_runner_for = hf.step, runner.runner_for
+
+    def step(model, ids, *args, **kw):
         if model is target:
             log.append(ids.numel())
-        return step(model, ids, *args, **kwargs)
-    return spy
+        return real_step(model, ids, *args, **kw)
+
+    def runner_for(model, *, role="target"):
+        made = real_runner_for(model, role=role)
+        return _Marked(made, log) if model is target else made
+
+    hf.step, runner.runner_for = step, runner_for
+    try:
+        result = speculative_generate(target, draft, prompt, trace=True, **kwargs)
+    finally:
+        hf.step, runner.runner_for = real_step, real_runner_for
+    rounds = []
+    for entry in log:
+        if entry == "pass":
+            rounds.append(0)
+        elif rounds:
+            rounds[-1] += entry
+    return result, rounds
 
 
 def per_window(result, window: int, fed: list[int] | None = None) -> list[dict]:
     """Per window of new tokens: ms per token and target tokens fed per token."""
     rows, pos, bucket = [], 0, {}
     for r, f in zip(result.rounds, fed or [None] * len(result.rounds)):
-        w = pos // window
-        b = bucket.setdefault(w, {"s": 0.0, "tokens": 0, "fed": 0})
+        b = bucket.setdefault(pos // window, {"s": 0.0, "tokens": 0, "fed": 0})
         b["s"] += r.draft_s + r.verify_s
         b["tokens"] += r.emitted
         b["fed"] += f or 0
@@ -60,16 +95,6 @@ def per_window(result, window: int, fed: list[int] | None = None) -> list[dict]:
         rows.append({"from": w * window, "to": min((w + 1) * window, pos), "ms_per_token": 1e3 * b["s"] / b["tokens"],
                      "fed_per_token": b["fed"] / b["tokens"] if fed else None})
     return rows
-
-
-def fed_per_round(log: list) -> list[int]:
-    rounds = []
-    for entry in log:
-        if entry == "pass":
-            rounds.append(0)
-        elif rounds:
-            rounds[-1] += entry
-    return rounds
 
 
 def main() -> None:
@@ -87,39 +112,14 @@ def main() -> None:
     prompt = torch.arange(1, 9)
     print(f"target path: {runner.path_of(target)}", flush=True)
 
-    log: list = []
-    real_step, real_runner_for = hf.step, runner.runner_for
-
-    class Marked:  # marks each verify pass of the target, so the fed tokens split into rounds
-        def __init__(self, inner):
-            self.inner = inner
-
-        def __call__(self, ids, keep=0):
-            log.append("pass")
-            return self.inner(ids, keep)
-
-        def crop(self, keep):
-            self.inner.crop(keep)
-
-        def __len__(self):
-            return len(self.inner)
-
     greedy_rows, spec_rows, fed, accepted = [], [], None, None
     ref = greedy_generate(target, prompt, max_new_tokens=args.max_new_tokens).tokens
     for _ in range(args.repeats):
         g = greedy_generate(target, prompt, max_new_tokens=args.max_new_tokens, trace=True)
         greedy_rows.append(per_window(g, args.window))
-        log.clear()
-        hf.step = counting(target, log)
-        runner.runner_for = lambda m, role="target": Marked(real_runner_for(m, role=role)) if m is target \
-            else real_runner_for(m, role=role)
-        try:
-            s = speculative_generate(target, draft, prompt, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
-                                     trace=True)
-        finally:
-            hf.step, runner.runner_for = real_step, real_runner_for
+        s, fed = counted_run(target, draft, prompt, gamma=args.gamma, max_new_tokens=args.max_new_tokens)
         assert s.tokens == ref, "speculative output differs from greedy"
-        fed, accepted = fed_per_round(log), s.accepted
+        accepted = s.accepted
         spec_rows.append(per_window(s, args.window, fed))
 
     med = lambda runs, i, key: statistics.median(run[i][key] for run in runs)  # noqa: E731
