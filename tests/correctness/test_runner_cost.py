@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import architectures as archs
 import pytest
+import torch
 
 from spec import greedy_generate, hf, runner, speculative_generate
 
@@ -89,3 +90,27 @@ def test_snapshot_runner_refeeds_at_most_gamma_plus_one_a_round(monkeypatch, nam
         f"re-fed (gamma+1 = {GAMMA + 1}); {sum(fed)} tokens fed in all for {NEW} new")
     for i, r in enumerate(result.rounds):
         assert 0 <= refed[i] <= r.accepted + 1, f"round {i}: {refed[i]} re-fed, but the round kept {r.accepted + 1}"
+
+
+@pytest.mark.parametrize("name", ["mamba2", "mamba"])
+def test_snapshot_runner_stays_exact_after_any_crop(name):
+    """Crops the loop never makes: two in a row, behind the state copy, to 0, past the end. Each
+    is exact (a crop behind the copy starts over from nothing), and after it the runner holds
+    exactly the kept positions."""
+    model = archs.cached_model(name)
+    cls = runner.RUNNERS[archs.EXPECTED_PATH[name]]
+    ids = torch.randint(0, archs.VOCAB, (40,), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        full = model(input_ids=ids[None], use_cache=False).logits[0]
+        run = cls(model)
+        for op, at in [("feed", 12), ("feed", 20), ("crop", 17), ("crop", 14), ("feed", 25), ("crop", 30),
+                       ("feed", 31), ("crop", 9), ("feed", 22), ("crop", 0), ("feed", 5), ("crop", 4),
+                       ("feed", 40)]:
+            if op == "crop":
+                before = len(run)
+                run.crop(at)
+                assert len(run) == min(at, before)
+                continue
+            start = len(run)
+            got = run(ids[start:at], keep=at - start)
+            assert torch.allclose(got, full[start:at], rtol=0, atol=1e-6), f"{name}: positions {start}..{at - 1}"
