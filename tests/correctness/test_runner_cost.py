@@ -20,7 +20,7 @@ import torch
 from spec import greedy_generate, hf, runner, speculative_generate
 
 GAMMA = 4
-NEW = 48
+NEW = 32
 PROMPT = [5, 17, 42, 9, 100, 3, 77]
 
 
