@@ -5,7 +5,8 @@ sequence lives in one preallocated buffer `seq`; `n` is how many of its tokens a
 final. A runner holds a model's state for a prefix `seq[:len(run)]`, and each forward
 pass feeds exactly the tokens it has not seen, `seq[len(run):...]`. After a round both
 runners are cut back to all but the newest token (`crop(n - 1)`), which the next round
-feeds; a runner that can only restore an earlier state re-feeds the rest in that pass.
+feeds. A runner that restores an earlier state (a recurrent one) re-feeds the kept tokens
+itself when cropped; one that goes back further still is fed the rest in the next pass.
 """
 
 from __future__ import annotations

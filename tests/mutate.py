@@ -65,6 +65,11 @@ MUTANTS = {
                                   "self.k[i, 0, :, start:end] = qk[:, :, 1].transpose(0, 1)",
                                   "self.k[i, 0, :, start + 1:end + 1] = qk[:, :, 1].transpose(0, 1)",
                                   "spec/neox.py"),
+    "plain-draft-rotary-from-bf16-positions": ("the plain draft's rotary table computed from positions held in the "
+                                               "model's dtype (bf16 rounds 257 to 256; output stays exact)",
+                                               "freqs = torch.arange(max_len, device=self.device, dtype=torch.float)",
+                                               "freqs = torch.arange(max_len, device=self.device, dtype=self.dtype).float()",
+                                               "spec/neox.py"),
     "autogamma-flat-verify": ("gamma=auto prices the verify pass flat at its current time (climbs on CPU)",
                               "        slope = max(0.0, sxy / (max(sxx, 0.0) + SLOPE_PRIOR))\n",
                               "        slope = 0.0\n", "spec/autogamma.py"),
@@ -73,6 +78,10 @@ MUTANTS = {
     "snapshot-not-restored": ("a recurrent state left as it is after a rejection (state-snapshot path)",
                               "            self.len, self.cache = at, cache\n", "            self.len = at\n",
                               "spec/runner.py"),
+    "snapshot-copy-stays-behind": ("a rollback leaves the kept tokens to the next pass, so the state copy never "
+                                   "moves past the last fully accepted round (output stays exact)",
+                                   "            if keep > at:\n                self._feed(self.ids[at:keep], 1)\n",
+                                   "", "spec/runner.py"),
     "probe-trusts-kv-cache": ("every model run on the KV path unchecked (recurrent, sliding, cache-less alike)",
                               "    if known is not None and known[0] == key:",
                               "    return \"kv-cache\"\n    if known is not None and known[0] == key:", "spec/runner.py"),
