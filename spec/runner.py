@@ -341,6 +341,19 @@ def unsupported_head(model) -> str | None:
     return None
 
 
+def unembeddable_head(model) -> str | None:
+    """A model that decides the output (a target, or greedy's model) must be able to read back
+    every id its head can emit. (A draft's wider head is harmless: its proposals are kept to the
+    ids both models share.)"""
+    head = model.get_output_embeddings()
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(emb, "num_embeddings", None)
+    if isinstance(rows, int) and head.weight.shape[0] > rows:
+        return (f"its LM head scores {head.weight.shape[0]} ids but its input embedding has {rows} rows: "
+                f"a token it emits could not be fed back to it")
+    return None
+
+
 def _refusal(model, reason: str, *, runs_uncached: bool) -> UnsupportedModelError:
     return UnsupportedModelError(f"{type(model).__name__} cannot be decoded exactly by spec: {reason}",
                                  runs_uncached)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from spec import hf
-from spec.runner import UnsupportedModelError, unsupported_head
+from spec.runner import UnsupportedModelError, unembeddable_head, unsupported_head
 
 # Pythia pads its embeddings to different widths (pythia-410m 50304 rows, pythia-12b 50688
 # for one 50277-token tokenizer). Widths further apart than this are different vocabularies.
@@ -19,7 +19,10 @@ def check_model(model, name: str) -> None:
     if getattr(model, "get_output_embeddings", lambda: None)() is None:
         raise TypeError(f"{name} must have a causal-LM head (e.g. AutoModelForCausalLM); "
                         f"{type(model).__name__} has no output embeddings")
-    if (why := unsupported_head(model)) is not None:
+    why = unsupported_head(model)
+    if why is None and name != "draft":
+        why = unembeddable_head(model)
+    if why is not None:
         raise UnsupportedModelError(f"{name}: {type(model).__name__} cannot be decoded exactly by spec: {why}")
 
 

@@ -216,3 +216,25 @@ def test_position_limit_messages(target):
     assert _message(check_positions, 2000, 49, {"draft": target}) == \
         ("ValueError", "prompt (2000 tokens) + max_new_tokens (49) = 2049 positions exceeds the draft's limit of 2048 "
                        "(config.max_position_embeddings); shorten the prompt or lower max_new_tokens")
+
+
+def test_a_target_whose_head_is_wider_than_its_embedding_is_refused_up_front(target):
+    """It could emit an id it cannot be fed back (found on a tiny Inkling2 whose head kept its
+    full width); greedy and speculative refuse it before any forward, a draft may have one."""
+    import copy
+
+    from spec.runner import UnsupportedModelError
+    wide = copy.deepcopy(target)
+    head = wide.get_output_embeddings()
+    wide.set_output_embeddings(torch.nn.Linear(head.in_features, head.out_features + 8, bias=False,
+                                               dtype=head.weight.dtype))
+    calls = []
+    wide.register_forward_pre_hook(lambda *a: calls.append(1))
+    message = (f"GPTNeoXForCausalLM cannot be decoded exactly by spec: its LM head scores {head.out_features + 8} "
+               f"ids but its input embedding has {head.out_features} rows: a token it emits could not be fed back to it")
+    with pytest.raises(UnsupportedModelError) as info:
+        greedy_generate(wide, [1, 2, 3], max_new_tokens=4)
+    assert str(info.value) == "model: " + message
+    with pytest.raises(UnsupportedModelError) as info:
+        speculative_generate(wide, target, [1, 2, 3], max_new_tokens=4)
+    assert str(info.value) == "target: " + message and calls == []
