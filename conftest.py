@@ -29,7 +29,9 @@ settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHES
 torch.set_num_threads(1)
 
 
-pytest_plugins = ["pytester"]  # tests/test_markers.py runs pytest on a scratch project
+# pytester: tests/test_markers.py runs pytest on a scratch project. serial_timing
+# (tests/serial_timing.py): under pytest-xdist, perf and gate cases run with no other test beside them.
+pytest_plugins = ["pytester", "serial_timing"]
 
 # --- markers that compose ----------------------------------------------------------------
 # An opt-in marker keeps its tests out of every run that does not ask for them: asked for by
