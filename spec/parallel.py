@@ -94,3 +94,15 @@ def check(target, draft=None, *, gamma=None, draft_impl: str = "auto", prompt: t
 def _short(value) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def from_rank_zero(model, value):
+    """`value` as rank 0 of a tensor-parallel model's group has it (for choices each rank made from its
+    own timings, such as the CLI's calibrated gamma); `value` itself for a model that is not split."""
+    if hf.tensor_parallel_size(model) == 1:
+        return value
+    import torch.distributed as dist
+    group = hf.tensor_parallel_group(model)
+    box = [value]
+    dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
+    return box[0]

@@ -56,8 +56,11 @@ def tp_run(tmp_path_factory):
         cases.append({"name": name, "dtype": dtype, "target": str(root / name / "target"),
                       "draft": str(root / name / "draft"), "prompts": _prompts(i), "gammas": GAMMAS,
                       "new_tokens": NEW_TOKENS})
+    (root / "prompts.txt").write_text("def add(a, b):\nThe cat sat\n")
+    cli = ["--target", cases[0]["target"], "--draft", cases[0]["draft"], "--tp", "2", "--target-dtype", "fp64",
+           "--gamma", "calibrated", "--max-new-tokens", "12", "--repeats", "1", "--prompts", str(root / "prompts.txt")]
     job = root / "job.json"
-    job.write_text(json.dumps({"cases": cases}))
+    job.write_text(json.dumps({"cases": cases, "cli": cli}))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
@@ -120,3 +123,30 @@ def test_tp_size_outside_torchrun_is_refused(tmp_path, monkeypatch):
         load_model(tmp_path / "llama", role="target", tp_size=2)
     with pytest.raises(ValueError, match="tp_size must be an integer >= 1"):
         load_model(tmp_path / "llama", tp_size=0)
+
+
+def test_the_cli_splits_the_target_and_only_rank_zero_reports(tp_run, tmp_path_factory):
+    """`torchrun --nproc-per-node 2 -m spec --tp 2 ...`: both ranks decode, rank 0 prints the report
+    (which says how the target is split) and writes results.json, rank 1 prints nothing."""
+    cases, ranks = tp_run
+    zero, one = ranks[0]["cli"], ranks[1]["cli"]
+    assert zero["status"] == one["status"] == 0, zero["stderr"][-2000:] + one["stderr"][-2000:]
+    assert "target split: tensor parallel over 2 processes (gloo; transformers' plan for LlamaForCausalLM)" \
+        in zero["stdout"]
+    assert "gamma=calibrated" in zero["stdout"] and "IDs identical" in zero["stdout"]
+    assert one["stdout"] == "" and one["stderr"] == ""
+    results = json.loads((Path(cases[0]["target"]).parents[1] / "cli" / "results.json").read_text())
+    assert results["pair"]["target_split"].startswith("tensor parallel over 2 processes")
+    assert results["summary"]["failures"] == 0 and all(p["ids_identical"] for p in results["prompts"])
+
+
+@pytest.mark.parametrize("argv, why", [
+    (["--gamma", "auto"], "not with --gamma auto: each rank would time its own passes"),
+    (["--real"], "not with --real"),
+    (["--target", "t", "--draft", "d", "--peer", "hf"], "not with --peer"),
+])
+def test_the_cli_refuses_tp_with_what_ranks_cannot_share(capsys, argv, why):
+    from spec.__main__ import parse_args
+    with pytest.raises(SystemExit):
+        parse_args(["--tp", "2", *argv])
+    assert f"argument --tp: {why}" in capsys.readouterr().err

@@ -5,8 +5,9 @@
 For every case in JOB.json: the target is loaded split over the group (spec.models.load_model
 with tp_size, i.e. transformers' DistributedConfig), the draft whole on this rank, and
 spec.speculative_generate runs on every prompt and gamma, greedy and sampled (a generator seeded
-the same on every rank). Then the calls spec must refuse on a split target. Each rank writes what
-it got to OUT_DIR/rank{R}.json; the test compares every rank with single-process greedy."""
+the same on every rank). Then the calls spec must refuse on a split target, and, if the job names
+one, the CLI (`python -m spec ... --tp 2`) in the same process group. Each rank writes what it got
+to OUT_DIR/rank{R}.json; the test compares every rank with single-process greedy.""" 
 
 from __future__ import annotations
 
@@ -61,10 +62,24 @@ def refusals(target, draft, prompt: list[int]) -> dict:
     return found
 
 
+def run_cli(argv: list[str], out_dir: str) -> dict:
+    """`python -m spec ... --tp 2` in this process group: what this rank printed, and its exit status."""
+    import contextlib
+    import io
+
+    from spec.__main__ import main as cli
+    printed, errors = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(errors):
+        status = cli([*argv, "--out", str(Path(out_dir, "cli")), "--no-plots"])
+    return {"status": status, "stdout": printed.getvalue(), "stderr": errors.getvalue()}
+
+
 def main(job_path: str, out_dir: str) -> None:
     job = json.loads(Path(job_path).read_text())
     torch.set_num_threads(1)
     results = {case["name"]: run_case(case) for case in job["cases"]}
+    if job.get("cli"):
+        results["cli"] = run_cli(job["cli"], out_dir)
     Path(out_dir, f"rank{dist.get_rank()}.json").write_text(json.dumps(results))
     dist.barrier()
     dist.destroy_process_group()
