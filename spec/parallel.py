@@ -29,12 +29,15 @@ import torch
 from spec import hf
 
 
+def _devices(model) -> list[str]:
+    """The devices of the model's device_map ("cuda:1" for accelerate's bare index 1), sorted."""
+    placement = hf.device_map(model) or {}
+    return sorted({f"cuda:{d}" if isinstance(d, int) else str(d) for d in placement.values()})
+
+
 def is_split(model) -> bool:
     """Split over processes (tensor parallel) or over several devices / offloaded (device_map)."""
-    if hf.tensor_parallel_size(model) > 1:
-        return True
-    placement = hf.device_map(model)
-    return placement is not None and len({str(d) for d in placement.values()}) > 1
+    return hf.tensor_parallel_size(model) > 1 or len(_devices(model)) > 1
 
 
 def describe(model) -> str:
@@ -44,10 +47,8 @@ def describe(model) -> str:
         import torch.distributed as dist
         backend = dist.get_backend(hf.tensor_parallel_group(model)) if dist.is_initialized() else "?"
         return f"tensor parallel over {tp} processes ({backend}; transformers' plan for {type(model).__name__})"
-    placement = hf.device_map(model)
-    if placement is not None and len({str(d) for d in placement.values()}) > 1:
-        where = sorted({str(d) for d in placement.values()})
-        return f"device_map over {', '.join(where)} ({len(placement)} parts)"
+    if len(where := _devices(model)) > 1:
+        return f"device_map over {', '.join(where)} ({len(hf.device_map(model))} parts)"
     return f"whole on {next(model.parameters()).device}"
 
 
