@@ -122,11 +122,11 @@ def side_by_side(benchmark, baseline, candidate, items, *, rounds: int, device: 
     if benchmark.disabled and timed_alone():
         # pytest-benchmark turns itself off in an xdist worker, but there this case has the
         # machine to itself (serial_timing): run the same rounds, so the gate's ratios are
-        # medians over as many rounds as in a serial run.
-        for _ in range(rounds):
+        # medians over as many rounds as in a serial run; the last one through pedantic below.
+        for _ in range(rounds - 1):
             setup()
             run()
-        return result
+        rounds = 1
     # (With --benchmark-disable pedantic runs setup and the function once each.)
     benchmark.pedantic(run, setup=setup, rounds=rounds, iterations=1, warmup_rounds=0)
     return result
