@@ -7,7 +7,7 @@ with tp_size, i.e. transformers' DistributedConfig), the draft whole on this ran
 spec.speculative_generate runs on every prompt and gamma, greedy and sampled (a generator seeded
 the same on every rank). Then the calls spec must refuse on a split target, and, if the job names
 one, the CLI (`python -m spec ... --tp 2`) in the same process group. Each rank writes what it got
-to OUT_DIR/rank{R}.json; the test compares every rank with single-process greedy.""" 
+to OUT_DIR/rank{R}.json; the test compares every rank with single-process greedy."""
 
 from __future__ import annotations
 
