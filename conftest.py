@@ -29,9 +29,11 @@ settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHES
 torch.set_num_threads(1)
 
 
-# pytester: tests/test_markers.py and tests/test_leakguard.py run pytest on a scratch project;
-# leakguard (tests/leakguard.py): a test that leaves torch's flags or spec's loaders changed fails.
-pytest_plugins = ["pytester", "leakguard"]
+# pytester: tests/test_markers.py, tests/test_leakguard.py and tests/test_xdist.py run pytest on a
+# scratch project. leakguard (tests/leakguard.py): a test that leaves torch's flags or spec's
+# loaders changed fails. serial_timing (tests/serial_timing.py): under pytest-xdist, perf and gate
+# cases run with no other test beside them.
+pytest_plugins = ["pytester", "leakguard", "serial_timing"]
 
 # --- markers that compose ----------------------------------------------------------------
 # An opt-in marker keeps its tests out of every run that does not ask for them: asked for by

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import re
 import sys
 from pathlib import Path
@@ -88,6 +89,10 @@ def add_pair_options(p: argparse.ArgumentParser) -> None:
                                     "(default: the shipped pair)")
     g.add_argument("--draft", help="draft model: local folder or cached hub id (give with --target)")
     g.add_argument("--device", type=_device, default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
+    g.add_argument("--tp", type=_positive_int, default=1, metavar="N",
+                   help="split the target over N processes by tensor parallelism (transformers' plan for its "
+                        "architecture; the draft whole on every rank): run as `torchrun --nproc-per-node N -m spec "
+                        "--tp N ...`; only rank 0 prints and writes (default: %(default)s, not split)")
     g.add_argument("--target-dtype", choices=defaults.DTYPE_NAMES, default="fp32", help="(default: %(default)s)")
     g.add_argument("--draft-dtype", choices=defaults.DTYPE_NAMES, default="fp32", help="(default: %(default)s)")
     g.add_argument("--draft-impl", choices=defaults.DRAFT_IMPLS, default="auto",
@@ -154,6 +159,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("argument --real: not with --target/--draft (it brings its own model)")
     if (args.target is None) != (args.draft is None):
         parser.error("argument --target/--draft: give both or neither")
+    if args.tp > 1:
+        if args.real:
+            parser.error("argument --tp: not with --real (its draft is prompt lookup on one small model)")
+        if args.gamma == "auto":
+            parser.error("argument --tp: not with --gamma auto: each rank would time its own passes and choose "
+                         "its own gamma (use a number or 'calibrated', which rank 0 chooses for all)")
+        if args.peer:
+            parser.error("argument --tp: not with --peer (HF assisted generation on a split target is not tested)")
     if args.gamma is None:
         args.gamma = 8 if args.real else 5
     args.max_new_tokens_default = args.max_new_tokens is None
@@ -180,9 +193,18 @@ class Progress:
             print(f"[{self.clock.now() - self.t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
 
+def _quiet_rank(args) -> bool:
+    """Under torchrun with --tp, every rank runs the experiment (each forward pass needs all of
+    them) but only rank 0 prints and writes."""
+    return args.tp > 1 and os.environ.get("RANK", "0") != "0"
+
+
 def run(args, experiment) -> int:
     from spec import report
 
+    if _quiet_rank(args):
+        args.quiet, args.no_write = True, True
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the rest of this rank's life
     say = Progress(args.quiet)
     experiment.setup(args)
     if args.real:
@@ -201,11 +223,12 @@ def run(args, experiment) -> int:
     results = experiment.results(args, pair_info, ps, records, summary, report.machine_info(args.device))
     print()
     print(report.render(results))
-    write_outputs(args, results, say)
+    if not getattr(args, "no_write", False):
+        write_outputs(args, results, say)
     for line in report.tie_lines(results):
         print(line)
     for line in report.failure_lines(results):
-        print(line, file=sys.stderr)
+        print(line, file=sys.stdout if _quiet_rank(args) else sys.stderr)
     if not summary["failures"]:
         say("done: every speculative output equals greedy" + (" (up to proven numerical ties)" if summary["ties"]
                                                               else ""))
@@ -241,7 +264,8 @@ def main(argv=None) -> int:
     try:
         return run(args, experiment)
     except experiment.UsageError as err:
-        print(f"spec: error: {err}", file=sys.stderr)
+        if not _quiet_rank(args):
+            print(f"spec: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("spec: interrupted", file=sys.stderr)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spec import clock, hf, neox, runner, sampling, seq2seq, theory
+from spec import clock, hf, neox, parallel, runner, sampling, seq2seq, theory
 from spec.autogamma import AutoGamma
 from spec.lookup import PromptLookup
 from spec.processors import Processors
@@ -95,8 +95,8 @@ def draft_runner(draft, max_len: int, impl: str = "auto"):
     """The draft with its cache, run the way `impl` says (see speculative_generate)."""
     if impl not in DRAFT_IMPLS:
         raise ValueError(f"draft_impl must be one of {', '.join(map(repr, DRAFT_IMPLS))}, got {impl!r}")
-    if impl == "auto":
-        impl = "plain" if neox.supports(draft) else "hf"
+    if impl == "auto":  # a split draft (spec.parallel) runs on its own forward
+        impl = "plain" if neox.supports(draft) and not parallel.is_split(draft) else "hf"
     if impl == "plain":
         return neox.NeoXDraft(draft, max_len)
     if impl == "compiled":
@@ -133,6 +133,9 @@ def greedy_generate(model, input_ids, *, max_new_tokens: int = 64, eos_token_id=
         prompt, model_run = as_prompt(input_ids, device, {"model": model}), runner.runner_for(model, role="model")
     stops = stop_ids(eos_token_id, {"model": model})
     check_positions(prompt.numel(), max_new_tokens, {"model": model})
+    parallel.check(model, prompt=prompt, generator=generator, max_new_tokens=max_new_tokens, stops=sorted(stops),
+                   do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
+                   repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
     P = prompt.numel()
     seq = torch.empty(P + max_new_tokens, dtype=torch.long, device=device)
     seq[:P] = prompt
@@ -212,6 +215,10 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
         target_run, draft_run = runner.runner_for(target), None
     stops = stop_ids(eos_token_id, models)
     check_positions(prompt.numel(), max_new_tokens, models)
+    parallel.check(target, None if lookup else draft, gamma=gamma, draft_impl=draft_impl, prompt=prompt,
+                   generator=generator, max_new_tokens=max_new_tokens, stops=sorted(stops), do_sample=do_sample,
+                   temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
+                   no_repeat_ngram_size=no_repeat_ngram_size)
     auto = AutoGamma() if gamma == "auto" else None
     max_gamma = auto.max_gamma if auto else gamma
     # The draft proposes only ids the target can score and the draft can embed again.

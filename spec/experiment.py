@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from spec import clock, decode, defaults, hf, measure, models, seq2seq, theory, validate
+from spec import clock, decode, defaults, hf, measure, models, parallel, seq2seq, theory, validate
 from spec.prompts import CODE_PROMPTS, SEED_PROMPTS
 
 DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -110,6 +110,8 @@ def load(args, say) -> tuple[models.Pair, dict]:
     check_paths(args)
     shipped_present = all((models.SHIPPED_PAIR / role / "config.json").exists() for role in ("target", "draft"))
     if args.target is None and not shipped_present:
+        if args.tp > 1:
+            raise UsageError(f"--tp {args.tp}: the seeded stand-in pair cannot be split; pass --target/--draft")
         pair, info = _stand_in(args, say)
     else:
         t_path = args.target or str(models.SHIPPED_PAIR / "target")
@@ -118,7 +120,7 @@ def load(args, say) -> tuple[models.Pair, dict]:
         say(f"loading target {t_path} ({args.target_dtype}) and draft {d_path} ({args.draft_dtype}) on {args.device}")
         try:
             pair = models.load_pair(t_path, d_path, device=args.device, target_dtype=DTYPES[args.target_dtype],
-                                    draft_dtype=DTYPES[args.draft_dtype])
+                                    draft_dtype=DTYPES[args.draft_dtype], tp_size=args.tp)
         except (FileNotFoundError, ValueError, OSError, ImportError) as err:
             raise UsageError(str(err)) from None
         info = {"source": "shipped" if shipped else "paths", "target": t_path, "draft": d_path,
@@ -126,6 +128,7 @@ def load(args, say) -> tuple[models.Pair, dict]:
                 "draft_name": "shipped draft" if shipped else _short_name(d_path), "note": None}
     if (why := seq2seq.cli_refusal(pair.target, args.peer, args.features)) is not None:
         raise UsageError(why)
+    info["target_split"] = parallel.describe(pair.target)  # whole, tensor parallel, or a device map
     info["target_path"], info["draft_path"] = runner_paths(args, pair)
     info["target_params"] = sum(p.numel() for p in pair.target.parameters())
     info["draft_params"] = sum(p.numel() for p in pair.draft.parameters())
@@ -246,6 +249,7 @@ def choose_gamma(args, pair, ps: dict, cost: measure.Costs, say) -> tuple[int | 
     say("measuring the verify pass's cost per drafted token")
     line = measure.verify_line(pair.target, ps["ids"][0], max_gamma=top)
     gamma = theory.optimal_gamma(min(alpha, 0.999), cost.c, top, verify_slope=line.slope, verify_fixed=line.fixed)
+    gamma = parallel.from_rank_zero(pair.target, gamma)  # a split target's ranks timed apart: one gamma for all
     return gamma, {"tokens": len(cal.tokens), "gamma": g0, "alpha": alpha, "c": cost.c, "verify_slope": line.slope,
                    "verify_fixed": line.fixed, "chosen_gamma": gamma, "max_gamma": top}
 

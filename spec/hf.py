@@ -289,3 +289,51 @@ def hf_prompt_lookup(model, prompt: torch.Tensor, max_new_tokens: int, eos_token
     with as_only_config(cfg, model):
         out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=cfg)
     return out[0, ids.shape[1]:].tolist()
+
+
+# --- targets split across processes or devices (spec/parallel.py) ---------------------------------
+# Tensor parallelism: 5.2x loads a model split over a `torchrun` group with
+# `from_pretrained(..., distributed_config=DistributedConfig(tp_size=N))`; passing `tp_plan=`/`tp_size=`
+# to from_pretrained is the older form, deprecated since. The split model's weights are DTensors
+# (their .shape is the whole weight's), its `tp_size` says into how many parts, and `_device_mesh`
+# holds the process group. A device_map split (accelerate) leaves `hf_device_map` on the model.
+
+def tensor_parallel_kwargs(tp_size: int) -> dict:
+    """from_pretrained keyword arguments that split a model over `tp_size` processes of the
+    running torch.distributed group (transformers' own plan for the architecture)."""
+    try:
+        from transformers.distributed import DistributedConfig
+    except ImportError:  # a release without DistributedConfig takes the plan directly
+        return {"tp_plan": "auto", "tp_size": tp_size}
+    if "tp_size" not in inspect.signature(DistributedConfig).parameters:
+        return {"tp_plan": "auto", "tp_size": tp_size}
+    return {"distributed_config": DistributedConfig(tp_size=tp_size)}
+
+
+def has_tp_plan(model_or_config) -> bool:
+    """Whether transformers has a tensor-parallel plan for this architecture."""
+    cfg = getattr(model_or_config, "config", model_or_config)
+    if getattr(cfg, "base_model_tp_plan", None):
+        return True
+    return bool(getattr(model_or_config, "_tp_plan", None))
+
+
+def tensor_parallel_size(model) -> int:
+    """Into how many processes the model's weights are split by tensor parallelism (1: not split)."""
+    size = getattr(model, "_tp_size", None)
+    return int(size) if isinstance(size, int) and size > 1 else 1
+
+
+def tensor_parallel_group(model):
+    """The torch.distributed process group the model's tensor-parallel collectives run over."""
+    mesh = getattr(model, "_device_mesh", None)
+    if mesh is None:
+        return None
+    names = getattr(mesh, "mesh_dim_names", None) or ()
+    return mesh.get_group("tp") if "tp" in names else mesh.get_group()
+
+
+def device_map(model) -> dict | None:
+    """The device map accelerate dispatched the model with (module name -> device), if any."""
+    found = getattr(model, "hf_device_map", None)
+    return dict(found) if isinstance(found, dict) else None

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GPTNeoXConfig, GPTNeoXForCausalLM
 
+from spec import hf
 from spec.validate import check_pair
 
 SHIPPED_PAIR = Path(str(resources.files("spec") / "assets" / "pair"))
@@ -115,12 +116,31 @@ def _check_gguf_support(role: str, name_or_path: str) -> None:
                           f"{' and '.join(missing)} package{'s' if len(missing) > 1 else ''}: {GGUF_HINT}")
 
 
-def _load(name_or_path: str, role: str, dtype: torch.dtype, device: str):
+def _check_tp(role: str, name_or_path: str, tp_size: int, config) -> None:
+    """A tensor-parallel load needs torchrun's process group and a plan transformers has for the model."""
+    if _gguf(name_or_path):
+        raise ValueError(f"{role}: tp_size={tp_size}: a GGUF file cannot be loaded split; convert it to a folder")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world < tp_size or world % tp_size:
+        raise ValueError(f"{role}: tp_size={tp_size} needs {tp_size} processes (a multiple of it) started by "
+                         f"`torchrun --nproc-per-node {tp_size}`; this process group has {world} (WORLD_SIZE)")
+    if not hf.has_tp_plan(config):
+        raise ValueError(f"{role}: {getattr(config, 'model_type', '?')!r} models cannot be split with "
+                         f"tp_size={tp_size}: transformers has no tensor-parallel plan for them (no "
+                         f"base_model_tp_plan in the config); load it whole, or across devices with a device_map")
+
+
+def _load(name_or_path: str, role: str, dtype: torch.dtype, device: str, tp_size: int | None = None):
     local = Path(name_or_path).expanduser()
     if not local.exists() and _looks_local(name_or_path):
         raise FileNotFoundError(f"{role}: no weights for {name_or_path!r} on this machine: no such "
                                 f"{'GGUF file' if _gguf(name_or_path) else 'file or folder'} ({str(local)!r} "
                                 f"does not exist)")
+    if tp_size is not None and (not isinstance(tp_size, int) or isinstance(tp_size, bool) or tp_size < 1):
+        raise ValueError(f"tp_size must be an integer >= 1, got {tp_size!r}")
+    tp = tp_size is not None and tp_size > 1
+    if tp and _gguf(name_or_path):
+        _check_tp(role, name_or_path, tp_size, None)
     gguf = _gguf(name_or_path)
     if gguf is not None:
         _check_gguf_support(role, name_or_path)
@@ -138,8 +158,15 @@ def _load(name_or_path: str, role: str, dtype: torch.dtype, device: str):
         if getattr(config, "is_encoder_decoder", False):  # T5, BART, Whisper, ...: spec.seq2seq
             from spec.seq2seq import auto_class
             auto = auto_class(config)
+        if tp:  # split over the torchrun group (spec.parallel); each rank holds its share of every layer
+            _check_tp(role, name_or_path, tp_size, config)
+            return auto.from_pretrained(source, dtype=dtype, local_files_only=True,
+                                        **hf.tensor_parallel_kwargs(tp_size)).eval()
         model = auto.from_pretrained(source, dtype=dtype, local_files_only=True)
     except (OSError, ValueError) as err:
+        if tp and isinstance(err, ValueError):  # ours (_check_tp) as it is; transformers' with the role
+            raise (err if str(err).startswith(f"{role}: ") else
+                   ValueError(f"{role}: cannot split {source!r} over {tp_size} processes: {err}")) from None
         if local.exists():
             raise FileNotFoundError(
                 f"{role}: {str(local)!r} holds no loadable model (no weights found): a folder needs config.json "
@@ -172,11 +199,14 @@ def _tokenizer(name_or_path: str):
 
 
 def load_model(name_or_path: str | os.PathLike, *, device: str = "cpu", dtype: torch.dtype = torch.float32,
-               role: str = "model"):
+               role: str = "model", tp_size: int | None = None):
     """One model and its tokenizer (None if it has none), offline: a local folder, a .gguf file
-    or a cached hub id. For a target alone, e.g. with the model-free spec.PromptLookup draft."""
+    or a cached hub id. For a target alone, e.g. with the model-free spec.PromptLookup draft.
+
+    tp_size=N (under `torchrun --nproc-per-node N`): the model split over the N processes by
+    transformers' tensor parallelism (spec.parallel); each rank gets its share, on the rank's device."""
     name_or_path = str(name_or_path)
-    return _load(name_or_path, role, dtype, str(device)), _tokenizer(name_or_path)
+    return _load(name_or_path, role, dtype, str(device), tp_size), _tokenizer(name_or_path)
 
 
 def encode_prompt(tokenizer, text: str, *, chat: bool = False) -> list[int]:
@@ -193,12 +223,15 @@ def encode_prompt(tokenizer, text: str, *, chat: bool = False) -> list[int]:
 
 def load_pair(target: str | os.PathLike = SHIPPED_PAIR / "target", draft: str | os.PathLike = SHIPPED_PAIR / "draft",
               *, device: str = "cpu", target_dtype: torch.dtype = torch.float32,
-              draft_dtype: torch.dtype = torch.float32) -> Pair:
+              draft_dtype: torch.dtype = torch.float32, tp_size: int | None = None) -> Pair:
     """Load a target/draft pair offline from local folders, .gguf files (dequantized to the
     dtype; needs the `gguf` extra) or cached hub ids.
 
     TF32 is turned off when the target is fp32 on CUDA: TF32 rounding flips
-    near-tie argmaxes between the one-token and the block-verify matmul shapes."""
+    near-tie argmaxes between the one-token and the block-verify matmul shapes.
+
+    tp_size=N (under `torchrun --nproc-per-node N`): the target is split over the N processes by
+    tensor parallelism, the draft replicated whole on every rank, on the rank's device (spec.parallel)."""
     target, draft = str(target), str(draft)
     device = str(device)
     if device.startswith("cuda"):
@@ -209,8 +242,9 @@ def load_pair(target: str | os.PathLike = SHIPPED_PAIR / "target", draft: str | 
             torch.backends.cudnn.allow_tf32 = False
     elif device not in ("cpu", "mps") and not device.startswith("xpu"):
         raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
-    pair = Pair(_load(target, "target", target_dtype, device), _load(draft, "draft", draft_dtype, device),
-                _tokenizer(target))
+    loaded = _load(target, "target", target_dtype, device, tp_size)
+    # A split target's shard lies on its rank's device (cuda:LOCAL_RANK); the draft goes beside it.
+    pair = Pair(loaded, _load(draft, "draft", draft_dtype, str(next(loaded.parameters()).device)), _tokenizer(target))
     check_pair(pair.target, pair.draft)
     draft_tok = _tokenizer(draft)
     if pair.tokenizer is not None and draft_tok is not None and pair.tokenizer.get_vocab() != draft_tok.get_vocab():

@@ -138,6 +138,8 @@ def header(args, pair_info: dict, ps: dict) -> str:
                  f"params, {args.draft_dtype}) | device: {device}"
                  + (f" | threads: {args.threads}" + (" (default)" if args.threads_default else "")
                     if args.threads is not None else ""))
+    if not pair_info.get("target_split", "whole").startswith("whole"):
+        lines.append(f"target split: {pair_info['target_split']} | draft: whole on every rank")
     if "target_path" in pair_info:
         lines.append(f"runs as: target {pair_info['target_path']} | draft {pair_info['draft_path']} "
                      "(spec.runner: how each model's state is rolled back)")

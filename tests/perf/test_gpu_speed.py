@@ -133,3 +133,51 @@ def test_pythia_shapes_synthetic_draft_speedup(benchmark, synthetic_shapes):
     # Random weights leave small top-2 gaps: a flip there is a proven tie (reported), not a failure.
     assert_same_tokens(target, prompts, run.baseline, [r.tokens for r in run.candidate], "speculative (synthetic)")
     _gate(benchmark, device, f"synthetic-pythia-12b/pythia-410m@{SYNTHETIC_ALPHA}", run, costs, verify, eos_stops=False)
+
+
+# 3. A target split by tensor parallelism over the machine's GPUs (NCCL, one rank a GPU).
+TP_SHAPE = dict(hidden_size=5120, num_hidden_layers=8, num_attention_heads=40, intermediate_size=20480,
+                vocab_size=50688)  # pythia-12b's width, 8 of its 36 layers: 2.9B params, 11.5 GB in fp32
+
+
+def test_tensor_parallel_target_speedup(tmp_path):
+    """`torchrun --nproc-per-node N` (N = the GPUs here, at most 4) runs tests/perf/tp_speed_worker.py:
+    the target split N ways, the draft (pythia-410m's shapes, bf16) whole on each GPU. Greedy and
+    speculative decoding timed side by side on every rank; every rank's speculative output must
+    equal its greedy output, and every rank must emit the same tokens. The speedup is reported
+    (there is no floor for a split target yet). --target/--draft weights are used when present,
+    else random weights of the shapes above (near-uniform logits: alpha near 0, a cost test)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    _require_cuda()
+    gpus = min(torch.cuda.device_count(), 4)
+    if gpus < 2:
+        pytest.skip(f"a tensor-parallel target needs 2+ CUDA devices, this machine has {gpus}")
+    target, draft = tmp_path / "target", tmp_path / "draft"
+    build_gpt_neox(TP_SHAPE, seed=0, dtype=torch.float32, device="cuda").save_pretrained(target)
+    build_gpt_neox("pythia-410m", seed=1, dtype=torch.bfloat16, device="cuda").save_pretrained(draft)
+    torch.cuda.empty_cache()
+    gen = torch.Generator().manual_seed(0)
+    job = {"target": str(target), "draft": str(draft), "target_dtype": "float32", "draft_dtype": "bfloat16",
+           "gamma": GAMMA, "new_tokens": 128, "repeats": GPU_REPEATS,
+           "prompts": [torch.randint(0, 50277, (12,), generator=gen).tolist() for _ in SEED_PROMPTS]}
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(gpus),
+                           str(Path(__file__).with_name("tp_speed_worker.py")), str(tmp_path / "job.json"), str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(gpus)]
+    for rank, got in enumerate(ranks):
+        for p, (ref, spec_tokens) in enumerate(got["outputs"]):
+            assert spec_tokens == ref, f"rank {rank} prompt {p}: speculative output differs from the split greedy"
+        assert got["outputs"] == ranks[0]["outputs"], f"rank {rank} emitted other tokens than rank 0"
+    zero = ranks[0]
+    speedups = [sorted(g)[len(g) // 2] / sorted(s)[len(s) // 2]
+                for g, s in zip(zip(*zero["greedy_s"]), zip(*zero["spec_s"]))]
+    print(f"split: {zero['split']} | {zero['device']} | c {zero['c']:.3f} | "
+          f"speedup per prompt {[round(x, 2) for x in speedups]} (mean {sum(speedups) / len(speedups):.2f}x)")
