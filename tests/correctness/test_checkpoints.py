@@ -206,7 +206,7 @@ def test_load_pair_turns_tf32_off_for_an_fp32_target_on_cuda(monkeypatch, saved_
     import spec.models as sm
     root, model = saved_model
     devices = []
-    monkeypatch.setattr(sm, "_load", lambda name, role, dtype, device: devices.append((role, device)) or model)
+    monkeypatch.setattr(sm, "_load", lambda name, role, dtype, device, tp_size=None: devices.append((role, device)) or model)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     # The TF32 flags are properties of torch's backend modules, not attributes in their __dict__:
     # monkeypatch (pytest >= 9.2) would undo them with delattr, which they refuse, and abandon the
@@ -228,10 +228,12 @@ def _load_pair_on_devices(sm, root, devices):
     assert torch.backends.cuda.matmul.allow_tf32 is True and torch.backends.cudnn.allow_tf32 is True
     sm.load_pair(root / "with-tokenizer", root / "with-tokenizer", device="cuda:1")
     assert torch.backends.cuda.matmul.allow_tf32 is False and torch.backends.cudnn.allow_tf32 is False
-    assert devices[-2:] == [("target", "cuda:1"), ("draft", "cuda:1")]
+    # The target is asked for the device; the draft goes where the target's weights landed (a
+    # split target's shard lies on its rank's device), which for this stand-in is the CPU.
+    assert devices[-2:] == [("target", "cuda:1"), ("draft", "cpu")]
     for device in ("mps", "xpu", "xpu:0", "cpu"):
         sm.load_pair(root / "with-tokenizer", root / "with-tokenizer", device=device)
-        assert devices[-1] == ("draft", device)
+        assert devices[-2:] == [("target", device), ("draft", "cpu")]
     with pytest.raises(ValueError, match=r"^device must be 'cpu', 'cuda' or 'cuda:N', got 'tpu'$"):
         sm.load_pair(root / "with-tokenizer", root / "with-tokenizer", device="tpu")
 
