@@ -21,9 +21,9 @@ What a callable can take part in is read from optional attributes on it:
 A callable may also raise NotImplementedError("why") for an option it does not support: the test
 is then skipped with that reason, not failed.
 
-Adapters: `spec` (spec.speculative_generate), `hf-assisted` (HF assisted generation with the
-draft as assistant model), `hf-prompt-lookup` (HF prompt lookup decoding, no draft model), and
-any callable named `module:function` or `path/to/file.py:function`.
+Adapters: `spec` (spec.speculative_generate; spec.PromptLookup when draft is None), `hf-assisted`
+(HF assisted generation with the draft as assistant model), `hf-prompt-lookup` (HF prompt lookup
+decoding, no draft model), and any callable named `module:function` or `path/to/file.py:function`.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from transformers import GenerationConfig
 
 from spec import hf
 from spec.decode import speculative_generate
+from spec.lookup import PromptLookup
 
 DRAFT_KINDS = ("model", "none", "any")
 PROCESSOR_KWARGS = ("repetition_penalty", "no_repeat_ngram_size")
@@ -87,11 +88,15 @@ class Impl:
 def spec_generate(target, draft, input_ids, *, gamma, max_new_tokens, eos_token_id=None, do_sample=False,
                   temperature=1.0, top_k=None, top_p=None, generator=None, repetition_penalty=None,
                   no_repeat_ngram_size=None) -> list[int]:
+    draft = PromptLookup() if draft is None else draft  # model-free: spec's own prompt lookup
     return speculative_generate(target, draft, input_ids, gamma=gamma, max_new_tokens=max_new_tokens,
                                 eos_token_id=eos_token_id, do_sample=do_sample, temperature=temperature,
                                 top_k=top_k, top_p=top_p, generator=generator,
                                 repetition_penalty=repetition_penalty,
                                 no_repeat_ngram_size=no_repeat_ngram_size).tokens
+
+
+spec_generate.conformance_draft = "any"
 
 
 # --- Hugging Face generate() -----------------------------------------------------------------
@@ -121,18 +126,21 @@ def _seeded_global_rng(generator, device):
 @torch.inference_mode()
 def hf_generate(target, input_ids, *, max_new_tokens, eos_token_id=None, do_sample=False, temperature=1.0,
                 top_k=None, top_p=None, repetition_penalty=None, no_repeat_ngram_size=None, generator=None,
-                assistant=None, gamma=None, prompt_lookup_num_tokens=None, **generation_options) -> list[int]:
+                assistant=None, gamma=None, prompt_lookup_num_tokens=None, top_k_as_given=False,
+                **generation_options) -> list[int]:
     """New tokens of target.generate(): assisted by `assistant` (gamma tokens a round) or by
     prompt lookup, with every option set explicitly (see hf.as_only_config) and an all-ones
     attention mask (without one, HF masks every prompt position equal to pad_token_id).
-    generation_options: further GenerationConfig fields, set as given."""
+    generation_options: further GenerationConfig fields, set as given. top_k_as_given: pass top_k=None
+    on as None, which HF fills with its default of 50 (the harness mistake; for the kit's own tests)."""
     eos = list(eos_token_id) if isinstance(eos_token_id, (list, tuple)) else eos_token_id
     cfg = GenerationConfig(max_new_tokens=max_new_tokens, min_new_tokens=0, num_beams=1, do_sample=do_sample,
                            eos_token_id=eos, pad_token_id=(eos[0] if isinstance(eos, list) else eos) or 0,
                            repetition_penalty=repetition_penalty or 1.0,
                            no_repeat_ngram_size=no_repeat_ngram_size or 0)
     if do_sample:
-        cfg.temperature, cfg.top_k, cfg.top_p = float(temperature), top_k or 0, 1.0 if top_p is None else top_p
+        cfg.temperature, cfg.top_p = float(temperature), 1.0 if top_p is None else top_p
+        cfg.top_k = top_k if top_k_as_given else top_k or 0   # 0: no top-k (None would become 50)
     for key, value in generation_options.items():
         setattr(cfg, key, value)
     if prompt_lookup_num_tokens is not None:
@@ -219,9 +227,12 @@ def _accepts_processors(fn) -> bool:
     return all(k in params for k in PROCESSOR_KWARGS) or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
-def load(name: str) -> Impl:
-    """The decoder under test named `name`: a built-in adapter or module:function / file.py:function."""
+def load(name: str, model: str | None = None) -> Impl:
+    """The decoder under test named `name`: a built-in adapter or module:function / file.py:function.
+    `model`: a model file for the engine adapters that take one (llama-cpp); refused for the others."""
     fn = BUILTIN.get(name) or _load_callable(name)
+    if model is not None:
+        raise ValueError(f"--model: {name} takes no model file (its models are the kit's; only llama-cpp takes one)")
     draft = getattr(fn, "conformance_draft", "model")
     if draft not in DRAFT_KINDS:
         raise ValueError(f"{name}: conformance_draft must be one of {DRAFT_KINDS}, got {draft!r}")

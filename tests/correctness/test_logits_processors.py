@@ -1,6 +1,6 @@
 """spec.processors against transformers' own RepetitionPenaltyLogitsProcessor and
 NoRepeatNGramLogitsProcessor (the reference semantics), row by row, and its argument checks.
-End to end (greedy vs HF generate, sampling law by chi-square) is tests/conformance."""
+End to end (greedy vs HF generate, sampling law by chi-square) is spec/conformance (the kit)."""
 
 from __future__ import annotations
 

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kit import SMALL_PROMPT, ExactLaw, joint_fit, run, small_pair
+
+from spec.conformance.kit import SMALL_PROMPT, ExactLaw, joint_fit, run, small_pair, zoo
+from spec.conformance.stats import goodness_of_fit
 
 ALPHA = 1e-3        # level of each chi-square test: 4 default tests, family-wise false alarms <= 0.4%
-N = 400             # generations per scenario at budget 1
+N = 400             # generations per scenario at budget 1 and below
 GAMMA, JOINT = 2, 3
 
 SCENARIOS = {   # T != 1 in the first: a q taken at another temperature than the one sampled shows only there
@@ -33,6 +35,9 @@ SCENARIOS = {   # T != 1 in the first: a q taken at another temperature than the
     "repetition_penalty=1.5,no_repeat_ngram_size=3": dict(repetition_penalty=1.5, no_repeat_ngram_size=3),
 }
 WARP = ("temperature", "top_k", "top_p")
+# Below budget 1 (the default run checks every built-in adapter at 0.25) one scenario stands for all:
+# a sample size is never cut below N, so the cheaper run is the one with fewer scenarios.
+SMALL_BUDGET_SCENARIOS = ("T=1.3,top_k=3,top_p=0.9",)
 
 
 def exact_law(model, options):
@@ -40,11 +45,15 @@ def exact_law(model, options):
 
 
 def sample_size(budget: float) -> int:
-    return max(100, round(N * budget))
+    """N x budget, never below N: under N the negative controls (test_sampling_power) lose their
+    power, so a small budget shrinks the hypothesis searches only."""
+    return max(N, round(N * budget))
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_sampling_law(impl, budget, scenario, record_property):
+    if budget < 1 and scenario not in SMALL_BUDGET_SCENARIOS:
+        pytest.skip(f"budget {budget:g} < 1 runs the sampling law in {', '.join(SMALL_BUDGET_SCENARIOS)} only")
     options = SCENARIOS[scenario]
     target, draft = small_pair()
     draft = None if impl.draft == "none" else draft
@@ -135,3 +144,60 @@ def test_determinism(impl):
     if first == other:
         pytest.fail(f"property determinism violated by {impl.name}\n  seeds 0 and 1 gave the same 6 samples "
                     f"{first}: the generator is ignored", pytrace=False)
+
+
+# --- a wide vocabulary: where a default top-k of 50 (HF's, filled in for top_k=None) bites ----------
+
+WIDE_ARCH = "llama"                 # kit.zoo: 640-wide logits, about 80% of the mass beyond the top 50
+WIDE_PROMPT = (5, 9, 5, 9, 5, 9, 5)  # repeats, so prompt lookup drafts too
+WIDE_NEW = 3                        # gamma 2: the first token is the first draft's accept or its residual
+WIDE_N = 100                        # samples at budget 1 and below: a cut of 80% of the mass shows at once
+
+
+def wide_sample_size(budget: float) -> int:
+    return max(WIDE_N, round(WIDE_N * budget))
+
+
+def wide_fit(firsts, law):
+    """Chi-square fit of the first new token's law (640 cells, pooled to expected >= 5) and the
+    cells that deviate most."""
+    p = law(WIDE_PROMPT)
+    observed = torch.bincount(torch.tensor(firsts), minlength=len(p)).tolist()
+    fit = goodness_of_fit("first token on a 640-wide vocabulary", {"all": (observed, p.tolist())})
+    n = len(firsts)
+    worst = sorted(range(len(p)), key=lambda t: -abs(observed[t] - n * float(p[t])))[:6]
+    return fit, "    token: observed vs expected  " + ", ".join(f"{t}: {observed[t]} vs {n * float(p[t]):.1f}"
+                                                          for t in worst)
+
+
+def test_sampling_law_wide(impl, budget, record_property):
+    """The first token on a 640-wide vocabulary at T=1, no top-k, no top-p: a decoder (or an
+    adapter) that truncates the distribution where it was not asked to (HF fills top_k=None with
+    50) never samples beyond the top 50, which hold about 80% of the mass here."""
+    z = zoo(WIDE_ARCH)
+    draft = None if impl.draft == "none" else z["partial"]
+    gen = torch.Generator().manual_seed(4321)
+    runs = [run(impl, z["target"], draft, WIDE_PROMPT, gamma=GAMMA, max_new_tokens=WIDE_NEW, do_sample=True,
+                generator=gen) for _ in range(wide_sample_size(budget))]
+    assert all(runs), f"property sampling_law_wide: {impl.name} returned no token"
+    fit, table = wide_fit([r[0] for r in runs], ExactLaw(z["target"]))
+    record_property("evidence", f"p = {fit.pvalue:.3g} (chi2 {fit.stat:.1f}, df {fit.df}, n {fit.n}, level {ALPHA})")
+    if fit.rejects(ALPHA):
+        pytest.fail(f"property sampling_law_wide violated by {impl.name} (T=1, no top-k or top-p, gamma={GAMMA}, "
+                    f"draft={'model' if draft is not None else 'none'}):\n  {fit}\n{table}", pytrace=False)
+
+
+@pytest.mark.parametrize("control", ["correct", "top-k-50"])
+def test_sampling_law_wide_power(budget, control, record_property):
+    """Negative control for sampling_law_wide at its sample size: exact sampling passes; the same
+    law cut to its top 50 (the default HF fills in for top_k=None) is rejected."""
+    target = zoo(WIDE_ARCH)["target"]
+    sampled = ExactLaw(target, top_k=50 if control == "top-k-50" else None)(WIDE_PROMPT)
+    gen = torch.Generator().manual_seed(77)
+    firsts = torch.multinomial(sampled, wide_sample_size(budget), replacement=True, generator=gen).tolist()
+    fit, table = wide_fit(firsts, ExactLaw(target))
+    record_property("evidence", f"p = {fit.pvalue:.3g}")
+    if control == "correct":
+        assert not fit.rejects(ALPHA), f"exact sampling was rejected (false alarm): {fit}\n{table}"
+    else:
+        assert fit.rejects(ALPHA), f"property sampling_law_wide: the check did not reject a top-50 cut: {fit}\n{table}"
