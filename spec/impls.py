@@ -9,15 +9,17 @@ that returns the new token ids (prompt excluded). `target` is a Hugging Face cau
 `draft` another one or None (model-free drafting, e.g. prompt lookup), `input_ids` a list of
 ints, `eos_token_id` None (no EOS stop: never fall back to the model config's EOS), an int or a
 list of ints, `generator` a seeded torch.Generator the callable may use or ignore. Optional
-keywords `repetition_penalty` and `no_repeat_ngram_size` (HF semantics) are passed only when a
-test uses them and only to callables that accept them.
+keywords with HF's names and semantics, `repetition_penalty`, `no_repeat_ngram_size`, `min_p`,
+`min_new_tokens`, `sequence_bias` ({tuple of ids: bias}) and `bad_words_ids` ([[ids], ...]), are
+passed only when a test uses them and only to callables that take them (by name, or **kwargs);
+a property that needs an option the callable does not take is skipped with that reason.
 
 What a callable can take part in is read from optional attributes on it:
   conformance_draft     "model" (needs a draft model; the default), "none" (model-free: draft is
                         always None) or "any" (either)
   conformance_sampling  False for a greedy-only decoder (default True)
-  conformance_processors  True / False (default: whether its signature takes repetition_penalty
-                        or **kwargs)
+  conformance_options   the optional keywords it takes (default: those its signature names; all
+                        of them if it takes **kwargs)
 A callable may also raise NotImplementedError("why") for an option it does not support: the test
 is then skipped with that reason, not failed.
 
@@ -44,7 +46,8 @@ from spec.decode import speculative_generate
 from spec.lookup import PromptLookup
 
 DRAFT_KINDS = ("model", "none", "any")
-PROCESSOR_KWARGS = ("repetition_penalty", "no_repeat_ngram_size")
+OPTION_KWARGS = ("repetition_penalty", "no_repeat_ngram_size", "min_p", "min_new_tokens", "sequence_bias",
+                 "bad_words_ids")
 
 
 @dataclass
@@ -54,7 +57,7 @@ class Impl:
     generate: Callable
     draft: str = "model"
     sampling: bool = True
-    processors: bool = False
+    options: frozenset = frozenset()
 
     def takes_draft(self, draft) -> str | None:
         """None if this decoder can run with `draft` (a model or None), else why not."""
@@ -69,10 +72,10 @@ class Impl:
                  top_p: float | None = None, generator: torch.Generator | None = None, **processors) -> list[int]:
         if do_sample and not self.sampling:
             raise NotImplementedError(f"{self.name} is greedy-only (conformance_sampling = False)")
-        if any(v is not None for v in processors.values()) and not self.processors:
-            raise NotImplementedError(f"{self.name} takes no logits processors "
-                                      f"({', '.join(PROCESSOR_KWARGS)} not in its signature)")
         extra = {k: v for k, v in processors.items() if v is not None}
+        missing = sorted(set(extra) - self.options)
+        if missing:
+            raise NotImplementedError(f"{self.name} does not take {', '.join(missing)} (not in its signature)")
         out = self.generate(target, None if self.draft == "none" else draft, list(input_ids), gamma=gamma,
                             max_new_tokens=max_new_tokens, eos_token_id=eos_token_id, do_sample=do_sample,
                             temperature=temperature, top_k=top_k, top_p=top_p, generator=generator, **extra)
@@ -87,13 +90,15 @@ class Impl:
 
 def spec_generate(target, draft, input_ids, *, gamma, max_new_tokens, eos_token_id=None, do_sample=False,
                   temperature=1.0, top_k=None, top_p=None, generator=None, repetition_penalty=None,
-                  no_repeat_ngram_size=None) -> list[int]:
+                  no_repeat_ngram_size=None, min_p=None, min_new_tokens=None, sequence_bias=None,
+                  bad_words_ids=None) -> list[int]:
     draft = PromptLookup() if draft is None else draft  # model-free: spec's own prompt lookup
     return speculative_generate(target, draft, input_ids, gamma=gamma, max_new_tokens=max_new_tokens,
                                 eos_token_id=eos_token_id, do_sample=do_sample, temperature=temperature,
                                 top_k=top_k, top_p=top_p, generator=generator,
-                                repetition_penalty=repetition_penalty,
-                                no_repeat_ngram_size=no_repeat_ngram_size).tokens
+                                repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+                                min_p=min_p, min_new_tokens=min_new_tokens, sequence_bias=sequence_bias,
+                                bad_words_ids=bad_words_ids).tokens
 
 
 spec_generate.conformance_draft = "any"
@@ -125,7 +130,8 @@ def _seeded_global_rng(generator, device):
 
 @torch.inference_mode()
 def hf_generate(target, input_ids, *, max_new_tokens, eos_token_id=None, do_sample=False, temperature=1.0,
-                top_k=None, top_p=None, repetition_penalty=None, no_repeat_ngram_size=None, generator=None,
+                top_k=None, top_p=None, repetition_penalty=None, no_repeat_ngram_size=None, min_p=None,
+                min_new_tokens=None, sequence_bias=None, bad_words_ids=None, generator=None,
                 assistant=None, gamma=None, prompt_lookup_num_tokens=None, top_k_as_given=False,
                 **generation_options) -> list[int]:
     """New tokens of target.generate(): assisted by `assistant` (gamma tokens a round) or by
@@ -134,13 +140,19 @@ def hf_generate(target, input_ids, *, max_new_tokens, eos_token_id=None, do_samp
     generation_options: further GenerationConfig fields, set as given. top_k_as_given: pass top_k=None
     on as None, which HF fills with its default of 50 (the harness mistake; for the kit's own tests)."""
     eos = list(eos_token_id) if isinstance(eos_token_id, (list, tuple)) else eos_token_id
-    cfg = GenerationConfig(max_new_tokens=max_new_tokens, min_new_tokens=0, num_beams=1, do_sample=do_sample,
+    cfg = GenerationConfig(max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens or 0, num_beams=1,
+                           do_sample=do_sample,
                            eos_token_id=eos, pad_token_id=(eos[0] if isinstance(eos, list) else eos) or 0,
                            repetition_penalty=repetition_penalty or 1.0,
                            no_repeat_ngram_size=no_repeat_ngram_size or 0)
     if do_sample:
         cfg.temperature, cfg.top_p = float(temperature), 1.0 if top_p is None else top_p
         cfg.top_k = top_k if top_k_as_given else top_k or 0   # 0: no top-k (None would become 50)
+        cfg.min_p = min_p
+    if sequence_bias is not None:   # HF's list form [[ids], bias] (its dict form wants float biases)
+        cfg.sequence_bias = [[list(ids), float(bias)] for ids, bias in dict(sequence_bias).items()]
+    if bad_words_ids is not None:
+        cfg.bad_words_ids = [list(ids) for ids in bad_words_ids]
     for key, value in generation_options.items():
         setattr(cfg, key, value)
     if prompt_lookup_num_tokens is not None:
@@ -161,28 +173,33 @@ def hf_generate(target, input_ids, *, max_new_tokens, eos_token_id=None, do_samp
     return out[0, ids.shape[1]:].tolist()
 
 
+def _hf_options(options: dict) -> dict:
+    """The kit's optional keywords (OPTION_KWARGS), refused by name if any other comes."""
+    unknown = sorted(set(options) - set(OPTION_KWARGS))
+    if unknown:
+        raise TypeError(f"unexpected options {unknown}; the HF adapters take {', '.join(OPTION_KWARGS)}")
+    return options
+
+
 def hf_assisted_generate(target, draft, input_ids, *, gamma, max_new_tokens, eos_token_id=None, do_sample=False,
-                         temperature=1.0, top_k=None, top_p=None, generator=None, repetition_penalty=None,
-                         no_repeat_ngram_size=None) -> list[int]:
+                         temperature=1.0, top_k=None, top_p=None, generator=None, **options) -> list[int]:
     """HF assisted generation: `draft` as assistant_model, gamma draft tokens a round
     (constant schedule, confidence threshold 0: set on the assistant's generation_config,
     the only place HF reads them)."""
     if draft is None:
         raise NotImplementedError("hf-assisted needs a draft model")
     return hf_generate(target, input_ids, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
-                       do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
-                       repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
-                       generator=generator, assistant=_assistant(target, draft), gamma=gamma)
+                       do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator,
+                       assistant=_assistant(target, draft), gamma=gamma, **_hf_options(options))
 
 
 def hf_prompt_lookup_generate(target, draft, input_ids, *, gamma, max_new_tokens, eos_token_id=None,
                               do_sample=False, temperature=1.0, top_k=None, top_p=None, generator=None,
-                              repetition_penalty=None, no_repeat_ngram_size=None) -> list[int]:
+                              **options) -> list[int]:
     """HF prompt lookup decoding: gamma = prompt_lookup_num_tokens (n-grams of up to 2 matched)."""
     return hf_generate(target, input_ids, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
-                       do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
-                       repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
-                       generator=generator, prompt_lookup_num_tokens=gamma)
+                       do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator,
+                       prompt_lookup_num_tokens=gamma, **_hf_options(options))
 
 
 hf_prompt_lookup_generate.conformance_draft = "none"
@@ -219,12 +236,14 @@ def _load_callable(ref: str) -> Callable:
     return fn
 
 
-def _accepts_processors(fn) -> bool:
+def _options_taken(fn) -> frozenset:
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
-        return False
-    return all(k in params for k in PROCESSOR_KWARGS) or any(p.kind is p.VAR_KEYWORD for p in params.values())
+        return frozenset()
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return frozenset(OPTION_KWARGS)
+    return frozenset(k for k in OPTION_KWARGS if k in params)
 
 
 def load(name: str, model: str | None = None) -> Impl:
@@ -236,6 +255,6 @@ def load(name: str, model: str | None = None) -> Impl:
     draft = getattr(fn, "conformance_draft", "model")
     if draft not in DRAFT_KINDS:
         raise ValueError(f"{name}: conformance_draft must be one of {DRAFT_KINDS}, got {draft!r}")
-    processors = getattr(fn, "conformance_processors", None)
+    options = getattr(fn, "conformance_options", None)
     return Impl(name=name, generate=fn, draft=draft, sampling=bool(getattr(fn, "conformance_sampling", True)),
-                processors=_accepts_processors(fn) if processors is None else bool(processors))
+                options=_options_taken(fn) if options is None else frozenset(options))

@@ -21,6 +21,7 @@ independently of spec.sampling and spec.processors.
 
 from __future__ import annotations
 
+import copy
 import functools
 import itertools
 import math
@@ -103,12 +104,30 @@ def small_pair():
     return target, draft
 
 
-def reference_processed(logits: torch.Tensor, context, repetition_penalty=None, no_repeat_ngram_size=None):
-    """HF's repetition penalty and no-repeat n-gram on one logits row, from their definitions
-    (transformers' RepetitionPenaltyLogitsProcessor / NoRepeatNGramLogitsProcessor docstrings),
-    in plain Python over the whole context."""
+def _bias(z, ctx, sequence_bias):
+    for ids, bias in sequence_bias.items():
+        head = list(ids[:-1])
+        if len(head) <= len(ctx) and (not head or ctx[len(ctx) - len(head):] == head):
+            z[ids[-1]] += float(torch.tensor(bias, dtype=torch.float32))  # HF keeps biases in float32
+
+
+@functools.cache
+def small_pair_bf16():
+    """The small pair as a mixed-precision deployment runs it: the target in fp32, the draft in bf16."""
+    target, draft = small_pair()
+    return copy.deepcopy(target).to(torch.float32), copy.deepcopy(draft).to(torch.bfloat16)
+
+
+def reference_processed(logits: torch.Tensor, context, repetition_penalty=None, no_repeat_ngram_size=None,
+                        sequence_bias=None, bad_words_ids=None):
+    """HF's sequence bias, repetition penalty, no-repeat n-gram and bad words on one logits row,
+    in HF's order, from their definitions (transformers' SequenceBiasLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor, NoRepeatNGramLogitsProcessor, NoBadWordsLogitsProcessor
+    docstrings), in plain Python over the whole context. (No EOS here: no min_new_tokens.)"""
     z = [float(v) for v in logits.double().tolist()]
     ctx = [int(t) for t in context]
+    if sequence_bias:
+        _bias(z, ctx, sequence_bias)
     if repetition_penalty:
         for t in set(ctx):
             z[t] = z[t] * repetition_penalty if z[t] < 0 else z[t] / repetition_penalty
@@ -118,37 +137,38 @@ def reference_processed(logits: torch.Tensor, context, repetition_penalty=None, 
         for j in range(len(ctx) - n + 1):
             if ctx[j:j + n - 1] == tail:
                 z[ctx[j + n - 1]] = -math.inf
+    if bad_words_ids:
+        _bias(z, ctx, {tuple(ids): -math.inf for ids in bad_words_ids})
     return torch.tensor(z, dtype=torch.float64)
 
 
 class ExactLaw:
     """Exact processed next-token distributions of `model`, memoised by context."""
 
-    def __init__(self, model, temperature=1.0, top_k=None, top_p=None, repetition_penalty=None,
-                 no_repeat_ngram_size=None):
+    def __init__(self, model, temperature=1.0, top_k=None, top_p=None, min_p=None, repetition_penalty=None,
+                 no_repeat_ngram_size=None, sequence_bias=None, bad_words_ids=None):
         self.model = model
-        self.warp = dict(temperature=temperature, top_k=top_k, top_p=top_p)
-        self.proc = dict(repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
+        self.warp = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+        self.proc = dict(repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+                         sequence_bias=sequence_bias, bad_words_ids=bad_words_ids)
         self._memo = {}
 
     @torch.inference_mode()
-    def __call__(self, context) -> torch.Tensor:
-        key = tuple(int(t) for t in context)
+    def logits(self, context) -> torch.Tensor:
+        key = ("logits",) + tuple(int(t) for t in context)
         if key not in self._memo:
-            logits = hf.forward(self.model, torch.tensor(key), hf.new_cache(self.model), keep=1)[-1]
-            self._memo[key] = reference_probabilities(reference_processed(logits, key, **self.proc), **self.warp)
+            self._memo[key] = hf.forward(self.model, torch.tensor(key[1:]), hf.new_cache(self.model), keep=1)[-1]
         return self._memo[key]
 
-    @torch.inference_mode()
-    def prefill(self, contexts, batch: int = 128):
-        """Memoise the laws after many contexts of one length, by batched cache-free forwards
-        (the same logits as one at a time, to rounding: the targets are fp64)."""
-        contexts = [tuple(int(t) for t in c) for c in contexts if tuple(c) not in self._memo]
-        for i in range(0, len(contexts), batch):
-            chunk = contexts[i:i + batch]
-            logits = self.model(input_ids=torch.tensor(chunk, device=self.model.device), use_cache=False).logits[:, -1]
-            for key, row in zip(chunk, logits):
-                self._memo[key] = reference_probabilities(reference_processed(row, key, **self.proc), **self.warp)
+    def __call__(self, context, processors_see=None) -> torch.Tensor:
+        """The law after `context`; processors_see: the context the processors are shown instead
+        (a negative control's stale state), default `context` itself."""
+        key = tuple(int(t) for t in context)
+        seen = key if processors_see is None else tuple(int(t) for t in processors_see)
+        if (key, seen) not in self._memo:
+            self._memo[key, seen] = reference_probabilities(
+                reference_processed(self.logits(key), seen, **self.proc), **self.warp)
+        return self._memo[key, seen]
 
     def joint(self, prompt, m: int) -> dict:
         """{sequence of m tokens: probability} under the target's processed law."""

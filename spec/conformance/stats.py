@@ -13,10 +13,11 @@ IMPOSSIBLE = 1e-12  # a cell with exact probability at most this must never be o
 
 
 def reference_probabilities(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
-                            top_p: float | None = None) -> torch.Tensor:
+                            top_p: float | None = None, min_p: float | None = None) -> torch.Tensor:
     """Temperature, then top-k (ties with the k-th logit kept), then top-p (the smallest
-    prefix of the sorted distribution whose mass reaches top_p), in float64, written
-    independently of spec.sampling.probabilities."""
+    prefix of the sorted distribution whose mass reaches top_p), then min-p (drop what is less
+    likely than min_p times the most likely token), in float64, written independently of
+    spec.sampling.probabilities."""
     z = [float(v) / temperature for v in logits.double().tolist()]
     order = sorted(range(len(z)), key=lambda i: -z[i])
     kept = [i for i in order if z[i] > -math.inf]
@@ -35,6 +36,10 @@ def reference_probabilities(logits: torch.Tensor, temperature: float = 1.0, top_
             mass += w[i] / total
         w = {i: w[i] for i in nucleus}
         total = sum(w.values())
+    if min_p is not None:
+        top = max(w.values())
+        w = {i: v for i, v in w.items() if v >= min_p * top}
+        total = sum(w.values())
     out = torch.zeros(len(z), dtype=torch.float64)
     for i, v in w.items():
         out[i] = v / total
@@ -47,6 +52,38 @@ def chi2_sf(x: float, df: float) -> float:
         return 1.0
     return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
                                          torch.tensor(max(x, 0.0) / 2, dtype=torch.float64)))
+
+
+def chi2_isf(alpha: float, df: float) -> float:
+    """The critical value c with P(chi-square(df) > c) = alpha."""
+    lo, hi = 0.0, df + 100.0 + 50.0 * math.sqrt(df)
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if chi2_sf(mid, df) > alpha else (lo, mid)
+    return (lo + hi) / 2
+
+
+def ncx2_sf(x: float, df: float, lam: float) -> float:
+    """P(X > x) for a noncentral chi-square(df, lam): a Poisson(lam/2) mixture of central ones."""
+    mu = lam / 2
+    j0 = int(mu)
+    span = int(12 * math.sqrt(mu + 1) + 12)
+    total = 0.0
+    for j in range(max(0, j0 - span), j0 + span):
+        logw = -mu + j * math.log(mu) - math.lgamma(j + 1) if mu > 0 else (0.0 if j == 0 else -math.inf)
+        total += math.exp(logw) * chi2_sf(x, df + 2 * j)
+    return total
+
+
+def power(df: int, lam: float, alpha: float) -> float:
+    """Probability that Pearson's test at level alpha rejects when the noncentrality is lam."""
+    return ncx2_sf(chi2_isf(alpha, df), df, lam)
+
+
+def worst_case_power(n: int, df: int, tv: float, alpha: float) -> float:
+    """Power against the least detectable shift of total variation `tv` with n samples:
+    sum d^2/p >= (sum |d|)^2 = 4 tv^2 (Cauchy-Schwarz), so the noncentrality is at least 4 n tv^2."""
+    return power(df, 4 * n * tv * tv, alpha)
 
 
 @dataclass

@@ -27,8 +27,8 @@ import torch
 from transformers import DynamicCache
 
 from spec import hf
-from spec.conformance.stats import (IMPOSSIBLE, Fit, chi2_sf, goodness_of_fit,  # noqa: F401 (re-exported)
-                                    reference_probabilities)
+from spec.conformance.stats import (IMPOSSIBLE, Fit, chi2_isf, chi2_sf, goodness_of_fit,  # noqa: F401
+                                    ncx2_sf, power, reference_probabilities, worst_case_power)
 from spec.models import gpt_neox_config
 
 
@@ -109,38 +109,6 @@ def widen(q: torch.Tensor, width: int) -> torch.Tensor:
 
 
 # --- goodness of fit -------------------------------------------------------------------
-
-def chi2_isf(alpha: float, df: float) -> float:
-    """The critical value c with P(chi-square(df) > c) = alpha."""
-    lo, hi = 0.0, df + 100.0 + 50.0 * math.sqrt(df)
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if chi2_sf(mid, df) > alpha else (lo, mid)
-    return (lo + hi) / 2
-
-
-def ncx2_sf(x: float, df: float, lam: float) -> float:
-    """P(X > x) for a noncentral chi-square(df, lam): a Poisson(lam/2) mixture of central ones."""
-    mu = lam / 2
-    j0 = int(mu)
-    span = int(12 * math.sqrt(mu + 1) + 12)
-    total = 0.0
-    for j in range(max(0, j0 - span), j0 + span):
-        logw = -mu + j * math.log(mu) - math.lgamma(j + 1) if mu > 0 else (0.0 if j == 0 else -math.inf)
-        total += math.exp(logw) * chi2_sf(x, df + 2 * j)
-    return total
-
-
-def power(df: int, lam: float, alpha: float) -> float:
-    """Probability that Pearson's test at level alpha rejects when the noncentrality is lam."""
-    return ncx2_sf(chi2_isf(alpha, df), df, lam)
-
-
-def worst_case_power(n: int, df: int, tv: float, alpha: float) -> float:
-    """Power against the least detectable shift of total variation `tv` with n samples:
-    sum d^2/p >= (sum |d|)^2 = 4 tv^2 (Cauchy-Schwarz), so the noncentrality is at least 4 n tv^2."""
-    return power(df, 4 * n * tv * tv, alpha)
-
 
 def binomial_z(successes: int, n: int, p: float) -> float:
     """Standardised deviation of a binomial count from its mean n p."""
