@@ -55,6 +55,8 @@ def _split(nodeid: str, impl: str = "") -> tuple[str, str]:
     name = nodeid.split("::")[-1]
     base, _, case = name.partition("[")
     case = case.removesuffix("]")
+    if impl:
+        case = case.replace(f"-{impl}-", "-")
     for cut in (f"{impl}-", f"-{impl}"):
         if impl and (case.startswith(cut) or case.endswith(cut)):
             case = case.removeprefix(cut) if case.startswith(cut) else case.removesuffix(cut)

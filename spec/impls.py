@@ -23,7 +23,8 @@ What a callable can take part in is read from optional attributes on it:
 A callable may also raise NotImplementedError("why") for an option it does not support: the test
 is then skipped with that reason, not failed.
 
-Adapters: `spec` (spec.speculative_generate; spec.PromptLookup when draft is None), `hf-assisted`
+Adapters: `llama-cpp` (an engine: its own GGUF models, its own greedy reference and logits; see
+spec/llamacpp.py), `spec` (spec.speculative_generate; spec.PromptLookup when draft is None), `hf-assisted`
 (HF assisted generation with the draft as assistant model), `hf-prompt-lookup` (HF prompt lookup
 decoding, no draft model), and any callable named `module:function` or `path/to/file.py:function`.
 """
@@ -58,6 +59,8 @@ class Impl:
     draft: str = "model"
     sampling: bool = True
     options: frozenset = frozenset()
+    engine: str | None = None      # an engine adapter (llama-cpp): runs its own models, see test_engine.py
+    model: str | None = None       # --model: the engine's model file
 
     def takes_draft(self, draft) -> str | None:
         """None if this decoder can run with `draft` (a model or None), else why not."""
@@ -204,10 +207,21 @@ def hf_prompt_lookup_generate(target, draft, input_ids, *, gamma, max_new_tokens
 
 hf_prompt_lookup_generate.conformance_draft = "none"
 
+def llama_cpp_generate(target, draft, input_ids, **options):
+    """llama.cpp runs GGUF models, not the kit's Hugging Face ones: its properties are the engine
+    properties (spec/conformance/test_engine.py, spec/llamacpp.py)."""
+    raise NotImplementedError("llama-cpp runs its own GGUF models, not the kit's Hugging Face models; "
+                              "its properties are engine_* (spec/conformance/test_engine.py)")
+
+
+llama_cpp_generate.conformance_draft = "any"
+llama_cpp_generate.conformance_engine = "llama-cpp"
+
 BUILTIN = {
     "spec": spec_generate,
     "hf-assisted": hf_assisted_generate,
     "hf-prompt-lookup": hf_prompt_lookup_generate,
+    "llama-cpp": llama_cpp_generate,
 }
 
 
@@ -250,11 +264,15 @@ def load(name: str, model: str | None = None) -> Impl:
     """The decoder under test named `name`: a built-in adapter or module:function / file.py:function.
     `model`: a model file for the engine adapters that take one (llama-cpp); refused for the others."""
     fn = BUILTIN.get(name) or _load_callable(name)
-    if model is not None:
+    engine = getattr(fn, "conformance_engine", None)
+    if model is not None and engine is None:
         raise ValueError(f"--model: {name} takes no model file (its models are the kit's; only llama-cpp takes one)")
+    if model is not None and not Path(model).expanduser().is_file():
+        raise ValueError(f"--model: no file {model}")
     draft = getattr(fn, "conformance_draft", "model")
     if draft not in DRAFT_KINDS:
         raise ValueError(f"{name}: conformance_draft must be one of {DRAFT_KINDS}, got {draft!r}")
     options = getattr(fn, "conformance_options", None)
     return Impl(name=name, generate=fn, draft=draft, sampling=bool(getattr(fn, "conformance_sampling", True)),
-                options=_options_taken(fn) if options is None else frozenset(options))
+                options=_options_taken(fn) if options is None else frozenset(options), engine=engine,
+                model=None if model is None else str(Path(model).expanduser().resolve()))

@@ -32,6 +32,8 @@ def test_conform_row_names():
         ("greedy_exact", "llama-partial")
     assert conform._split("test_sampling_law.py::test_determinism[hf-assisted]", "hf-assisted") == ("determinism", "")
     assert conform._split("test_sampling_law.py::test_sampling_power[correct]", "spec") == ("sampling_power", "correct")
+    assert conform._split("test_engine.py::test_engine_greedy_exact[q4_1-llama-cpp-prompt-lookup]", "llama-cpp") == \
+        ("engine_greedy_exact", "q4_1-prompt-lookup")
 
 
 SKIPS_EVERYTHING = '''

@@ -25,7 +25,14 @@ OURS = pytest.StashKey()       # node ids (without parameters) of the tests this
 
 # (impl, test name without the impl's id) -> why it fails. Every entry is a confirmed non-exactness
 # written up in docs/CONFORMANCE.md; it runs as xfail(strict=True), so an upstream fix shows up as XPASS.
-KNOWN_FINDINGS: dict[tuple[str, str], str] = {}
+_Q4_TIES = ("llama.cpp {0} on the SmolLM2-135M-Instruct Q4_1 GGUF: 4 of 5 seed prompts diverge from the engine's own "
+            "greedy output (llama-cpp-python 0.3.36, 64 tokens, 1 thread); every divergence is a tie, a greedy top-2 "
+            "gap of 0.007 to 0.17 against a measured one-token vs block noise of 1.24 on Q4_1 weights (kernel "
+            "non-invariance, not a rollback bug); the same weights in f32 are exact (docs/CONFORMANCE.md)")
+KNOWN_FINDINGS: dict[tuple[str, str], str] = {
+    ("llama-cpp", "test_engine_greedy_exact[q4_1-prompt-lookup]"): _Q4_TIES.format("prompt lookup (gamma 8)"),
+    ("llama-cpp", "test_engine_greedy_exact[q4_1-draft-model]"): _Q4_TIES.format("with a draft model (gamma 4)"),
+}
 
 
 def pytest_addoption(parser):
@@ -101,7 +108,7 @@ def budget(pytestconfig) -> float:
 def property_name(item, impl: str) -> str:
     """The test's name as it would be with no impl parameter: test_greedy_exact[llama-partial]."""
     base, _, case = item.name.partition("[")
-    parts = case.removesuffix("]")
+    parts = case.removesuffix("]").replace(f"-{impl}-", "-")
     for cut in (f"{impl}-", f"-{impl}"):
         if parts.startswith(cut) or parts.endswith(cut):
             parts = parts.removeprefix(cut) if parts.startswith(cut) else parts.removesuffix(cut)
