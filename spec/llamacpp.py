@@ -19,11 +19,12 @@ brings its own models (GGUF files), its own non-speculative reference and its ow
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from spec import clock
 
 PIN = "0.3.36"   # the llama-cpp-python version the findings in docs/CONFORMANCE.md were measured with
 
@@ -140,12 +141,15 @@ class Engine:
 
     def _run(self, llm, prompt, n) -> tuple[list[int], float]:
         llm.reset()
-        out, t0 = [], time.perf_counter()
-        for token in llm.generate(list(prompt), top_k=1, temp=0.0, repeat_penalty=1.0, reset=True):
-            out.append(int(token))
-            if len(out) == n:
-                break
-        return out, time.perf_counter() - t0
+
+        def decode():
+            out = []
+            for token in llm.generate(list(prompt), top_k=1, temp=0.0, repeat_penalty=1.0, reset=True):
+                out.append(int(token))
+                if len(out) == n:
+                    break
+            return out
+        return clock.timed(decode)
 
     def greedy(self, prompt, n: int) -> tuple[list[int], float]:
         """The engine's own plain greedy decoding: n new tokens and the seconds it took."""
