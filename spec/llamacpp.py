@@ -213,3 +213,56 @@ class Engine:
                 replay.append(width)
         verdict = "tie" if gap <= noise else "BUG"
         return Divergence(j, int(expected[j]), int(actual[j]), gap, noise, replay, verdict)
+
+
+def _permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """HF's rotate-half q/k rows to llama.cpp's interleaved rope layout (its converter's permute)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def llama_gguf(model, dst: Path) -> Path:
+    """Write a Hugging Face LlamaForCausalLM (e.g. a tiny seeded one) as an f32 GGUF llama.cpp runs.
+    Its vocabulary is a stand-in (token i is the string "<i>", no merges): the kit feeds token ids."""
+    import gguf
+
+    cfg = model.config
+    vocab = cfg.vocab_size
+    tmp = Path(dst).with_suffix(".part")
+    w = gguf.GGUFWriter(str(tmp), "llama")
+    heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_dimension_count(cfg.hidden_size // heads)
+    w.add_rope_freq_base(float(getattr(cfg, "rope_theta", None) or cfg.rope_parameters["rope_theta"]))
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_vocab_size(vocab)
+    w.add_file_type(int(gguf.LlamaFileType.ALL_F32))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list([f"<{i}>" for i in range(vocab)])
+    w.add_token_types([int(gguf.TokenType.NORMAL)] * vocab)
+    w.add_token_merges(["< 0"])   # llama.cpp wants a non-empty merge list; the kit never tokenizes text
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(0)
+    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+    for i in range(cfg.num_hidden_layers):
+        pre = f"model.layers.{i}."
+        for ours, theirs in (("attn_norm", "input_layernorm"), ("ffn_norm", "post_attention_layernorm"),
+                             ("attn_v", "self_attn.v_proj"), ("attn_output", "self_attn.o_proj"),
+                             ("ffn_gate", "mlp.gate_proj"), ("ffn_up", "mlp.up_proj"), ("ffn_down", "mlp.down_proj")):
+            w.add_tensor(f"blk.{i}.{ours}.weight", sd[pre + theirs + ".weight"])
+        w.add_tensor(f"blk.{i}.attn_q.weight", _permute(sd[pre + "self_attn.q_proj.weight"], heads))
+        w.add_tensor(f"blk.{i}.attn_k.weight", _permute(sd[pre + "self_attn.k_proj.weight"], kv_heads))
+    w.add_tensor("output_norm.weight", sd["model.norm.weight"])
+    w.add_tensor("output.weight", sd["lm_head.weight"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    tmp.replace(dst)
+    return Path(dst)

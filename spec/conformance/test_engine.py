@@ -5,6 +5,9 @@ the evidence the engine's own logits.
   engine_greedy_exact      speculative greedy output (prompt lookup, or a draft model) equals the
                            engine's own plain greedy output, token for token, on the seed prompts;
                            each divergence diagnosed from the engine's logits
+  engine_greedy_exact_tiny the same, under hypothesis (prompts, gamma 1..8, 1..24 tokens), on the
+                           kit's seeded 640-wide Llama written as an f32 GGUF (spec.llamacpp.llama_gguf;
+                           the draft model is its 10%-noise copy): fast enough to search
   engine_divergences_are_ties  every divergence is a numerical tie: the greedy top-2 gap at the
                            divergent position is within the engine's measured noise (the largest
                            difference between a one-token and a multi-token pass, for this model
@@ -17,10 +20,16 @@ dequantized to an f32 GGUF (spec.llamacpp.dequantized_gguf), or the file given w
 
 from __future__ import annotations
 
+import copy
 import functools
+import tempfile
+from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from spec.conformance import kit
 from spec.prompts import SEED_PROMPTS
 
 DRAFTERS = {"prompt-lookup": 8, "draft-model": 4}   # drafter -> gamma (prompt lookup: 3-gram matches)
@@ -119,3 +128,35 @@ def test_engine_divergences_are_ties(impl, budget, variant, drafter, record_prop
     record_property("evidence", f"{head}; " + "; ".join(f"gap {d.gap:.3g}" for d in diagnoses if d))
     if any(d is not None and d.verdict != "tie" for d in diagnoses):
         pytest.fail(f"property engine_divergences_are_ties violated by {impl.name}: {head}\n{lines}", pytrace=False)
+
+
+@functools.cache
+def tiny_file(which: str) -> str:
+    """kit.zoo's Llama ("target", or the "partial" draft) as an f32 GGUF in a scratch folder."""
+    from spec import llamacpp
+    model = copy.deepcopy(kit.zoo("llama")[which]).float()
+    folder = Path(tempfile.mkdtemp(prefix="spec-kit-gguf-"))
+    return str(llamacpp.llama_gguf(model, folder / f"llama-{which}.gguf"))
+
+
+@pytest.mark.parametrize("drafter", list(DRAFTERS))
+def test_engine_greedy_exact_tiny(impl, budget, drafter):
+    if impl.engine != "llama-cpp":
+        pytest.skip(f"{impl.name} is not an engine adapter (engine properties run for --impl llama-cpp)")
+    from spec import llamacpp
+    missing = llamacpp.available()
+    if missing:
+        pytest.skip(missing)
+    e, draft_path = engine(tiny_file("target")), tiny_file("partial")
+
+    @kit.kit_settings(budget, 6)
+    @given(prompt=kit.prompts(), gamma=st.integers(1, 8), n=st.integers(1, 24))
+    def prop(prompt, gamma, n):
+        greedy, _ = e.greedy(prompt, n)
+        spec, _ = e.speculative(prompt, n, draft=drafter, gamma=gamma, draft_path=draft_path)
+        if spec != greedy:
+            d = e.diagnose(prompt, greedy, spec, e.noise([list(prompt) + greedy], widths=(2, gamma + 1)), gamma=gamma)
+            pytest.fail(f"property engine_greedy_exact_tiny violated by {impl.name}: kit's Llama as f32 GGUF, "
+                        f"{drafter} gamma={gamma} n={n}\n  prompt={prompt}\n  {d}\n  expected {greedy}\n"
+                        f"  actual   {spec}", pytrace=False)
+    prop()
