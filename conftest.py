@@ -32,8 +32,10 @@ torch.set_num_threads(1)
 # pytester: tests/test_markers.py, tests/test_leakguard.py and tests/test_xdist.py run pytest on a
 # scratch project. leakguard (tests/leakguard.py): a test that leaves torch's flags or spec's
 # loaders changed fails. serial_timing (tests/serial_timing.py): under pytest-xdist, perf and gate
-# cases run with no other test beside them.
-pytest_plugins = ["pytester", "leakguard", "serial_timing"]
+# cases run with no other test beside them. The conformance kit's plugin (--impl, --conform-budget,
+# the impl fixture) is also registered by the pytest11 entry point of an installed spec, under this
+# same name, so it is never loaded twice.
+pytest_plugins = ["pytester", "leakguard", "serial_timing", "spec.conformance.plugin"]
 
 # --- markers that compose ----------------------------------------------------------------
 # An opt-in marker keeps its tests out of every run that does not ask for them: asked for by
@@ -66,7 +68,9 @@ def pytest_sessionstart(session):
     and spec memoises its probe's verdict on each model, so a process that runs pytest more than
     once (mutmut's fork server does, once per mutant) would otherwise hand a session the models,
     and the verdicts, of an earlier one, and a broken probe would never run."""
-    _clear_test_caches(Path(str(session.config.rootpath)) / "tests")
+    root = Path(str(session.config.rootpath))
+    for folder in (root / "tests", root / "spec" / "conformance"):
+        _clear_test_caches(folder)
 
 
 @pytest.fixture(autouse=True)
@@ -77,7 +81,8 @@ def _fresh_models_while_mutmut_maps_tests(request):
     maps, every test gets fresh models from the helpers' caches, and the session fixtures' models
     forget their probe verdicts."""
     if os.environ.get("MUTANT_UNDER_TEST") == "stats":
-        _clear_test_caches(Path(__file__).parent / "tests")
+        for folder in (Path(__file__).parent / "tests", Path(__file__).parent / "spec" / "conformance"):
+            _clear_test_caches(folder)
         for name in request.fixturenames:
             if name == request.fixturename:
                 continue
@@ -123,14 +128,6 @@ def pytest_addoption(parser):
                     help="target model: local folder or cached hub id (env SPEC_TARGET)")
     group.addoption("--draft", default=os.environ.get("SPEC_DRAFT", "EleutherAI/pythia-410m"),
                     help="draft model: local folder or cached hub id (env SPEC_DRAFT)")
-    kit = parser.getgroup("conformance", "spec: the conformance kit (tests/conformance)")
-    kit.addoption("--impl", default=os.environ.get("SPEC_IMPL", "spec"),
-                  help="decoder under test: spec, hf-assisted, hf-prompt-lookup, module:function or "
-                       "path/to/file.py:function (env SPEC_IMPL; default spec)")
-    kit.addoption("--conform-budget", type=float, default=1.0,
-                  help="scale the kit's example counts and sample sizes (default 1)")
-    kit.addoption("--conform-no-shrink", action="store_true",
-                  help="report the first counterexample hypothesis finds, without shrinking it (faster)")
 
 
 # --- model pairs ------------------------------------------------------------------------

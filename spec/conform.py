@@ -1,11 +1,13 @@
 """`python -m spec conform --impl NAME [--budget B]`: the conformance kit as a report.
 
-Runs the property tests in tests/conformance (pytest, in-process) against the decoder named by
---impl (spec/impls.py: spec, hf-assisted, hf-prompt-lookup, module:function or
+Runs the property tests of spec/conformance (shipped with the package; pytest, in-process, with the
+kit's own configuration, spec/conformance/kit.ini) against the decoder named by --impl
+(spec/impls.py: spec, hf-assisted, hf-prompt-lookup, llama-cpp, module:function or
 path/to/file.py:function), prints one row per property and case (pass / FAIL / skipped / xfail,
 with the evidence: hypothesis's smallest counterexample and the diagnosis, or the p-value and the
-observed-vs-expected table) and writes conformance.json. Exit status 0 when nothing failed,
-1 when a property failed, 2 for bad options or a missing test tree.
+observed-vs-expected table) and writes conformance.json. Exit status: 0 when properties ran and
+none failed, 1 when a property failed, 2 for bad options, 3 when no property ran (a -k that
+matches nothing, a decoder that skips everything): that is never a pass.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from pathlib import Path
 
 from spec import clock
 
-KIT = Path(__file__).resolve().parent.parent / "tests" / "conformance"
+KIT = Path(__file__).resolve().parent / "conformance"
+NOTHING_RAN = 3
 
 
 class Collector:
@@ -47,10 +50,20 @@ class Collector:
             row["evidence"] = report.longreprtext.strip()
 
 
-def _split(nodeid: str) -> tuple[str, str]:
+def _split(nodeid: str, impl: str = "") -> tuple[str, str]:
+    """(property, case) of a test id; the decoder's own id (the impl parameter) is left out."""
     name = nodeid.split("::")[-1]
     base, _, case = name.partition("[")
-    return base.removeprefix("test_"), case.rstrip("]")
+    case = case.removesuffix("]")
+    if impl:
+        case = case.replace(f"-{impl}-", "-")
+    for cut in (f"{impl}-", f"-{impl}"):
+        if impl and (case.startswith(cut) or case.endswith(cut)):
+            case = case.removeprefix(cut) if case.startswith(cut) else case.removesuffix(cut)
+            break
+    else:
+        case = "" if case == impl else case
+    return base.removeprefix("test_"), case
 
 
 def _summary(evidence: str, width: int) -> str:
@@ -74,47 +87,50 @@ def parse_args(argv):
     p.add_argument("--no-shrink", action="store_true",
                    help="report hypothesis's first counterexample unshrunk (faster when many properties fail)")
     p.add_argument("-k", dest="keyword", help="only the properties matching this pytest -k expression")
+    p.add_argument("--model", default=None, help="a model file for the engine adapters that take one "
+                                                 "(llama-cpp: a .gguf, run on its own vocabulary)")
     return p.parse_args(argv)
 
 
-def main(argv=None) -> int:
-    try:
-        args = parse_args(sys.argv[1:] if argv is None else argv)
-    except SystemExit as exit_:
-        return exit_.code if isinstance(exit_.code, int) else 2
+def _usage_error(args) -> str | None:
+    """Why these options cannot run (exit 2), or None."""
     if not args.budget > 0:
-        print(f"spec conform: error: --budget must be a number > 0, got {args.budget}", file=sys.stderr)
-        return 2
-    if not KIT.is_dir():
-        print(f"spec conform: error: no conformance tests at {KIT}: run from a source checkout of spec",
-              file=sys.stderr)
-        return 2
-    import pytest
+        return f"--budget must be a number > 0, got {args.budget}"
+    if not (KIT / "kit.ini").is_file():
+        return f"the conformance kit is missing from {KIT} (a broken install of spec)"
+    try:
+        import hypothesis  # noqa: F401 - the kit's searches
+        import pytest  # noqa: F401
+    except ImportError as err:
+        return f"the conformance kit needs pytest and hypothesis ({err}): pip install 'spec[conform]'"
+    from spec import impls
+    try:
+        impls.load(args.impl, model=args.model)
+    except Exception as err:
+        return f"--impl {args.impl!r}: {err}"
+    return None
+
+
+def _pytest_args(args) -> list[str]:
+    # -c: the kit's own configuration (and rootdir), whatever project this is run from
+    out = [str(KIT), "-c", str(KIT / "kit.ini"), f"--rootdir={KIT}", f"--impl={args.impl}",
+           f"--conform-budget={args.budget}", "-q", "-p", "no:cacheprovider", "--no-header", "-rN"]
+    if args.model:
+        out.append(f"--conform-model={args.model}")
+    if args.keyword:
+        out += ["-k", args.keyword]
+    if args.no_shrink:
+        out.append("--conform-no-shrink")
+    return out
+
+
+def _report(args, collector, wall) -> tuple[list[dict], dict]:
     import torch
     import transformers
 
-    from spec import impls
-    try:
-        impls.load(args.impl)
-    except Exception as err:
-        print(f"spec conform: error: --impl {args.impl!r}: {err}", file=sys.stderr)
-        return 2
-
-    collector = Collector()
-    pytest_args = [str(KIT), f"--impl={args.impl}", f"--conform-budget={args.budget}", "-q", "-p", "no:cacheprovider",
-                   "--no-header", "-rN"]
-    if args.keyword:
-        pytest_args += ["-k", args.keyword]
-    if args.no_shrink:
-        pytest_args.append("--conform-no-shrink")
-    code, wall = clock.timed(lambda: pytest.main(pytest_args, plugins=[collector]))
-    if code in (pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.INTERNAL_ERROR, pytest.ExitCode.NO_TESTS_COLLECTED):
-        print(f"spec conform: error: pytest exited with {code!r}", file=sys.stderr)
-        return 2
-
     rows = []
     for nodeid, row in collector.rows.items():
-        prop, case = _split(nodeid)
+        prop, case = _split(nodeid, args.impl)
         rows.append(dict(property=prop, case=case, **row))
     counts = {k: sum(r["outcome"] == k for r in rows) for k in ("passed", "failed", "error", "skipped", "xfail")}
     print(f"\nconformance of {args.impl!r} (budget {args.budget:g}; transformers {transformers.__version__}, "
@@ -124,12 +140,40 @@ def main(argv=None) -> int:
         result = {"passed": "pass", "failed": "FAIL", "error": "ERROR"}.get(r["outcome"], r["outcome"])
         print(f"{r['property']:<22} {r['case'][:44]:<44} {result:<8} {_summary(r['evidence'], 160)}")
     print("  ".join(f"{k} {v}" for k, v in counts.items() if v))
-    report = {"impl": args.impl, "budget": args.budget, "transformers": transformers.__version__,
-              "torch": torch.__version__, "python": platform.python_version(), "seconds": round(wall, 1),
-              "counts": counts, "results": rows}
+    report = {"impl": args.impl, "model": args.model, "budget": args.budget,
+              "transformers": transformers.__version__, "torch": torch.__version__,
+              "python": platform.python_version(), "seconds": round(wall, 1), "counts": counts, "results": rows}
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")
-    return 1 if counts["failed"] or counts["error"] else 0
+    return rows, counts
+
+
+def main(argv=None) -> int:
+    try:
+        args = parse_args(sys.argv[1:] if argv is None else argv)
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else 2
+    error = _usage_error(args)
+    if error:
+        print(f"spec conform: error: {error}", file=sys.stderr)
+        return 2
+    import pytest
+
+    collector = Collector()
+    code, wall = clock.timed(lambda: pytest.main(_pytest_args(args), plugins=[collector]))
+    if code in (pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.INTERNAL_ERROR, pytest.ExitCode.INTERRUPTED):
+        print(f"spec conform: error: pytest exited with {code!r}", file=sys.stderr)
+        return 2
+    rows, counts = _report(args, collector, wall)
+    if counts["failed"] or counts["error"]:
+        return 1
+    # pytest's exit 5: no test collected, or (spec.conformance.plugin) none of the decoder's own ran
+    if code == pytest.ExitCode.NO_TESTS_COLLECTED or not (counts["passed"] or counts["xfail"]):
+        why = "no property matched -k" if not rows else "every property of the decoder was skipped"
+        print(f"spec conform: error: no property ran for {args.impl!r} ({why}): exit {NOTHING_RAN}, not a pass",
+              file=sys.stderr)
+        return NOTHING_RAN
+    return 0
 
 
 if __name__ == "__main__":

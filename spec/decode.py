@@ -104,6 +104,15 @@ def draft_runner(draft, max_len: int, impl: str = "auto"):
     return runner.runner_for(draft, role="draft")
 
 
+def processors_for(options: dict, stops, prompt_len: int, target) -> Processors:
+    """spec.processors.Processors for these options; ids they name must be in the target's vocabulary."""
+    process = Processors(**options, eos_ids=stops, prompt_len=prompt_len)
+    if process.max_id() >= hf.logit_width(target):
+        raise ValueError(f"sequence_bias / bad_words_ids name id {process.max_id()}, outside the vocabulary "
+                         f"[0, {hf.logit_width(target)})")
+    return process
+
+
 def _first_stop(tokens: list[int], stops: frozenset[int]) -> int | None:
     return next((i for i, t in enumerate(tokens) if t in stops), None)
 
@@ -113,17 +122,19 @@ def greedy_generate(model, input_ids, *, max_new_tokens: int = 64, eos_token_id=
                     temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
                     generator: torch.Generator | None = None, trace: bool = False,
                     input_features=None, decoder_input_ids=None,
-                    repetition_penalty: float | None = None, no_repeat_ngram_size: int | None = None) -> Result:
+                    repetition_penalty: float | None = None, no_repeat_ngram_size: int | None = None,
+                    min_p: float | None = None, min_new_tokens: int | None = None, sequence_bias=None,
+                    bad_words_ids=None) -> Result:
     """Plain autoregressive decoding with `model` alone: one cached forward pass per token.
 
     do_sample=False takes the argmax (equal to HF generate(do_sample=False));
     do_sample=True is ancestral sampling from the processed distribution.
     Encoder-decoder models (spec.seq2seq): input_ids (or input_features, Whisper) is the
     encoder input, the tokens are the decoder's after its prompt (decoder_input_ids).
-    repetition_penalty / no_repeat_ngram_size: HF's stateful processors (spec.processors)."""
+    repetition_penalty / no_repeat_ngram_size / sequence_bias / bad_words_ids / min_new_tokens: HF's
+    processors of the same names (spec.processors); min_p: HF's min-p warper (sampling only)."""
     check_model(model, "model")
-    check_options(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
-    process = Processors(repetition_penalty, no_repeat_ngram_size)
+    check_options(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     device = model_device(model)
     if seq2seq.is_encoder_decoder(model):  # the same loop, over the decoder (spec.seq2seq)
         prompt, (model_run,) = seq2seq.prepare({"model": model}, input_ids, input_features=input_features,
@@ -135,7 +146,11 @@ def greedy_generate(model, input_ids, *, max_new_tokens: int = 64, eos_token_id=
     check_positions(prompt.numel(), max_new_tokens, {"model": model})
     parallel.check(model, prompt=prompt, generator=generator, max_new_tokens=max_new_tokens, stops=sorted(stops),
                    do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
-                   repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
+                   min_p=min_p, repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+                   sequence_bias=sequence_bias, bad_words_ids=bad_words_ids, min_new_tokens=min_new_tokens)
+    process = processors_for(dict(repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+                                  sequence_bias=sequence_bias, bad_words_ids=bad_words_ids,
+                                  min_new_tokens=min_new_tokens), stops, prompt.numel(), model)
     P = prompt.numel()
     seq = torch.empty(P + max_new_tokens, dtype=torch.long, device=device)
     seq[:P] = prompt
@@ -148,7 +163,7 @@ def greedy_generate(model, input_ids, *, max_new_tokens: int = 64, eos_token_id=
         if process:
             logits = process(logits[None], seq, n)[0]
         if do_sample:
-            seq[n] = sampling.sample(sampling.probabilities(logits, temperature, top_k, top_p), generator)
+            seq[n] = sampling.sample(sampling.probabilities(logits, temperature, top_k, top_p, min_p), generator)
         else:
             seq[n] = logits.argmax()
         n += 1
@@ -169,7 +184,8 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
                          generator: torch.Generator | None = None, trace: bool = False,
                          draft_impl: str = "auto", input_features=None, decoder_input_ids=None,
                          share_encoder: bool = False, repetition_penalty: float | None = None,
-                         no_repeat_ngram_size: int | None = None) -> Result:
+                         no_repeat_ngram_size: int | None = None, min_p: float | None = None,
+                         min_new_tokens: int | None = None, sequence_bias=None, bad_words_ids=None) -> Result:
     """Speculative decoding: `draft` (Mq) proposes, `target` (Mp) verifies.
 
     Greedy (do_sample=False): the output equals greedy_generate(target, ...) token
@@ -192,16 +208,18 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
     encoder input, each model encodes it once (share_encoder=True: the draft's decoder
     attends to the target's encoder output), and the loop speculates over the decoders.
 
-    repetition_penalty / no_repeat_ngram_size (spec.processors): verify row i sees exactly the
-    prefix seq[:n + i], the draft's step i the same prefix, so nothing from a rejected draft
-    token reaches a later round."""
+    repetition_penalty / no_repeat_ngram_size / sequence_bias / bad_words_ids / min_new_tokens
+    (spec.processors, HF's semantics): verify row i sees exactly the prefix seq[:n + i], the draft's
+    step i the same prefix, so nothing from a rejected draft token reaches a later round, and an EOS
+    inside a drafted block is masked until min_new_tokens. min_p (sampling): HF's min-p warper, on
+    both sides of the ratio, like temperature, top-k and top-p."""
     lookup = isinstance(draft, PromptLookup)  # a model-free draft (spec.lookup): proposals, no model
     if lookup:
         check_model(target, "target")
     else:
         check_pair(target, draft)
-    check_options(max_new_tokens=max_new_tokens, gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p)
-    process = Processors(repetition_penalty, no_repeat_ngram_size)
+    check_options(max_new_tokens=max_new_tokens, gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p,
+                  min_p=min_p)
     device = model_device(target)
     models = {"target": target} if lookup else {"target": target, "draft": draft}
     if not lookup and (seq2seq.is_encoder_decoder(target) or seq2seq.is_encoder_decoder(draft)):
@@ -218,7 +236,11 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
     parallel.check(target, None if lookup else draft, gamma=gamma, draft_impl=draft_impl, prompt=prompt,
                    generator=generator, max_new_tokens=max_new_tokens, stops=sorted(stops), do_sample=do_sample,
                    temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
-                   no_repeat_ngram_size=no_repeat_ngram_size)
+                   no_repeat_ngram_size=no_repeat_ngram_size, min_p=min_p, sequence_bias=sequence_bias,
+                   bad_words_ids=bad_words_ids, min_new_tokens=min_new_tokens)
+    process = processors_for(dict(repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+                                  sequence_bias=sequence_bias, bad_words_ids=bad_words_ids,
+                                  min_new_tokens=min_new_tokens), stops, prompt.numel(), target)
     auto = AutoGamma() if gamma == "auto" else None
     max_gamma = auto.max_gamma if auto else gamma
     # The draft proposes only ids the target can score and the draft can embed again.
@@ -256,7 +278,7 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
             if process:
                 logits = process(logits[None], seq, n + i)[0]
             if do_sample:
-                q.append(sampling.probabilities(logits, temperature, top_k, top_p))
+                q.append(sampling.probabilities(logits, temperature, top_k, top_p, min_p))
                 seq[n + i] = sampling.sample(q[-1], generator)
             else:
                 seq[n + i] = logits.argmax()
@@ -270,7 +292,7 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
         # 3. Accept the longest prefix that passes, then append one token from Mp.
         proposed = seq[n:n + g]
         if do_sample:
-            p = sampling.probabilities(logits, temperature, top_k, top_p)
+            p = sampling.probabilities(logits, temperature, top_k, top_p, min_p)
             q = torch.stack(q) if g else p.new_zeros(0, common)
             rows = torch.arange(g, device=device)
             u = torch.rand(g, device=device, generator=generator, dtype=p.dtype)

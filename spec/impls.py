@@ -9,21 +9,24 @@ that returns the new token ids (prompt excluded). `target` is a Hugging Face cau
 `draft` another one or None (model-free drafting, e.g. prompt lookup), `input_ids` a list of
 ints, `eos_token_id` None (no EOS stop: never fall back to the model config's EOS), an int or a
 list of ints, `generator` a seeded torch.Generator the callable may use or ignore. Optional
-keywords `repetition_penalty` and `no_repeat_ngram_size` (HF semantics) are passed only when a
-test uses them and only to callables that accept them.
+keywords with HF's names and semantics, `repetition_penalty`, `no_repeat_ngram_size`, `min_p`,
+`min_new_tokens`, `sequence_bias` ({tuple of ids: bias}) and `bad_words_ids` ([[ids], ...]), are
+passed only when a test uses them and only to callables that take them (by name, or **kwargs);
+a property that needs an option the callable does not take is skipped with that reason.
 
 What a callable can take part in is read from optional attributes on it:
   conformance_draft     "model" (needs a draft model; the default), "none" (model-free: draft is
                         always None) or "any" (either)
   conformance_sampling  False for a greedy-only decoder (default True)
-  conformance_processors  True / False (default: whether its signature takes repetition_penalty
-                        or **kwargs)
+  conformance_options   the optional keywords it takes (default: those its signature names; all
+                        of them if it takes **kwargs)
 A callable may also raise NotImplementedError("why") for an option it does not support: the test
 is then skipped with that reason, not failed.
 
-Adapters: `spec` (spec.speculative_generate), `hf-assisted` (HF assisted generation with the
-draft as assistant model), `hf-prompt-lookup` (HF prompt lookup decoding, no draft model), and
-any callable named `module:function` or `path/to/file.py:function`.
+Adapters: `llama-cpp` (an engine: its own GGUF models, its own greedy reference and logits; see
+spec/llamacpp.py), `spec` (spec.speculative_generate; spec.PromptLookup when draft is None), `hf-assisted`
+(HF assisted generation with the draft as assistant model), `hf-prompt-lookup` (HF prompt lookup
+decoding, no draft model), and any callable named `module:function` or `path/to/file.py:function`.
 """
 
 from __future__ import annotations
@@ -41,9 +44,11 @@ from transformers import GenerationConfig
 
 from spec import hf
 from spec.decode import speculative_generate
+from spec.lookup import PromptLookup
 
 DRAFT_KINDS = ("model", "none", "any")
-PROCESSOR_KWARGS = ("repetition_penalty", "no_repeat_ngram_size")
+OPTION_KWARGS = ("repetition_penalty", "no_repeat_ngram_size", "min_p", "min_new_tokens", "sequence_bias",
+                 "bad_words_ids")
 
 
 @dataclass
@@ -53,7 +58,9 @@ class Impl:
     generate: Callable
     draft: str = "model"
     sampling: bool = True
-    processors: bool = False
+    options: frozenset = frozenset()
+    engine: str | None = None      # an engine adapter (llama-cpp): runs its own models, see test_engine.py
+    model: str | None = None       # --model: the engine's model file
 
     def takes_draft(self, draft) -> str | None:
         """None if this decoder can run with `draft` (a model or None), else why not."""
@@ -68,10 +75,10 @@ class Impl:
                  top_p: float | None = None, generator: torch.Generator | None = None, **processors) -> list[int]:
         if do_sample and not self.sampling:
             raise NotImplementedError(f"{self.name} is greedy-only (conformance_sampling = False)")
-        if any(v is not None for v in processors.values()) and not self.processors:
-            raise NotImplementedError(f"{self.name} takes no logits processors "
-                                      f"({', '.join(PROCESSOR_KWARGS)} not in its signature)")
         extra = {k: v for k, v in processors.items() if v is not None}
+        missing = sorted(set(extra) - self.options)
+        if missing:
+            raise NotImplementedError(f"{self.name} does not take {', '.join(missing)} (not in its signature)")
         out = self.generate(target, None if self.draft == "none" else draft, list(input_ids), gamma=gamma,
                             max_new_tokens=max_new_tokens, eos_token_id=eos_token_id, do_sample=do_sample,
                             temperature=temperature, top_k=top_k, top_p=top_p, generator=generator, **extra)
@@ -86,12 +93,18 @@ class Impl:
 
 def spec_generate(target, draft, input_ids, *, gamma, max_new_tokens, eos_token_id=None, do_sample=False,
                   temperature=1.0, top_k=None, top_p=None, generator=None, repetition_penalty=None,
-                  no_repeat_ngram_size=None) -> list[int]:
+                  no_repeat_ngram_size=None, min_p=None, min_new_tokens=None, sequence_bias=None,
+                  bad_words_ids=None) -> list[int]:
+    draft = PromptLookup() if draft is None else draft  # model-free: spec's own prompt lookup
     return speculative_generate(target, draft, input_ids, gamma=gamma, max_new_tokens=max_new_tokens,
                                 eos_token_id=eos_token_id, do_sample=do_sample, temperature=temperature,
                                 top_k=top_k, top_p=top_p, generator=generator,
-                                repetition_penalty=repetition_penalty,
-                                no_repeat_ngram_size=no_repeat_ngram_size).tokens
+                                repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+                                min_p=min_p, min_new_tokens=min_new_tokens, sequence_bias=sequence_bias,
+                                bad_words_ids=bad_words_ids).tokens
+
+
+spec_generate.conformance_draft = "any"
 
 
 # --- Hugging Face generate() -----------------------------------------------------------------
@@ -120,19 +133,29 @@ def _seeded_global_rng(generator, device):
 
 @torch.inference_mode()
 def hf_generate(target, input_ids, *, max_new_tokens, eos_token_id=None, do_sample=False, temperature=1.0,
-                top_k=None, top_p=None, repetition_penalty=None, no_repeat_ngram_size=None, generator=None,
-                assistant=None, gamma=None, prompt_lookup_num_tokens=None, **generation_options) -> list[int]:
+                top_k=None, top_p=None, repetition_penalty=None, no_repeat_ngram_size=None, min_p=None,
+                min_new_tokens=None, sequence_bias=None, bad_words_ids=None, generator=None,
+                assistant=None, gamma=None, prompt_lookup_num_tokens=None, top_k_as_given=False,
+                **generation_options) -> list[int]:
     """New tokens of target.generate(): assisted by `assistant` (gamma tokens a round) or by
     prompt lookup, with every option set explicitly (see hf.as_only_config) and an all-ones
     attention mask (without one, HF masks every prompt position equal to pad_token_id).
-    generation_options: further GenerationConfig fields, set as given."""
+    generation_options: further GenerationConfig fields, set as given. top_k_as_given: pass top_k=None
+    on as None, which HF fills with its default of 50 (the harness mistake; for the kit's own tests)."""
     eos = list(eos_token_id) if isinstance(eos_token_id, (list, tuple)) else eos_token_id
-    cfg = GenerationConfig(max_new_tokens=max_new_tokens, min_new_tokens=0, num_beams=1, do_sample=do_sample,
+    cfg = GenerationConfig(max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens or 0, num_beams=1,
+                           do_sample=do_sample,
                            eos_token_id=eos, pad_token_id=(eos[0] if isinstance(eos, list) else eos) or 0,
                            repetition_penalty=repetition_penalty or 1.0,
                            no_repeat_ngram_size=no_repeat_ngram_size or 0)
     if do_sample:
-        cfg.temperature, cfg.top_k, cfg.top_p = float(temperature), top_k or 0, 1.0 if top_p is None else top_p
+        cfg.temperature, cfg.top_p = float(temperature), 1.0 if top_p is None else top_p
+        cfg.top_k = top_k if top_k_as_given else top_k or 0   # 0: no top-k (None would become 50)
+        cfg.min_p = min_p
+    if sequence_bias is not None:   # HF's list form [[ids], bias] (its dict form wants float biases)
+        cfg.sequence_bias = [[list(ids), float(bias)] for ids, bias in dict(sequence_bias).items()]
+    if bad_words_ids is not None:
+        cfg.bad_words_ids = [list(ids) for ids in bad_words_ids]
     for key, value in generation_options.items():
         setattr(cfg, key, value)
     if prompt_lookup_num_tokens is not None:
@@ -153,36 +176,52 @@ def hf_generate(target, input_ids, *, max_new_tokens, eos_token_id=None, do_samp
     return out[0, ids.shape[1]:].tolist()
 
 
+def _hf_options(options: dict) -> dict:
+    """The kit's optional keywords (OPTION_KWARGS), refused by name if any other comes."""
+    unknown = sorted(set(options) - set(OPTION_KWARGS))
+    if unknown:
+        raise TypeError(f"unexpected options {unknown}; the HF adapters take {', '.join(OPTION_KWARGS)}")
+    return options
+
+
 def hf_assisted_generate(target, draft, input_ids, *, gamma, max_new_tokens, eos_token_id=None, do_sample=False,
-                         temperature=1.0, top_k=None, top_p=None, generator=None, repetition_penalty=None,
-                         no_repeat_ngram_size=None) -> list[int]:
+                         temperature=1.0, top_k=None, top_p=None, generator=None, **options) -> list[int]:
     """HF assisted generation: `draft` as assistant_model, gamma draft tokens a round
     (constant schedule, confidence threshold 0: set on the assistant's generation_config,
     the only place HF reads them)."""
     if draft is None:
         raise NotImplementedError("hf-assisted needs a draft model")
     return hf_generate(target, input_ids, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
-                       do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
-                       repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
-                       generator=generator, assistant=_assistant(target, draft), gamma=gamma)
+                       do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator,
+                       assistant=_assistant(target, draft), gamma=gamma, **_hf_options(options))
 
 
 def hf_prompt_lookup_generate(target, draft, input_ids, *, gamma, max_new_tokens, eos_token_id=None,
                               do_sample=False, temperature=1.0, top_k=None, top_p=None, generator=None,
-                              repetition_penalty=None, no_repeat_ngram_size=None) -> list[int]:
+                              **options) -> list[int]:
     """HF prompt lookup decoding: gamma = prompt_lookup_num_tokens (n-grams of up to 2 matched)."""
     return hf_generate(target, input_ids, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
-                       do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
-                       repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
-                       generator=generator, prompt_lookup_num_tokens=gamma)
+                       do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator,
+                       prompt_lookup_num_tokens=gamma, **_hf_options(options))
 
 
 hf_prompt_lookup_generate.conformance_draft = "none"
+
+def llama_cpp_generate(target, draft, input_ids, **options):
+    """llama.cpp runs GGUF models, not the kit's Hugging Face ones: its properties are the engine
+    properties (spec/conformance/test_engine.py, spec/llamacpp.py)."""
+    raise NotImplementedError("llama-cpp runs its own GGUF models, not the kit's Hugging Face models; "
+                              "its properties are engine_* (spec/conformance/test_engine.py)")
+
+
+llama_cpp_generate.conformance_draft = "any"
+llama_cpp_generate.conformance_engine = "llama-cpp"
 
 BUILTIN = {
     "spec": spec_generate,
     "hf-assisted": hf_assisted_generate,
     "hf-prompt-lookup": hf_prompt_lookup_generate,
+    "llama-cpp": llama_cpp_generate,
 }
 
 
@@ -211,20 +250,29 @@ def _load_callable(ref: str) -> Callable:
     return fn
 
 
-def _accepts_processors(fn) -> bool:
+def _options_taken(fn) -> frozenset:
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
-        return False
-    return all(k in params for k in PROCESSOR_KWARGS) or any(p.kind is p.VAR_KEYWORD for p in params.values())
+        return frozenset()
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return frozenset(OPTION_KWARGS)
+    return frozenset(k for k in OPTION_KWARGS if k in params)
 
 
-def load(name: str) -> Impl:
-    """The decoder under test named `name`: a built-in adapter or module:function / file.py:function."""
+def load(name: str, model: str | None = None) -> Impl:
+    """The decoder under test named `name`: a built-in adapter or module:function / file.py:function.
+    `model`: a model file for the engine adapters that take one (llama-cpp); refused for the others."""
     fn = BUILTIN.get(name) or _load_callable(name)
+    engine = getattr(fn, "conformance_engine", None)
+    if model is not None and engine is None:
+        raise ValueError(f"--model: {name} takes no model file (its models are the kit's; only llama-cpp takes one)")
+    if model is not None and not Path(model).expanduser().is_file():
+        raise ValueError(f"--model: no file {model}")
     draft = getattr(fn, "conformance_draft", "model")
     if draft not in DRAFT_KINDS:
         raise ValueError(f"{name}: conformance_draft must be one of {DRAFT_KINDS}, got {draft!r}")
-    processors = getattr(fn, "conformance_processors", None)
+    options = getattr(fn, "conformance_options", None)
     return Impl(name=name, generate=fn, draft=draft, sampling=bool(getattr(fn, "conformance_sampling", True)),
-                processors=_accepts_processors(fn) if processors is None else bool(processors))
+                options=_options_taken(fn) if options is None else frozenset(options), engine=engine,
+                model=None if model is None else str(Path(model).expanduser().resolve()))

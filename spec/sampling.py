@@ -1,7 +1,7 @@
 """Turning logits into the distributions that the rejection rule compares.
 
 Target and draft go through the same processing (temperature, then top-k, then
-top-p), so p and q are the distributions actually sampled from; the paper's
+top-p, then min-p: HF's order), so p and q are the distributions actually sampled from; the paper's
 guarantee is that speculative output is distributed exactly as processed p."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 
 
 def probabilities(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
-                  top_p: float | None = None) -> torch.Tensor:
+                  top_p: float | None = None, min_p: float | None = None) -> torch.Tensor:
     """Softmax of logits [..., V] (float32 or wider) after temperature and filtering."""
     logits = logits.float() / temperature if logits.dtype in (torch.float16, torch.bfloat16) else logits / temperature
     if top_k is not None and top_k < logits.shape[-1]:
@@ -22,6 +22,13 @@ def probabilities(logits: torch.Tensor, temperature: float = 1.0, top_k: int | N
         # drop a token once the mass before it already reaches top_p (the first token always stays)
         drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p
         logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    if min_p is not None:
+        # HF's MinPLogitsWarper: drop tokens whose probability is below min_p times the largest
+        # (compared as probabilities, as HF does; the most likely token always stays)
+        probs = logits.softmax(-1)
+        drop = probs < min_p * probs.amax(-1, keepdim=True)
+        drop.scatter_(-1, probs.argmax(-1, keepdim=True), False)
+        logits = logits.masked_fill(drop, float("-inf"))
     return logits.softmax(-1)
 
 

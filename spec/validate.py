@@ -88,7 +88,7 @@ def stop_ids(eos_token_id, models: dict) -> frozenset[int]:
     raise TypeError(f"eos_token_id must be None, an int or a list of ints, got {eos_token_id!r}")
 
 
-def check_options(*, max_new_tokens, gamma=1, temperature=1.0, top_k=None, top_p=None) -> None:
+def check_options(*, max_new_tokens, gamma=1, temperature=1.0, top_k=None, top_p=None, min_p=None) -> None:
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     if gamma != "auto" and (not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1):
@@ -99,6 +99,8 @@ def check_options(*, max_new_tokens, gamma=1, temperature=1.0, top_k=None, top_p
         raise ValueError(f"top_k must be None or an integer >= 1, got {top_k!r}")
     if top_p is not None and (not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
         raise ValueError(f"top_p must be None or a number in (0, 1], got {top_p!r}")
+    if min_p is not None and (isinstance(min_p, bool) or not isinstance(min_p, (int, float)) or not 0 <= min_p <= 1):
+        raise ValueError(f"min_p must be None or a number in [0, 1], got {min_p!r}")
 
 
 def position_limit(model) -> int | None:

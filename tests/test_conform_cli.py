@@ -1,4 +1,5 @@
-"""`python -m spec conform`: option errors (exit 2) in-process, and end to end in a subprocess
+"""`python -m spec conform`: option errors (exit 2) and runs in which no property ran (exit 3)
+in-process, the same rule for plain pytest runs of the kit (exit 5), and end to end in a subprocess
 (thorough: a fresh interpreter costs tens of seconds here) against spec and a broken decoder."""
 
 from __future__ import annotations
@@ -26,9 +27,49 @@ def test_conform_bad_options_exit_2(argv, capsys):
 
 
 def test_conform_row_names():
-    assert conform._split("tests/conformance/test_greedy.py::test_greedy_exact[llama-partial]") == \
+    assert conform._split("test_greedy.py::test_greedy_exact[llama-partial]") == ("greedy_exact", "llama-partial")
+    assert conform._split("test_greedy.py::test_greedy_exact[hf-assisted-llama-partial]", "hf-assisted") == \
         ("greedy_exact", "llama-partial")
-    assert conform._split("tests/conformance/test_sampling_law.py::test_determinism") == ("determinism", "")
+    assert conform._split("test_sampling_law.py::test_determinism[hf-assisted]", "hf-assisted") == ("determinism", "")
+    assert conform._split("test_sampling_law.py::test_sampling_power[correct]", "spec") == ("sampling_power", "correct")
+    assert conform._split("test_engine.py::test_engine_greedy_exact[q4_1-llama-cpp-prompt-lookup]", "llama-cpp") == \
+        ("engine_greedy_exact", "q4_1-prompt-lookup")
+
+
+SKIPS_EVERYTHING = '''
+def generate(target, draft, input_ids, **options):
+    raise NotImplementedError("this decoder supports nothing")
+
+generate.conformance_draft = "any"
+'''
+
+
+def test_conform_exit_3_when_no_property_ran(tmp_path, capsys):
+    """A -k that matches no property, and a decoder that skips every property, are errors with
+    their own exit status, never a pass."""
+    out = tmp_path / "conformance.json"
+    assert cli.main(["conform", "-k", "no_such_property", "--out", str(out)]) == conform.NOTHING_RAN
+    assert "no property matched -k" in capsys.readouterr().err
+    (tmp_path / "skipper.py").write_text(SKIPS_EVERYTHING)
+    code = cli.main(["conform", "--impl", f"{tmp_path / 'skipper.py'}:generate", "--out", str(out),
+                     "-k", "greedy_exact or determinism or sampling_law"])
+    assert code == conform.NOTHING_RAN
+    assert "every property of the decoder was skipped" in capsys.readouterr().err
+    report = json.loads(out.read_text())
+    assert report["counts"]["skipped"] > 0  # (the decoder-independent negative controls still pass)
+
+
+def test_pytest_run_of_the_kit_fails_when_a_decoder_ran_nothing(pytester, tmp_path):
+    """The same rule in plain pytest: a decoder none of whose properties ran turns an otherwise
+    green run into exit 5 (no tests), naming the decoder; a decoder that ran keeps exit 0."""
+    (tmp_path / "skipper.py").write_text(SKIPS_EVERYTHING)
+    skipper = f"{tmp_path / 'skipper.py'}:generate"
+    args = ["--pyargs", "spec.conformance.test_sampling_law", "-k", "determinism", "-p", "no:cacheprovider",
+            "-p", "spec.conformance.plugin"]  # (an installed spec registers it by its entry point, same name)
+    result = pytester.runpytest(*args, f"--impl=spec,{skipper}")
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    result.stdout.fnmatch_lines([f"*no property ran for {skipper}*"])
+    assert pytester.runpytest(*args, "--impl=spec").ret == pytest.ExitCode.OK
 
 
 TOKEN_CHANGED = '''
@@ -55,6 +96,7 @@ def test_conform_end_to_end(tmp_path, impl, expected_exit):
     run = subprocess.run([sys.executable, "-m", "spec", "conform", "--impl", impl, "--out", str(out),
                           "-k", "greedy_exact and gpt-neox-partial"], cwd=tmp_path, capture_output=True, text=True,
                          timeout=600, env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    # (run from tmp_path, outside the source tree: the kit comes from the package, not from tests/)
     assert run.returncode == expected_exit, run.stdout + run.stderr
     report = json.loads(out.read_text())
     (row,) = [r for r in report["results"] if r["property"] == "greedy_exact"]

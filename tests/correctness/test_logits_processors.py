@@ -1,14 +1,18 @@
-"""spec.processors against transformers' own RepetitionPenaltyLogitsProcessor and
-NoRepeatNGramLogitsProcessor (the reference semantics), row by row, and its argument checks.
-End to end (greedy vs HF generate, sampling law by chi-square) is tests/conformance."""
+"""spec.processors and spec.sampling's min-p against transformers' own LogitsProcessors (the
+reference semantics: RepetitionPenalty, NoRepeatNGram, SequenceBias, NoBadWords, MinNewTokensLength,
+MinP), row by row, in the order HF's generate() builds them, and their argument checks.
+End to end (greedy vs HF generate, sampling law by chi-square) is spec/conformance (the kit)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from transformers import NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor
+from transformers import (MinNewTokensLengthLogitsProcessor, MinPLogitsWarper, NoBadWordsLogitsProcessor,
+                          NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor,
+                          SequenceBiasLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper)
 
 from spec.processors import Processors
+from spec.sampling import probabilities
 
 
 @pytest.mark.parametrize("penalty, ngram", [(1.3, None), (0.7, None), (None, 1), (None, 2), (None, 3), (2.0, 2)])
@@ -76,5 +80,92 @@ def test_half_precision_logits_are_processed_in_fp32():
                                           (dict(no_repeat_ngram_size=-1), "no_repeat_ngram_size"),
                                           (dict(no_repeat_ngram_size=2.5), "no_repeat_ngram_size")])
 def test_bad_arguments_name_themselves(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        Processors(**kwargs)
+
+
+# Every option at once, in HF's order (generate() builds: sequence bias, repetition penalty,
+# no-repeat n-gram, bad words, min_new_tokens): [1, 2] -> 3 and (0,) biased, [3] and [2, 5] banned,
+# EOS 4 masked until 3 new tokens (the prompt is the first 5 ids), [4] dropped from the bad words
+# because it is an EOS id (HF's rule).
+OPTIONS = [
+    dict(sequence_bias={(0,): 1.5, (1, 2, 3): -2.0, (5, 5): 0.75}),
+    dict(bad_words_ids=[[3], [2, 5], [4]]),
+    dict(min_new_tokens=3),
+    dict(sequence_bias={(2,): -1.25, (4, 1): 3.0}, repetition_penalty=1.3, no_repeat_ngram_size=2,
+         bad_words_ids=[[1, 1]], min_new_tokens=2),
+]
+
+
+def hf_rows(options, eos, prompt_len):
+    procs = []
+    if "sequence_bias" in options:
+        procs.append(SequenceBiasLogitsProcessor(sequence_bias=[[list(k), v] for k, v in options["sequence_bias"].items()]))
+    if options.get("repetition_penalty"):
+        procs.append(RepetitionPenaltyLogitsProcessor(options["repetition_penalty"]))
+    if options.get("no_repeat_ngram_size"):
+        procs.append(NoRepeatNGramLogitsProcessor(options["no_repeat_ngram_size"]))
+    if "bad_words_ids" in options:
+        procs.append(NoBadWordsLogitsProcessor(options["bad_words_ids"], eos))
+    if options.get("min_new_tokens"):
+        procs.append(MinNewTokensLengthLogitsProcessor(prompt_len, options["min_new_tokens"], eos))
+    return procs
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "+".join(o))
+def test_bias_bad_words_and_min_new_tokens_match_hf(options):
+    gen = torch.Generator().manual_seed(1)
+    eos, prompt_len = [4], 5
+    ours = Processors(**options, eos_ids=eos, prompt_len=prompt_len)
+    hf = hf_rows(options, eos, prompt_len)
+    bit = 0
+    for _ in range(40):
+        seq = torch.randint(0, 6, (prompt_len + 6,), generator=gen)
+        start, rows = prompt_len, 6          # rows see 0..5 new tokens: min_new_tokens bites, then not
+        logits = torch.randn(rows, 8, generator=gen, dtype=torch.float64) * 3
+        got = ours(logits, seq, start)
+        for i in range(rows):
+            expected = logits[i:i + 1].clone()
+            for proc in hf:
+                expected = proc(seq[None, :start + i], expected)
+            assert torch.equal(got[i], expected[0]), (options, seq.tolist(), start + i)
+            bit += not torch.equal(got[i], logits[i])
+    assert bit > 40  # the options changed most rows: the comparison is not between untouched logits
+
+
+def test_min_new_tokens_needs_an_eos_and_drops_eos_bad_words():
+    assert not Processors(min_new_tokens=5)                      # no EOS id: HF adds no processor either
+    only_eos = Processors(bad_words_ids=[[4]], eos_ids=[4])
+    assert not only_eos                                          # the EOS-only bad word is dropped
+    logits = torch.zeros(1, 6)
+    assert torch.equal(Processors(min_new_tokens=2, eos_ids=[4], prompt_len=3)(logits, torch.arange(6), 4)[0],
+                       torch.tensor([0, 0, 0, 0, float("-inf"), 0]))   # 1 new token so far < 2
+
+
+@pytest.mark.parametrize("min_p", [0.05, 0.2, 0.5, 0.9, 1.0])
+@pytest.mark.parametrize("temperature, top_k", [(1.0, None), (0.7, None), (1.3, 5)])
+def test_min_p_matches_hf_warper_after_temperature_and_top_k(min_p, temperature, top_k):
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(20):
+        logits = torch.randn(1, 12, generator=gen, dtype=torch.float64) * 2
+        expected = logits.clone()
+        if temperature != 1.0:
+            expected = TemperatureLogitsWarper(temperature)(None, expected)
+        if top_k:
+            expected = TopKLogitsWarper(top_k)(None, expected)
+        expected = MinPLogitsWarper(min_p)(None, expected).softmax(-1)[0]
+        got = probabilities(logits[0], temperature, top_k, None, min_p)
+        assert torch.equal(got > 0, expected > 0), (logits, min_p)
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("kwargs, name", [(dict(min_new_tokens=-1), "min_new_tokens"),
+                                          (dict(min_new_tokens=1.5), "min_new_tokens"),
+                                          (dict(sequence_bias={(): 1.0}), "sequence_bias"),
+                                          (dict(sequence_bias={(1,): "x"}), "sequence_bias"),
+                                          (dict(sequence_bias={}), "sequence_bias"),
+                                          (dict(bad_words_ids=[]), "bad_words_ids"),
+                                          (dict(bad_words_ids=[[-1]]), "bad_words_ids")])
+def test_bad_new_arguments_name_themselves(kwargs, name):
     with pytest.raises(ValueError, match=name):
         Processors(**kwargs)

@@ -17,9 +17,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from kit import (ARCHS, DRAFT_KINDS, EOS_AT, EOS_PROMPT, TOKENS, final_replay, greedy, kit_settings, prompts,
-                 run, skip_unless_takes, zoo)
 
+from spec.conformance.kit import (ARCHS, DRAFT_KINDS, EOS_AT, EOS_PROMPT, TOKENS, final_replay, greedy,
+                                  kit_settings, prompts, run, skip_unless_takes, zoo)
 from spec.diagnose import diagnose
 
 

@@ -14,13 +14,14 @@ a bug, not a rounding tie, and drafts in fp32):
        120% weight noise (alpha 0.61 at the prompt: rejections, residuals and bonuses all common).
 
 References: greedy continuations from spec.greedy_generate (checked against HF generate by
-tests/correctness/test_exactness.py); exact sampling laws from a fresh forward pass over each
+the correctness suite); exact sampling laws from a fresh forward pass over each
 context, processed by stats.reference_probabilities and reference_processed below, both written
 independently of spec.sampling and spec.processors.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import itertools
 import math
@@ -31,11 +32,10 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.control import current_build_context
 from hypothesis.errors import InvalidArgument
 from hypothesis import strategies as st
-from stats import goodness_of_fit, reference_probabilities
-from strategies import short_token_id_prompts
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from spec import build_gpt_neox, greedy_generate, hf
+from spec.conformance.stats import goodness_of_fit, reference_probabilities
 from spec.models import perturbed_copy
 
 TOKENS = 500            # ids every zoo model can embed (the tiny pair's "tokenizer")
@@ -104,12 +104,30 @@ def small_pair():
     return target, draft
 
 
-def reference_processed(logits: torch.Tensor, context, repetition_penalty=None, no_repeat_ngram_size=None):
-    """HF's repetition penalty and no-repeat n-gram on one logits row, from their definitions
-    (transformers' RepetitionPenaltyLogitsProcessor / NoRepeatNGramLogitsProcessor docstrings),
-    in plain Python over the whole context."""
+def _bias(z, ctx, sequence_bias):
+    for ids, bias in sequence_bias.items():
+        head = list(ids[:-1])
+        if len(head) <= len(ctx) and (not head or ctx[len(ctx) - len(head):] == head):
+            z[ids[-1]] += float(torch.tensor(bias, dtype=torch.float32))  # HF keeps biases in float32
+
+
+@functools.cache
+def small_pair_bf16():
+    """The small pair as a mixed-precision deployment runs it: the target in fp32, the draft in bf16."""
+    target, draft = small_pair()
+    return copy.deepcopy(target).to(torch.float32), copy.deepcopy(draft).to(torch.bfloat16)
+
+
+def reference_processed(logits: torch.Tensor, context, repetition_penalty=None, no_repeat_ngram_size=None,
+                        sequence_bias=None, bad_words_ids=None):
+    """HF's sequence bias, repetition penalty, no-repeat n-gram and bad words on one logits row,
+    in HF's order, from their definitions (transformers' SequenceBiasLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor, NoRepeatNGramLogitsProcessor, NoBadWordsLogitsProcessor
+    docstrings), in plain Python over the whole context. (No EOS here: no min_new_tokens.)"""
     z = [float(v) for v in logits.double().tolist()]
     ctx = [int(t) for t in context]
+    if sequence_bias:
+        _bias(z, ctx, sequence_bias)
     if repetition_penalty:
         for t in set(ctx):
             z[t] = z[t] * repetition_penalty if z[t] < 0 else z[t] / repetition_penalty
@@ -119,26 +137,38 @@ def reference_processed(logits: torch.Tensor, context, repetition_penalty=None, 
         for j in range(len(ctx) - n + 1):
             if ctx[j:j + n - 1] == tail:
                 z[ctx[j + n - 1]] = -math.inf
+    if bad_words_ids:
+        _bias(z, ctx, {tuple(ids): -math.inf for ids in bad_words_ids})
     return torch.tensor(z, dtype=torch.float64)
 
 
 class ExactLaw:
     """Exact processed next-token distributions of `model`, memoised by context."""
 
-    def __init__(self, model, temperature=1.0, top_k=None, top_p=None, repetition_penalty=None,
-                 no_repeat_ngram_size=None):
+    def __init__(self, model, temperature=1.0, top_k=None, top_p=None, min_p=None, repetition_penalty=None,
+                 no_repeat_ngram_size=None, sequence_bias=None, bad_words_ids=None):
         self.model = model
-        self.warp = dict(temperature=temperature, top_k=top_k, top_p=top_p)
-        self.proc = dict(repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
+        self.warp = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+        self.proc = dict(repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+                         sequence_bias=sequence_bias, bad_words_ids=bad_words_ids)
         self._memo = {}
 
     @torch.inference_mode()
-    def __call__(self, context) -> torch.Tensor:
-        key = tuple(int(t) for t in context)
+    def logits(self, context) -> torch.Tensor:
+        key = ("logits",) + tuple(int(t) for t in context)
         if key not in self._memo:
-            logits = hf.forward(self.model, torch.tensor(key), hf.new_cache(self.model), keep=1)[-1]
-            self._memo[key] = reference_probabilities(reference_processed(logits, key, **self.proc), **self.warp)
+            self._memo[key] = hf.forward(self.model, torch.tensor(key[1:]), hf.new_cache(self.model), keep=1)[-1]
         return self._memo[key]
+
+    def __call__(self, context, processors_see=None) -> torch.Tensor:
+        """The law after `context`; processors_see: the context the processors are shown instead
+        (a negative control's stale state), default `context` itself."""
+        key = tuple(int(t) for t in context)
+        seen = key if processors_see is None else tuple(int(t) for t in processors_see)
+        if (key, seen) not in self._memo:
+            self._memo[key, seen] = reference_probabilities(
+                reference_processed(self.logits(key), seen, **self.proc), **self.warp)
+        return self._memo[key, seen]
 
     def joint(self, prompt, m: int) -> dict:
         """{sequence of m tokens: probability} under the target's processed law."""
@@ -167,7 +197,7 @@ def joint_fit(name: str, samples: list[tuple], law: dict):
 
 # --- running the decoder under test ----------------------------------------------------------------
 
-SHRINK = [True]  # --conform-no-shrink sets it False (tests/conformance/conftest.py)
+SHRINK = [True]  # --conform-no-shrink sets it False (spec/conformance/plugin.py)
 
 
 def kit_settings(budget: float, examples: int):
@@ -192,8 +222,18 @@ def looping_prompts():
                      st.lists(ids, max_size=4), st.lists(ids, min_size=1, max_size=5), st.integers(2, 5))
 
 
+def short_prompts():
+    """1 to 24 ids: random, one id repeated, ids at the edges of the vocabulary (and 0, the
+    zoo's BOS/EOS id in the configs) mixed in."""
+    any_id = st.integers(0, TOKENS - 1)
+    edges = st.sampled_from([0, 1, TOKENS - 2, TOKENS - 1])
+    return st.one_of(st.lists(any_id, min_size=1, max_size=24),
+                     st.builds(lambda t, n: [t] * n, any_id | edges, st.integers(1, 24)),
+                     st.lists(edges | any_id, min_size=1, max_size=24))
+
+
 def prompts():
-    return st.one_of(short_token_id_prompts(TOKENS), looping_prompts())
+    return st.one_of(short_prompts(), looping_prompts())
 
 
 def skip_unless_takes(impl, draft_kind):

@@ -15,8 +15,8 @@ import functools
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from kit import ARCHS, DRAFT_KINDS, kit_settings, looping_prompts, run, skip_unless_takes, zoo
 
+from spec.conformance.kit import ARCHS, DRAFT_KINDS, kit_settings, looping_prompts, run, skip_unless_takes, zoo
 from spec.impls import hf_generate
 
 PROCESSOR_OPTIONS = [dict(repetition_penalty=1.3), dict(repetition_penalty=0.8), dict(no_repeat_ngram_size=2),

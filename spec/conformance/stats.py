@@ -1,0 +1,140 @@
+"""The conformance kit's statistics: exact warped distributions, written independently of
+spec.sampling, and Pearson's chi-square with pooled cells (tails from torch.special.gammaincc, so
+no scipy). tests/correctness/stats.py re-exports these for the correctness suite."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+IMPOSSIBLE = 1e-12  # a cell with exact probability at most this must never be observed
+
+
+def reference_probabilities(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+                            top_p: float | None = None, min_p: float | None = None) -> torch.Tensor:
+    """Temperature, then top-k (ties with the k-th logit kept), then top-p (the smallest
+    prefix of the sorted distribution whose mass reaches top_p), then min-p (drop what is less
+    likely than min_p times the most likely token), in float64, written independently of
+    spec.sampling.probabilities."""
+    z = [float(v) / temperature for v in logits.double().tolist()]
+    order = sorted(range(len(z)), key=lambda i: -z[i])
+    kept = [i for i in order if z[i] > -math.inf]
+    if top_k is not None and top_k < len(z):
+        kth = z[order[top_k - 1]]
+        kept = [i for i in kept if z[i] >= kth]
+    m = z[kept[0]]
+    w = {i: math.exp(z[i] - m) for i in kept}
+    total = sum(w.values())
+    if top_p is not None and top_p < 1.0:
+        mass, nucleus = 0.0, []
+        for i in kept:                      # kept is in descending order
+            if mass >= top_p:
+                break
+            nucleus.append(i)
+            mass += w[i] / total
+        w = {i: w[i] for i in nucleus}
+        total = sum(w.values())
+    if min_p is not None:
+        top = max(w.values())
+        w = {i: v for i, v in w.items() if v >= min_p * top}
+        total = sum(w.values())
+    out = torch.zeros(len(z), dtype=torch.float64)
+    for i, v in w.items():
+        out[i] = v / total
+    return out
+
+
+def chi2_sf(x: float, df: float) -> float:
+    """P(X > x) for X ~ chi-square(df)."""
+    if df <= 0:
+        return 1.0
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
+                                         torch.tensor(max(x, 0.0) / 2, dtype=torch.float64)))
+
+
+def chi2_isf(alpha: float, df: float) -> float:
+    """The critical value c with P(chi-square(df) > c) = alpha."""
+    lo, hi = 0.0, df + 100.0 + 50.0 * math.sqrt(df)
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if chi2_sf(mid, df) > alpha else (lo, mid)
+    return (lo + hi) / 2
+
+
+def ncx2_sf(x: float, df: float, lam: float) -> float:
+    """P(X > x) for a noncentral chi-square(df, lam): a Poisson(lam/2) mixture of central ones."""
+    mu = lam / 2
+    j0 = int(mu)
+    span = int(12 * math.sqrt(mu + 1) + 12)
+    total = 0.0
+    for j in range(max(0, j0 - span), j0 + span):
+        logw = -mu + j * math.log(mu) - math.lgamma(j + 1) if mu > 0 else (0.0 if j == 0 else -math.inf)
+        total += math.exp(logw) * chi2_sf(x, df + 2 * j)
+    return total
+
+
+def power(df: int, lam: float, alpha: float) -> float:
+    """Probability that Pearson's test at level alpha rejects when the noncentrality is lam."""
+    return ncx2_sf(chi2_isf(alpha, df), df, lam)
+
+
+def worst_case_power(n: int, df: int, tv: float, alpha: float) -> float:
+    """Power against the least detectable shift of total variation `tv` with n samples:
+    sum d^2/p >= (sum |d|)^2 = 4 tv^2 (Cauchy-Schwarz), so the noncentrality is at least 4 n tv^2."""
+    return power(df, 4 * n * tv * tv, alpha)
+
+
+@dataclass
+class Fit:
+    """The outcome of one goodness-of-fit test."""
+    name: str
+    stat: float
+    df: int
+    pvalue: float
+    n: int
+    impossible: list = field(default_factory=list)   # (stratum, cell, count) seen with probability 0
+
+    def rejects(self, alpha: float) -> bool:
+        return bool(self.impossible) or self.pvalue < alpha
+
+    def __str__(self) -> str:
+        text = f"{self.name}: chi2={self.stat:.1f} df={self.df} p={self.pvalue:.3g} n={self.n}"
+        if self.impossible:
+            text += f"; outcomes of probability 0 seen (stratum, cell, count): {self.impossible[:5]}"
+        return text
+
+
+def goodness_of_fit(name: str, strata: dict, min_expected: float = 5.0) -> Fit:
+    """Pearson's chi-square summed over strata: {key: (observed counts [C], cell probabilities [C])}.
+
+    Within each stratum the expected counts are n_s * probabilities; cells are pooled,
+    smallest expected first, until each pooled cell expects at least `min_expected`
+    (the pooling depends on the probabilities only, so the test keeps its level).
+    A stratum that pools into a single cell adds nothing. The total is chi-square with
+    the summed degrees of freedom under the null (conditionally on the stratum sizes)."""
+    stat, df, total, impossible = 0.0, 0, 0, []
+    for key, (observed, probs) in strata.items():
+        obs = [int(v) for v in observed]
+        pr = [float(v) for v in probs]
+        n = sum(obs)
+        total += n
+        if n == 0:
+            continue
+        impossible += [(key, c, o) for c, (o, p) in enumerate(zip(obs, pr)) if p <= IMPOSSIBLE and o > 0]
+        cells = sorted(((n * p, o) for p, o in zip(pr, obs) if p > IMPOSSIBLE), key=lambda c: c[0])
+        bins, e_acc, o_acc = [], 0.0, 0
+        for e, o in cells:
+            e_acc, o_acc = e_acc + e, o_acc + o
+            if e_acc >= min_expected:
+                bins.append([e_acc, o_acc])
+                e_acc, o_acc = 0.0, 0
+        if bins and e_acc > 0:
+            bins[-1][0] += e_acc
+            bins[-1][1] += o_acc
+        if len(bins) < 2:
+            continue
+        stat += sum((o - e) ** 2 / e for e, o in bins)
+        df += len(bins) - 1
+    return Fit(name, stat, df, chi2_sf(stat, df) if df else 1.0, total, impossible)
