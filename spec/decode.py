@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spec import clock, hf, neox, runner, sampling, seq2seq, theory
+from spec import accept, clock, hf, neox, runner, sampling, seq2seq, theory
 from spec.autogamma import AutoGamma
 from spec.lookup import PromptLookup
 from spec.processors import Processors
@@ -260,21 +260,16 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
         if process:
             logits = process(logits, seq, n)  # row i predicts seq[n + i] from seq[:n + i]
 
-        # 3. Accept the longest prefix that passes, then append one token from Mp.
+        # 3. Accept the longest prefix that passes, then append one token from Mp (spec.accept).
         proposed = seq[n:n + g]
         if do_sample:
             p = sampling.probabilities(logits, temperature, top_k, top_p)
-            q = torch.stack(q) if g else p.new_zeros(0, common)
-            rows = torch.arange(g, device=device)
             u = torch.rand(g, device=device, generator=generator, dtype=p.dtype)
-            passed = u * q[rows, proposed] < p[rows, proposed]      # u < p(x) / q(x)
-            k = int(passed.cumprod(0).sum())
-            last = sampling.residual(p[k], q[k]) if k < g else p[g]  # on rejection: norm(max(0, p - q))
+            k, last = accept.sampled(proposed, torch.stack(q) if g else None, p, u)
             seq[n + k] = sampling.sample(last, generator)
         else:
-            choice = logits.argmax(-1)
-            k = int((proposed == choice[:g]).cumprod(0).sum())
-            seq[n + k] = choice[k]                                    # Mp's own token after the prefix
+            k, token = accept.greedy(proposed, logits)
+            seq[n + k] = token                                        # Mp's own token after the prefix
 
         # 4. Cut at EOS, then roll back: both caches keep all but the newest token, fed next round.
         emitted = k + 1
