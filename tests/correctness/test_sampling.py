@@ -365,8 +365,8 @@ SOURCE_MUTANTS = {
                            "passed = torch.ones(g, dtype=torch.bool, device=p.device)"),
     # (c) the bonus token drawn from the draft's q instead of the target's p
     "bonus-from-q": (decode, "speculative_generate", "seq[n + k] = sampling.sample(last, generator)",
-                     "seq[n + k] = sampling.sample(_bonus_from_draft(draft_run, seq[len(draft_run):n + g], "
-                     "len(draft_run), common, p[g], dict(temperature=temperature, top_k=top_k, top_p=top_p)) "
+                     "seq[n + k] = sampling.sample(_bonus_from_draft(drafter.run, seq[len(drafter.run):n + g], "
+                     "len(drafter.run), drafter.width, p[g], dict(temperature=temperature, top_k=top_k, top_p=top_p)) "
                      "if 0 < g == k else last, generator)"),
 }
 
