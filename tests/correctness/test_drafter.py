@@ -66,3 +66,16 @@ def test_a_deterministic_source_under_sampling_draws_what_plain_sampling_draws_w
     spec = speculative_generate(target, Oracle(len(PROMPT), [], cap=0), PROMPT, gamma=4, max_new_tokens=8,
                                 do_sample=True, generator=torch.Generator().manual_seed(seed)).tokens
     assert spec == plain
+
+
+def test_the_developer_pages_example_source_runs_as_written(target):
+    """docs/DEVELOPING.md's LastSeen, executed from the page: a Drafter, greedy's output, and it drafts."""
+    import re
+    from pathlib import Path
+    page = (Path(__file__).resolve().parents[2] / "docs" / "DEVELOPING.md").read_text(encoding="utf-8")
+    namespace: dict = {}
+    exec(re.findall(r"```python\n(# spec/lastseen.py.*?)```", page, re.S)[0], namespace)
+    source, ids = namespace["LastSeen"](), [3, 5, 7, 3, 5, 7, 3, 5]
+    assert isinstance(source, Drafter)
+    run = speculative_generate(target, source, ids, gamma=4, max_new_tokens=40)
+    assert run.tokens == greedy_generate(target, ids, max_new_tokens=40).tokens and run.accepted > 0
