@@ -79,3 +79,18 @@ def test_the_developer_pages_example_source_runs_as_written(target):
     assert isinstance(source, Drafter)
     run = speculative_generate(target, source, ids, gamma=4, max_new_tokens=40)
     assert run.tokens == greedy_generate(target, ids, max_new_tokens=40).tokens and run.accepted > 0
+
+
+def test_choose_hands_a_model_free_drafter_back_as_it_is_and_counts_only_models(target, random_draft):
+    from spec import PromptLookup, choose
+    from spec.draft import ModelDraft
+    from spec.protocols import Runner
+    lookup = PromptLookup()
+    chosen = choose.runs({"target": target, "draft": lookup}, [1, 2, 3])
+    assert chosen.runs[1] is lookup and list(chosen.models) == ["target"] and isinstance(chosen.runs[0], Runner)
+    assert chosen.prompt.tolist() == [1, 2, 3]
+    chosen = choose.runs({"target": target, "draft": random_draft}, [1, 2, 3], room=8)
+    assert isinstance(chosen.runs[1], ModelDraft) and isinstance(chosen.runs[1].run, Runner)
+    assert list(chosen.models) == ["target", "draft"]
+    # the ids both can use: the narrower head of the two (512), the target's 640 wider than the draft embeds
+    assert (chosen.runs[1].width, chosen.runs[1].clamp) == (512, True)
