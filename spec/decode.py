@@ -18,7 +18,6 @@ import torch
 
 from spec import accept, choose, clock, sampling, theory
 from spec.autogamma import AutoGamma
-from spec.choose import DRAFT_IMPLS  # noqa: F401  (spec.defaults.DRAFT_IMPLS mirrors it; a test keeps them equal)
 from spec.draft import FixedGamma, Pick
 from spec.processors import Processors
 from spec.validate import check_options, check_positions, model_device, stop_ids
