@@ -186,3 +186,14 @@ def shipped_pair():
     if not (SHIPPED_PAIR / "target" / "config.json").exists():
         pytest.skip(f"no shipped pair at {SHIPPED_PAIR} (python recipes/train_pair.py makes it)")
     return load_pair(target_dtype=torch.float64, draft_dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def draft_run():
+    """draft_run(model, max_len, impl="auto"): the Runner a draft model gets from spec.choose for a
+    sequence of up to max_len positions (a one-token prompt), as speculative_generate runs it."""
+    from spec import choose
+
+    def make(model, max_len: int, impl: str = "auto"):
+        return choose.runs({"draft": model}, [1], room=max_len - 1, draft_impl=impl).runs[0].run
+    return make

@@ -21,7 +21,7 @@ import time
 import torch
 from transformers import Mamba2Config, Mamba2ForCausalLM
 
-from spec import build_gpt_neox, greedy_generate, hf, runner, speculative_generate
+from spec import build_gpt_neox, choose, greedy_generate, hf, runner, speculative_generate
 
 VOCAB = 512
 
@@ -56,22 +56,23 @@ def counted_run(target, draft, prompt, **kwargs):
     """speculative_generate with every token the target's forward is fed counted (a spy on
     hf.step, through which every runner runs its model): (result, tokens fed per round)."""
     log: list = []
-    real_step, real_runner_for = hf.step, runner.runner_for
+    real_step, real_runs = hf.step, choose.runs
 
     def step(model, ids, *args, **kw):
         if model is target:
             log.append(ids.numel())
         return real_step(model, ids, *args, **kw)
 
-    def runner_for(model, *, role="target"):
-        made = real_runner_for(model, role=role)
-        return _Marked(made, log) if model is target else made
+    def runs(roles, *args, **kw):
+        chosen = real_runs(roles, *args, **kw)
+        chosen.runs[0] = _Marked(chosen.runs[0], log)   # the target's runner
+        return chosen
 
-    hf.step, runner.runner_for = step, runner_for
+    hf.step, choose.runs = step, runs
     try:
         result = speculative_generate(target, draft, prompt, trace=True, **kwargs)
     finally:
-        hf.step, runner.runner_for = real_step, real_runner_for
+        hf.step, choose.runs = real_step, real_runs
     rounds = []
     for entry in log:
         if entry == "pass":

@@ -22,7 +22,11 @@ class AutoGamma:
     still: the loop would climb to max_gamma. While every timed round drafted the same
     number of tokens there is no slope to fit and the pass is priced flat (Theorem 3.8's
     assumption); rounds at other gammas give the slope. The first round is left out of
-    the timing: it carries the prompt's prefill in both models."""
+    the timing: it carries the prompt's prefill in both models.
+
+    A GammaPolicy (spec.protocols): the loop reads `gamma` before each round and reports the
+    round to `observe`, timing it because `timed` is set."""
+    timed = True
 
     def __init__(self, start: int = 5, max_gamma: int = 16, prior_alpha: float = 0.7, prior_weight: float = 4.0):
         self.gamma, self.max_gamma = start, max_gamma

@@ -1,6 +1,7 @@
 """Greedy decoding and speculative decoding (Leviathan et al. 2023, Algorithm 1).
 
-Both decoders run their own loop over the models' runners (spec/runner.py). The
+Both decoders run their own loop over Runners, and the speculative one over a Drafter
+(spec.protocols), both made by spec.choose; the acceptance rule is spec.accept. The
 sequence lives in one preallocated buffer `seq`; `n` is how many of its tokens are
 final. A runner holds a model's state for a prefix `seq[:len(run)]`, and each forward
 pass feeds exactly the tokens it has not seen, `seq[len(run):...]`. After a round both
@@ -15,11 +16,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spec import clock, hf, neox, parallel, runner, sampling, seq2seq, theory
+from spec import accept, choose, clock, hf, parallel, sampling, theory
 from spec.autogamma import AutoGamma
-from spec.lookup import PromptLookup
+from spec.draft import FixedGamma, Pick
 from spec.processors import Processors
-from spec.validate import as_prompt, check_model, check_options, check_pair, check_positions, model_device, stop_ids
+from spec.validate import check_options, check_positions, model_device, stop_ids
 
 
 @dataclass
@@ -88,33 +89,18 @@ def _clock(device: torch.device, on: bool) -> float:
     return clock.now(device) if on else 0.0
 
 
-DRAFT_IMPLS = ("auto", "plain", "hf", "compiled")
+def _first_stop(tokens: list[int], stops: frozenset[int]) -> int | None:
+    return next((i for i, t in enumerate(tokens) if t in stops), None)
 
 
-def draft_runner(draft, max_len: int, impl: str = "auto"):
-    """The draft with its cache, run the way `impl` says (see speculative_generate)."""
-    if impl not in DRAFT_IMPLS:
-        raise ValueError(f"draft_impl must be one of {', '.join(map(repr, DRAFT_IMPLS))}, got {impl!r}")
-    if impl == "auto":  # a split draft (spec.parallel) runs on its own forward
-        impl = "plain" if neox.supports(draft) and not parallel.is_split(draft) else "hf"
-    if impl == "plain":
-        return neox.NeoXDraft(draft, max_len)
-    if impl == "compiled":
-        return hf.Cached(draft, static_len=max_len)
-    return runner.runner_for(draft, role="draft")
-
-
-def processors_for(options: dict, stops, prompt_len: int, target) -> Processors:
-    """spec.processors.Processors for these options; ids they name must be in the target's vocabulary."""
-    process = Processors(**options, eos_ids=stops, prompt_len=prompt_len)
+def processors_for(options: dict, stops, target) -> Processors:
+    """spec.processors.Processors for these options; ids they name must be in the target's
+    vocabulary. Its prompt_len (where min_new_tokens counts from) is set once the prompt is known."""
+    process = Processors(**options, eos_ids=stops)
     if process.max_id() >= hf.logit_width(target):
         raise ValueError(f"sequence_bias / bad_words_ids name id {process.max_id()}, outside the vocabulary "
                          f"[0, {hf.logit_width(target)})")
     return process
-
-
-def _first_stop(tokens: list[int], stops: frozenset[int]) -> int | None:
-    return next((i for i, t in enumerate(tokens) if t in stops), None)
 
 
 @torch.inference_mode()
@@ -133,24 +119,22 @@ def greedy_generate(model, input_ids, *, max_new_tokens: int = 64, eos_token_id=
     encoder input, the tokens are the decoder's after its prompt (decoder_input_ids).
     repetition_penalty / no_repeat_ngram_size / sequence_bias / bad_words_ids / min_new_tokens: HF's
     processors of the same names (spec.processors); min_p: HF's min-p warper (sampling only)."""
-    check_model(model, "model")
+    choose.check({"model": model})
     check_options(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     device = model_device(model)
-    if seq2seq.is_encoder_decoder(model):  # the same loop, over the decoder (spec.seq2seq)
-        prompt, (model_run,) = seq2seq.prepare({"model": model}, input_ids, input_features=input_features,
-                                               decoder_input_ids=decoder_input_ids, max_new_tokens=max_new_tokens)
-    else:
-        seq2seq.refuse_inputs(input_features, decoder_input_ids)
-        prompt, model_run = as_prompt(input_ids, device, {"model": model}), runner.runner_for(model, role="model")
     stops = stop_ids(eos_token_id, {"model": model})
-    check_positions(prompt.numel(), max_new_tokens, {"model": model})
+    process = processors_for(dict(repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+                                  sequence_bias=sequence_bias, bad_words_ids=bad_words_ids,
+                                  min_new_tokens=min_new_tokens), stops, model)
+    chosen = choose.runs({"model": model}, input_ids, input_features=input_features,
+                         decoder_input_ids=decoder_input_ids, max_new_tokens=max_new_tokens)
+    prompt, (model_run,) = chosen.prompt, chosen.runs
+    process.prompt_len = prompt.numel()
+    check_positions(prompt.numel(), max_new_tokens, chosen.models)
     parallel.check(model, prompt=prompt, generator=generator, max_new_tokens=max_new_tokens, stops=sorted(stops),
                    do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
                    min_p=min_p, repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
                    sequence_bias=sequence_bias, bad_words_ids=bad_words_ids, min_new_tokens=min_new_tokens)
-    process = processors_for(dict(repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
-                                  sequence_bias=sequence_bias, bad_words_ids=bad_words_ids,
-                                  min_new_tokens=min_new_tokens), stops, prompt.numel(), model)
     P = prompt.numel()
     seq = torch.empty(P + max_new_tokens, dtype=torch.long, device=device)
     seq[:P] = prompt
@@ -200,9 +184,10 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
     one-token step compiled: CUDA graphs on GPU), "auto" ("plain" where it applies,
     else "hf").
 
-    draft may also be a spec.PromptLookup (no model): each round it proposes at most gamma
-    tokens copied from an earlier occurrence in the prompt and output, and none where
-    nothing matches (that round is one target step); draft_impl does not apply.
+    draft may also be any Drafter (spec.protocols) that is not a model, such as
+    spec.PromptLookup: each round it proposes at most gamma tokens copied from an earlier
+    occurrence in the prompt and output, and none where nothing matches (that round is one
+    target step); draft_impl does not apply.
 
     Encoder-decoder pairs (spec.seq2seq): input_ids (or input_features, Whisper) is the
     encoder input, each model encodes it once (share_encoder=True: the draft's decoder
@@ -213,75 +198,42 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
     step i the same prefix, so nothing from a rejected draft token reaches a later round, and an EOS
     inside a drafted block is masked until min_new_tokens. min_p (sampling): HF's min-p warper, on
     both sides of the ratio, like temperature, top-k and top-p."""
-    lookup = isinstance(draft, PromptLookup)  # a model-free draft (spec.lookup): proposals, no model
-    if lookup:
-        check_model(target, "target")
-    else:
-        check_pair(target, draft)
+    roles = {"target": target, "draft": draft}
+    choose.check(roles)
     check_options(max_new_tokens=max_new_tokens, gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p,
                   min_p=min_p)
     device = model_device(target)
-    models = {"target": target} if lookup else {"target": target, "draft": draft}
-    if not lookup and (seq2seq.is_encoder_decoder(target) or seq2seq.is_encoder_decoder(draft)):
-        seq2seq.check_draft_impl(draft_impl)        # spec.seq2seq's runners, over the decoders
-        prompt, (target_run, draft_run) = seq2seq.prepare(models, input_ids, input_features=input_features,
-                                                          decoder_input_ids=decoder_input_ids,
-                                                          share_encoder=share_encoder, max_new_tokens=max_new_tokens)
-    else:
-        seq2seq.refuse_inputs(input_features, decoder_input_ids, share_encoder)
-        prompt = as_prompt(input_ids, device, models)
-        target_run, draft_run = runner.runner_for(target), None
-    stops = stop_ids(eos_token_id, models)
-    check_positions(prompt.numel(), max_new_tokens, models)
-    parallel.check(target, None if lookup else draft, gamma=gamma, draft_impl=draft_impl, prompt=prompt,
-                   generator=generator, max_new_tokens=max_new_tokens, stops=sorted(stops), do_sample=do_sample,
-                   temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
-                   no_repeat_ngram_size=no_repeat_ngram_size, min_p=min_p, sequence_bias=sequence_bias,
-                   bad_words_ids=bad_words_ids, min_new_tokens=min_new_tokens)
+    stops = stop_ids(eos_token_id, choose.models_of(roles))
     process = processors_for(dict(repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
                                   sequence_bias=sequence_bias, bad_words_ids=bad_words_ids,
-                                  min_new_tokens=min_new_tokens), stops, prompt.numel(), target)
-    auto = AutoGamma() if gamma == "auto" else None
-    max_gamma = auto.max_gamma if auto else gamma
-    # The draft proposes only ids the target can score and the draft can embed again.
-    draft_rows = hf.vocab_rows(target if lookup else draft)
-    common = min(hf.logit_width(target), draft_rows) if lookup else \
-        min(hf.logit_width(draft), hf.logit_width(target), draft_rows)
-    # The target may emit an id the draft cannot embed (pythia-12b's head is wider than
-    # pythia-410m's embedding); the draft is fed a stand-in. That changes only its guesses.
-    clamp_for_draft = hf.logit_width(target) > draft_rows
-    timed = trace or auto is not None
+                                  min_new_tokens=min_new_tokens), stops, target)
+    policy = AutoGamma() if gamma == "auto" else FixedGamma(gamma)
+    pick = Pick(do_sample, temperature, top_k, top_p, generator, process, min_p)
+    chosen = choose.runs(roles, input_ids, input_features=input_features,
+                         decoder_input_ids=decoder_input_ids, share_encoder=share_encoder,
+                         max_new_tokens=max_new_tokens, room=max_new_tokens + policy.max_gamma + 1,
+                         draft_impl=draft_impl, pick=pick)
+    prompt, (target_run, drafter) = chosen.prompt, chosen.runs
+    process.prompt_len = prompt.numel()
+    check_positions(prompt.numel(), max_new_tokens, chosen.models)
+    parallel.check(target, None, gamma=gamma, prompt=prompt, generator=generator, max_new_tokens=max_new_tokens,
+                   stops=sorted(stops), do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
+                   repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size, min_p=min_p,
+                   sequence_bias=sequence_bias, bad_words_ids=bad_words_ids, min_new_tokens=min_new_tokens)
+    timed = trace or policy.timed
 
     P = prompt.numel()
-    seq = torch.empty(P + max_new_tokens + max_gamma + 1, dtype=torch.long, device=device)
+    seq = torch.empty(P + max_new_tokens + policy.max_gamma + 1, dtype=torch.long, device=device)
     seq[:P] = prompt
-    if draft_run is None:
-        draft_run = draft if lookup else draft_runner(draft, seq.numel(), draft_impl)
     n = P
     result = Result(tokens=[], traced=trace)
 
     while n - P < max_new_tokens:
-        g = auto.gamma if auto else gamma
-        g = min(g, max_new_tokens - (n - P) - 1)  # never draft past max_new_tokens
+        g = min(policy.gamma, max_new_tokens - (n - P) - 1)  # never draft past max_new_tokens
 
-        # 1. Draft: Mq proposes g tokens autoregressively (first catching up on tokens it has not seen).
+        # 1. Draft: Mq proposes up to g tokens after seq[:n], with q, the distributions they were drawn from.
         t0 = _clock(device, timed)
-        q = []
-        if lookup:  # up to g tokens, maybe none; q one-hot at each (a deterministic draft)
-            proposal = draft.propose(seq[:n], g)
-            g = len(proposal)
-            seq[n:n + g] = torch.tensor(proposal, dtype=torch.long, device=device)
-            q = list(torch.nn.functional.one_hot(seq[n:n + g], common).double()) if do_sample else []
-        for i in range(0 if lookup else g):
-            feed = seq[len(draft_run):n + i]
-            logits = draft_run(feed.clamp(max=draft_rows - 1) if clamp_for_draft else feed, keep=1)[-1, :common]
-            if process:
-                logits = process(logits[None], seq, n + i)[0]
-            if do_sample:
-                q.append(sampling.probabilities(logits, temperature, top_k, top_p, min_p))
-                seq[n + i] = sampling.sample(q[-1], generator)
-            else:
-                seq[n + i] = logits.argmax()
+        g, q = drafter.draft(seq, n, g)
 
         # 2. Verify: Mp scores all g + 1 positions in one pass.
         t1 = _clock(device, timed)
@@ -289,23 +241,18 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
         if process:
             logits = process(logits, seq, n)  # row i predicts seq[n + i] from seq[:n + i]
 
-        # 3. Accept the longest prefix that passes, then append one token from Mp.
+        # 3. Accept the longest prefix that passes, then append one token from Mp (spec.accept).
         proposed = seq[n:n + g]
         if do_sample:
             p = sampling.probabilities(logits, temperature, top_k, top_p, min_p)
-            q = torch.stack(q) if g else p.new_zeros(0, common)
-            rows = torch.arange(g, device=device)
             u = torch.rand(g, device=device, generator=generator, dtype=p.dtype)
-            passed = u * q[rows, proposed] < p[rows, proposed]      # u < p(x) / q(x)
-            k = int(passed.cumprod(0).sum())
-            last = sampling.residual(p[k], q[k]) if k < g else p[g]  # on rejection: norm(max(0, p - q))
+            k, last = accept.sampled(proposed, q, p, u)
             seq[n + k] = sampling.sample(last, generator)
         else:
-            choice = logits.argmax(-1)
-            k = int((proposed == choice[:g]).cumprod(0).sum())
-            seq[n + k] = choice[k]                                    # Mp's own token after the prefix
+            k, token = accept.greedy(proposed, logits)
+            seq[n + k] = token                                        # Mp's own token after the prefix
 
-        # 4. Cut at EOS, then roll back: both caches keep all but the newest token, fed next round.
+        # 4. Cut at EOS, then roll back: both models keep all but the newest token, fed next round.
         emitted = k + 1
         if stops:
             cut = _first_stop(seq[n:n + emitted].tolist(), stops)
@@ -313,14 +260,13 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
                 emitted, result.stop_reason = cut + 1, "eos"
         n += emitted
         target_run.crop(n - 1)
-        draft_run.crop(n - 1)
+        drafter.observe(n, k)
         t2 = _clock(device, timed)
 
         accepted = min(k, emitted)  # draft tokens that reached the output (EOS may cut a block)
-        if auto:
-            auto.observe(drafted=g, accepted=k, draft_s=t1 - t0, verify_s=t2 - t1)
+        policy.observe(drafted=g, accepted=k, draft_s=t1 - t0, verify_s=t2 - t1)
         timings = dict(draft_s=t1 - t0, verify_s=t2 - t1, target_cache=len(target_run),
-                       draft_cache=len(draft_run)) if trace else {}
+                       draft_cache=len(drafter)) if trace else {}
         result.rounds.append(Round(g, accepted, emitted, **timings))
         if result.stop_reason == "eos":
             break

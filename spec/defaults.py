@@ -2,7 +2,7 @@
 reads them, and answers in well under a second because nothing heavier is imported."""
 
 DTYPE_NAMES = ("fp32", "fp64", "bf16", "fp16")
-DRAFT_IMPLS = ("auto", "plain", "hf", "compiled")  # spec.decode.DRAFT_IMPLS (a test keeps them equal)
+DRAFT_IMPLS = ("auto", "plain", "hf", "compiled")  # spec.choose.DRAFT_IMPLS (a test keeps them equal)
 CPU_MAX_NEW_TOKENS = 128
 CUDA_MAX_NEW_TOKENS = 256
 

@@ -34,8 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from spec import seq2seq
-from spec.runner import runner_for
+from spec import choose
 from spec.validate import model_device
 
 # Relative rounding floor per dtype (a few ulps of the largest logit), used when the
@@ -80,38 +79,29 @@ def diagnose(target, prompt_ids, expected: list[int], actual: list[int], **encod
     a tie: stopping depends on token ids, not on logits. An encoder-decoder target takes
     the inputs speculative_generate took (prompt_ids is the encoder input; input_features=,
     decoder_input_ids= as keywords): its decoder is checked, over the encoder output."""
-    # A context manager, not the decorator: mutation testing skips decorated functions.
-    with torch.inference_mode():
-        return _diagnose(target, prompt_ids, expected, actual, **encoder_inputs)
-
-
-def _diagnose(target, prompt_ids, expected: list[int], actual: list[int], **encoder_inputs) -> Divergence | None:
     i = first_difference(expected, actual)
     if i is None:
         return None
     device = model_device(target)
-    if seq2seq.is_encoder_decoder(target):
-        prompt, _ = seq2seq.prepare({"target": target}, prompt_ids, **encoder_inputs)
-        runner = lambda: seq2seq.prepare({"target": target}, prompt_ids, **encoder_inputs)[1][0]  # noqa: E731
-    else:
-        prompt = torch.as_tensor(prompt_ids, device=device).reshape(-1)
-        runner = lambda: runner_for(target)  # noqa: E731
-    context = torch.cat([prompt, torch.tensor(expected[:i], dtype=torch.long, device=device)])
     dtype = next(target.parameters()).dtype
     exp_tok = expected[i] if i < len(expected) else None
     act_tok = actual[i] if i < len(actual) else None
-
-    # Path 1, greedy's: prefill the prompt, then one token at a time.
-    run = runner()
-    step = run(context[:prompt.numel()], keep=1)[-1]
-    for t in range(prompt.numel(), context.numel()):
-        step = run(context[t:t + 1], keep=1)[-1]
-    # Path 2, a block's: the last positions in one pass, as a verify round computes them.
-    block_start = max(prompt.numel() - 1, context.numel() - 6)
-    run = runner()
-    if block_start > 0:
-        run(context[:block_start], keep=1)
-    block = run(context[block_start:], keep=1)[-1]
+    fresh = lambda: choose.runs({"target": target}, prompt_ids, **encoder_inputs)  # noqa: E731
+    with torch.inference_mode():   # a context, not a decorator: mutmut leaves decorated functions alone
+        chosen = fresh()
+        prompt = chosen.prompt
+        context = torch.cat([prompt, torch.tensor(expected[:i], dtype=torch.long, device=device)])
+        # Path 1, greedy's: prefill the prompt, then one token at a time.
+        run = chosen.runs[0]
+        step = run(context[:prompt.numel()], keep=1)[-1]
+        for t in range(prompt.numel(), context.numel()):
+            step = run(context[t:t + 1], keep=1)[-1]
+        # Path 2, a block's: the last positions in one pass, as a verify round computes them.
+        block_start = max(prompt.numel() - 1, context.numel() - 6)
+        run = fresh().runs[0]
+        if block_start > 0:
+            run(context[:block_start], keep=1)
+        block = run(context[block_start:], keep=1)[-1]
 
     finite = torch.isfinite(step) & torch.isfinite(block)  # tokens an encoder-decoder's masks rule out
     measured = float((step.double() - block.double())[finite].abs().max())

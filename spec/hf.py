@@ -110,7 +110,7 @@ class Cached:
             if self.step is None:
                 self.step = COMPILED_STEPS[model] = compile_step(model)
 
-    def __call__(self, ids: torch.Tensor, keep: int = 1) -> torch.Tensor:
+    def __call__(self, ids: torch.Tensor, keep: int = 0) -> torch.Tensor:
         return forward(self.model, ids, self.cache, keep, self.step)
 
     def crop(self, keep: int) -> None:

@@ -38,12 +38,18 @@ class PromptLookup:
     def __repr__(self) -> str:
         return f"PromptLookup(max_ngram={self.max_ngram}, min_ngram={self.min_ngram})"
 
-    # The decode loop treats a draft as a runner; this one keeps no state to roll back.
+    # A Drafter (spec.protocols): a deterministic source (q one-hot, returned as None) with no
+    # state, so nothing to roll back and no positions held.
+    def draft(self, seq: torch.Tensor, n: int, g: int) -> tuple[int, None]:
+        proposal = self.propose(seq[:n], g)
+        seq[n:n + len(proposal)] = torch.tensor(proposal, dtype=torch.long, device=seq.device)
+        return len(proposal), None
+
+    def observe(self, n: int, accepted: int) -> None:
+        pass
+
     def __len__(self) -> int:
         return 0
-
-    def crop(self, keep: int) -> None:
-        pass
 
     def propose(self, history: torch.Tensor, limit: int) -> list[int]:
         """Up to `limit` tokens to follow `history` (1-D ids: prompt and output so far).

@@ -7,32 +7,34 @@ from dataclasses import dataclass
 
 import torch
 
-from spec import hf, runner as runners, seq2seq
+from spec import choose, hf
 from spec.clock import now, sync  # noqa: F401  (sync: re-exported for callers of spec.measure.sync)
-from spec.decode import draft_runner
-from spec.validate import as_prompt, check_pair, model_device
+from spec.validate import check_pair, model_device
 
 
 @torch.inference_mode()
-def step_time(model, input_ids, *, steps: int = 32, warmup: int = 4, runner=None) -> float:
+def step_time(model, input_ids, *, steps: int = 32, warmup: int = 4, draft_impl: str | None = None) -> float:
     """Median wall time of one cached one-token forward pass after the prompt's prefill.
 
-    Each step is timed alone, CUDA-synchronised, on the model's own device. `runner`:
-    the model with its cache as the decode loop runs it (spec.runner's by default; a
-    draft's is spec.decode.draft_runner's), so that c is the cost the loop pays."""
+    Each step is timed alone, CUDA-synchronised, on the model's own device, with the model
+    run as the decode loop runs it (spec.choose): as a target, or with draft_impl given, as a
+    draft run that way, so that c is the cost the loop pays. An encoder-decoder model's step
+    is its decoder's, over input_ids' encoder output."""
     device = model_device(model)
-    if seq2seq.is_encoder_decoder(model):  # the decoder's step, over input_ids' encoder output
-        prompt, run = seq2seq.decoder_runner(model, input_ids)
+    if draft_impl is None:
+        chosen = choose.runs({"model": model}, input_ids)
+        run = chosen.runs[0]
     else:
-        prompt = as_prompt(input_ids, device, {"model": model})
-        run = runner if runner is not None else runners.runner_for(model, role="model")
+        chosen = choose.runs({"draft": model}, input_ids, room=warmup + steps + 1, draft_impl=draft_impl)
+        run = chosen.runs[0].run                   # the draft's Runner, inside its ModelDraft
+    prompt = chosen.prompt
     last_id = hf.vocab_rows(model) - 1  # looked up once, outside the timed steps
-    logits = run(prompt)
+    logits = run(prompt, keep=1)
     token = logits[-1].argmax().reshape(1).clamp(max=last_id)
     times = []
     for i in range(warmup + steps):
         t0 = now(device)
-        token = run(token)[-1].argmax().reshape(1).clamp(max=last_id)
+        token = run(token, keep=1)[-1].argmax().reshape(1).clamp(max=last_id)
         if i >= warmup:
             times.append(now(device) - t0)
     return statistics.median(times)
@@ -53,12 +55,9 @@ def cost_ratio(target, draft, input_ids, *, steps: int = 32, warmup: int = 4, dr
     twice (draft, target, draft, target) so that drift on a shared machine hits both.
     The draft runs as speculative_generate(draft_impl=...) runs it."""
     check_pair(target, draft)
-    n = 0 if seq2seq.is_encoder_decoder(draft) else \
-        as_prompt(input_ids, model_device(draft), {"draft": draft}).numel() + warmup + steps + 1
     d, t = [], []
     for _ in range(2):
-        d.append(step_time(draft, input_ids, steps=steps // 2, warmup=warmup,
-                           runner=None if seq2seq.is_encoder_decoder(draft) else draft_runner(draft, n, draft_impl)))
+        d.append(step_time(draft, input_ids, steps=steps // 2, warmup=warmup, draft_impl=draft_impl))
         t.append(step_time(target, input_ids, steps=steps // 2, warmup=warmup))
     return Costs(statistics.fmean(d), statistics.fmean(t))
 
@@ -69,11 +68,9 @@ def pass_times(target, input_ids, gammas, *, repeats: int = 6) -> dict[int, floa
     for each gamma in `gammas` (0: a one-token step), timed interleaved, the cache put
     back after each pass."""
     device = model_device(target)
-    if seq2seq.is_encoder_decoder(target):
-        prompt, run = seq2seq.decoder_runner(target, input_ids)
-    else:
-        prompt, run = as_prompt(input_ids, device, {"target": target}), runners.runner_for(target)
-    run(prompt)
+    chosen = choose.runs({"target": target}, input_ids)
+    prompt, (run,) = chosen.prompt, chosen.runs
+    run(prompt, keep=1)
     P = prompt.numel()
     fed = prompt[torch.arange(max(gammas) + 1, device=device) % P]  # any ids after the prompt
     times = {g: [] for g in gammas}

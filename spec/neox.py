@@ -27,10 +27,10 @@ def supports(model) -> bool:
 
 
 class NeoXDraft:
-    """`model` run in plain tensors on its own KV buffer of `max_len` positions, with
-    hf.Cached's interface: `draft(ids)` feeds ids after the positions the buffer holds
-    and returns the last one's logits [1, vocab]; `crop(keep)` forgets every position
-    from `keep` on."""
+    """`model` run in plain tensors on its own KV buffer of `max_len` positions, as a Runner
+    (spec.protocols): `draft(ids, keep)` feeds ids after the positions the buffer holds and
+    returns the logits of the last `keep` of them (0: all); `crop(keep)` forgets every
+    position from `keep` on."""
 
     def __init__(self, model, max_len: int):
         if not supports(model):
@@ -83,17 +83,11 @@ class NeoXDraft:
         rotated = torch.cat((-x_rot[..., half:], x_rot[..., :half]), dim=-1)
         return torch.cat((x_rot * cos + rotated * sin, x[..., r:]), dim=-1)
 
-    @torch.inference_mode()
-    def __call__(self, ids: torch.Tensor, keep: int = 1) -> torch.Tensor:
-        """Logits [1, vocab] of the last of `ids` (1-D), fed after the cached positions."""
-        return self._step(ids, keep)
-
-    # Undecorated so that mutation testing (docs/MUTATION.md) can reach it: mutmut skips decorated functions.
-    def _step(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
+    def __call__(self, ids: torch.Tensor, keep: int = 0) -> torch.Tensor:
+        """Logits [keep or len(ids), vocab] of the last `keep` of `ids` (1-D), fed after the cached
+        positions. No autograd: the weights are detached, and the decode loop runs in inference mode."""
         T, start = ids.numel(), self.len
         end = start + T
-        if keep != 1:
-            raise ValueError(f"keep: the plain draft step returns the last position only, got keep={keep}")
         if end > self.max_len:
             raise ValueError(f"ids: {T} tokens after {start} cached overflow the draft's buffer of {self.max_len}")
         H, D = self.heads, self.head_dim
@@ -115,4 +109,4 @@ class NeoXDraft:
                            w_down, b_down)
             x = x + attn + mlp if self.parallel else mlp_in + mlp
         self.len = end
-        return F.linear(F.layer_norm(x[-1:], *self.final_ln), self.head)
+        return F.linear(F.layer_norm(x[-keep:] if keep else x, *self.final_ln), self.head)

@@ -62,13 +62,19 @@ def _random_state(generator, device: torch.device) -> str:
     return hashlib.sha256(state.cpu().numpy().tobytes()).hexdigest()[:16]
 
 
+def check_draft(draft, draft_impl: str) -> None:
+    """A split draft runs on its own forward only (spec.choose asks before it builds the draft)."""
+    if is_split(draft) and draft_impl in ("plain", "compiled"):
+        raise ValueError(f"draft_impl={draft_impl!r}: the draft is split ({describe(draft)}), and that forward "
+                         f"reads its weights as whole tensors on one device; use draft_impl='hf' or 'auto'")
+
+
 def check(target, draft=None, *, gamma=None, draft_impl: str = "auto", prompt: torch.Tensor,
           generator=None, **options) -> None:
     """Refuse, with the reason, what a split target or draft cannot run exactly; for a tensor-parallel
     target, also a call whose inputs differ between the ranks. No cost for whole models."""
-    if draft is not None and is_split(draft) and draft_impl in ("plain", "compiled"):
-        raise ValueError(f"draft_impl={draft_impl!r}: the draft is split ({describe(draft)}), and that forward "
-                         f"reads its weights as whole tensors on one device; use draft_impl='hf' or 'auto'")
+    if draft is not None:
+        check_draft(draft, draft_impl)
     tp = hf.tensor_parallel_size(target)
     if tp == 1:
         return

@@ -1,11 +1,11 @@
 """A model and the state it carries between forward passes, with an exact rollback.
 
-The decode loop drives every model through one small interface, a *runner*:
+The decode loop drives every model through one small interface, a Runner (spec.protocols):
 `run(ids, keep)` feeds `ids` after the `len(run)` positions the runner holds and
 returns their logits (the last `keep` rows; 0: all); `run.crop(keep)` forgets every
 position from `keep` on. After a crop `len(run) <= keep`: a runner may go back further,
 and the loop then feeds it from `len(run)`, so it recomputes what it dropped in the
-same pass as the new tokens.
+same pass as the new tokens. spec.choose makes a model's runner from `verdict` below.
 
 Transformers has three kinds of state, and each gets the rollback that is exact for it:
 
@@ -357,25 +357,6 @@ def unembeddable_head(model) -> str | None:
 def _refusal(model, reason: str, *, runs_uncached: bool) -> UnsupportedModelError:
     return UnsupportedModelError(f"{type(model).__name__} cannot be decoded exactly by spec: {reason}",
                                  runs_uncached)
-
-
-def runner_for(model, *, role: str = "target"):
-    """A fresh runner for `model`, on the path and with the positions `verdict` found for it.
-
-    A draft cannot change the output of speculative decoding, only its speed (the target
-    decides every emitted token, and a sampled draft token is tested against the very
-    distribution it was drawn from). So a draft no cached path reproduces still runs, by
-    recompute; and objects that are not Hugging Face models (wrappers such as a synthetic
-    draft) run on the KV path unprobed."""
-    if role == "draft" and not isinstance(model, PreTrainedModel):
-        return KVRunner(model)
-    try:
-        path, positions = verdict(model)
-    except UnsupportedModelError as e:
-        if role == "draft" and e.runs_uncached:
-            return RecomputeRunner(model, "own")
-        raise UnsupportedModelError(f"{role}: {e}", e.runs_uncached) from None
-    return RUNNERS[path](model, positions)
 
 
 def path_of(model) -> str:

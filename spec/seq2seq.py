@@ -1,10 +1,10 @@
 """Encoder-decoder models (T5, BART, Whisper, Marian, Pegasus, mBART, M2M100, ...) in the decode loop.
 
-The decode loop in spec.decode talks to a model through a runner: `run(ids, keep=k)` feeds
-ids after the positions the runner's cache holds and returns logits [k, vocab] (all rows
-for keep=0), `run.crop(keep)` forgets positions from `keep` on, `len(run)` is the number of
-cached positions. For an encoder-decoder model that runner is `Decoder` below: the encoder
-runs once, in `prepare`, and every call runs the DECODER only, attending to the fixed
+The decode loop in spec.decode talks to a model through a Runner (spec.protocols): `run(ids,
+keep=k)` feeds ids after the positions the runner's cache holds and returns logits [k, vocab]
+(all rows for keep=0), `run.crop(keep)` forgets positions from `keep` on, `len(run)` is the
+number of cached positions. For an encoder-decoder model that runner is `Decoder` below: the
+encoder runs once, in `prepare` (spec.choose builds the Decoders), and every call runs the DECODER only, attending to the fixed
 encoder output. Speculation and rollback then concern the decoder alone:
 
   - the cache is an EncoderDecoderCache, built as transformers' generate() builds it. Its
@@ -16,7 +16,7 @@ encoder output. Speculation and rollback then concern the decoder alone:
     after a crop is exactly the kept prefix.
 
 `prepare` turns the user's inputs, in HF generate's conventions, into the decoder prompt and
-one runner per model: `input_ids` is the encoder input (T5, BART, ...), Whisper takes
+one encoder output per model: `input_ids` is the encoder input (T5, BART, ...), Whisper takes
 `input_features`; the decoder starts from the model's decoder_start_token_id (Whisper: its
 init tokens, as WhisperForConditionalGeneration.generate builds them) unless
 `decoder_input_ids` are given. The draft runs its own encoder on the same inputs, or with
@@ -299,7 +299,7 @@ def new_cache(model) -> EncoderDecoderCache:
 
 class Decoder:
     """An encoder-decoder model's decoder with its cache, over a fixed encoder output.
-    Same interface as hf.Cached: `run(ids, keep)`, `run.crop(keep)`, `len(run)`."""
+    A Runner (spec.protocols): `run(ids, keep)`, `run.crop(keep)`, `len(run)`."""
 
     def __init__(self, model, encoder_outputs: BaseModelOutput, masks: TokenMasks = TokenMasks()):
         self.model, self.encoder_outputs, self.masks = model, encoder_outputs, masks
@@ -309,7 +309,7 @@ class Decoder:
         self.encoder_mask = torch.ones(encoder_outputs.last_hidden_state.shape[:2], dtype=torch.long,
                                        device=encoder_outputs.last_hidden_state.device)
 
-    def __call__(self, ids: torch.Tensor, keep: int = 1) -> torch.Tensor:
+    def __call__(self, ids: torch.Tensor, keep: int = 0) -> torch.Tensor:
         start = len(self)
         kwargs = {self.cache_kwarg: self.cache}
         if self.positions:
@@ -340,9 +340,10 @@ def _check_shared(target, draft, encoder_outputs) -> None:
                          f"draft is {draft.config.model_type!r}")
 
 
-def prepare(models: dict, input_ids=None, *, input_features=None, decoder_input_ids=None,
-            share_encoder: bool = False, max_new_tokens: int | None = None) -> tuple[torch.Tensor, list[Decoder]]:
-    """The decoder prompt (1-D LongTensor) and one Decoder runner per model, in order.
+def prepare(models: dict, input_ids=None, *, input_features=None, decoder_input_ids=None, share_encoder: bool = False,
+            max_new_tokens: int | None = None) -> tuple[torch.Tensor, list[BaseModelOutput], TokenMasks]:
+    """The decoder prompt (1-D LongTensor), each model's encoder output (in order) and the token
+    masks every decoder applies: what spec.choose builds one Decoder runner per model from.
 
     models: {"target": model} (greedy) or {"target": target, "draft": draft}."""
     names = list(models)
@@ -360,7 +361,7 @@ def prepare(models: dict, input_ids=None, *, input_features=None, decoder_input_
     _check_ids_fit(prompt, "decoder_input_ids" if decoder_input_ids is not None else "the decoder prompt", models)
     masks = TokenMasks.of(target, prompt.numel(), max_new_tokens)
     target_out = encode(target, input_ids, input_features, name=names[0])
-    runners = [Decoder(target, target_out, masks)]
+    outputs = [target_out]
     for name in names[1:]:
         if share_encoder:
             _check_shared(target, models[name], target_out)
@@ -368,8 +369,8 @@ def prepare(models: dict, input_ids=None, *, input_features=None, decoder_input_
                 next(models[name].parameters()).dtype))
         else:
             out = encode(models[name], input_ids, input_features, name=name)
-        runners.append(Decoder(models[name], out, masks))
-    return prompt, runners
+        outputs.append(out)
+    return prompt, outputs, masks
 
 
 def check_draft_impl(draft_impl: str) -> None:
@@ -388,19 +389,13 @@ def refuse_inputs(input_features=None, decoder_input_ids=None, share_encoder=Fal
         raise ValueError("share_encoder=True is for encoder-decoder pairs; these models are decoder-only")
 
 
-# --------------------------------------------------------------------------- loading, timing, the CLI
+# --------------------------------------------------------------------------- loading, and what the CLI reads (spec.experiment imports it from here)
 
 
 def auto_class(config):
     """The Auto class that loads an encoder-decoder checkpoint with its LM head."""
     from transformers import AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq
     return AutoModelForSpeechSeq2Seq if config.model_type in SPEECH_FAMILIES else AutoModelForSeq2SeqLM
-
-
-def decoder_runner(model, input_ids) -> tuple[torch.Tensor, Decoder]:
-    """For spec.measure: the decoder prompt and a runner over the encoder output of input_ids."""
-    prompt, (run,) = prepare({"model": model}, input_ids)
-    return prompt, run
 
 
 def cli_refusal(target, peer: str | None, features=None) -> str | None:

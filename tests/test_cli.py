@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import spec.__main__ as cli
+import spec.choose
 import spec.decode
 from spec import defaults, experiment, report, theory
 from spec.models import build_gpt_neox, truncated_copy
@@ -326,7 +327,7 @@ def test_prompt_past_the_position_limit_is_refused(pair_dirs, tmp_path, capsys):
 
 
 def test_draft_impls_match_the_decoder():
-    assert defaults.DRAFT_IMPLS == spec.decode.DRAFT_IMPLS
+    assert defaults.DRAFT_IMPLS == spec.choose.DRAFT_IMPLS
 
 
 def _summary(**over):

@@ -1,6 +1,9 @@
 """The layout rules of issue 19, checked mechanically: no import cycle inside spec/, no
 function over 60 lines in spec/ except the decode loop (Algorithm 1 kept in one piece),
-and one clock (spec/clock.py) for every timing in spec/ and tests/perf/."""
+and one clock (spec/clock.py) for every timing in spec/ and tests/perf/. And those of issue 25:
+the Runner and Drafter protocols exist and every runner and drafter keeps them, one function
+makes runners and model drafts (spec.choose.runs), nothing is stored on a user's model as a
+`_spec_*` attribute, and spec/ imports nothing from tests/."""
 
 from __future__ import annotations
 
@@ -78,3 +81,116 @@ def test_one_clock():
                for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
                if "perf_counter" in line or "time.monotonic" in line]
     assert not readers, "timing outside spec.clock: " + ", ".join(readers)
+
+
+# --- issue 25: one loop over two small protocols, chosen in one place --------------------------
+
+RUNNER_METHODS = {"__call__", "crop", "__len__"}
+DRAFTER_METHODS = {"draft", "observe", "__len__"}
+
+
+def _classes_with(methods: set[str]) -> dict[str, str]:
+    """Classes in spec/ (outside the protocols themselves) defining every one of `methods`, or
+    inheriting them from such a class in the same module: name -> module."""
+    found = {}
+    for module, tree in _modules().items():
+        if module == "protocols":
+            continue
+        local = {}
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef):
+                own = {f.name for f in node.body if isinstance(f, ast.FunctionDef)}
+                bases = {b.id for b in node.bases if isinstance(b, ast.Name)}
+                local[node.name] = own | set().union(*(local.get(b, set()) for b in bases))
+                if methods <= local[node.name]:
+                    found[node.name] = module
+    return found
+
+
+def test_the_protocols_exist_and_every_runner_and_drafter_keeps_them():
+    import typing
+
+    import torch
+
+    from spec import choose, draft, hf, lookup, neox, protocols, runner, seq2seq
+    for proto, methods in ((protocols.Runner, RUNNER_METHODS), (protocols.Drafter, DRAFTER_METHODS)):
+        assert typing.Protocol in proto.__mro__ and proto.__doc__ and len(proto.__doc__) > 200
+        assert methods <= set(vars(proto))
+    runners = _classes_with(RUNNER_METHODS)
+    assert {"KVRunner", "SnapshotRunner", "StepwiseSnapshotRunner", "RecomputeRunner", "NeoXDraft", "Cached",
+            "Decoder"} <= set(runners)
+    modules = dict(runner=runner, neox=neox, hf=hf, seq2seq=seq2seq, draft=draft, lookup=lookup, choose=choose)
+    for name, module in runners.items():
+        assert RUNNER_METHODS <= set(dir(getattr(modules[module], name))), name
+    # keep means one thing: every runner's keep defaults to 0 (every row fed)
+    import inspect
+    for name, module in runners.items():
+        keep = inspect.signature(getattr(modules[module], name).__call__).parameters["keep"]
+        assert keep.default == 0, f"{name}: keep defaults to {keep.default!r}, not 0 (all rows)"
+    assert set(_classes_with(DRAFTER_METHODS)) == {"ModelDraft", "PromptLookup"}
+    assert isinstance(lookup.PromptLookup(), protocols.Drafter)
+    assert isinstance(draft.ModelDraft(runner.RecomputeRunner(torch.nn.Linear(1, 1)), draft.Pick(), width=1, rows=1,
+                                       clamp=False), protocols.Drafter)
+
+
+def _constructions() -> list[tuple[str, str, str]]:
+    """(module, enclosing function, what) for every call in spec/ that builds a runner or a model
+    draft: a call of a runner class by name, a call through the RUNNERS table, or ModelDraft(...)."""
+    made = set(_classes_with(RUNNER_METHODS)) | {"ModelDraft"}
+    out = []
+    for module, tree in _modules().items():
+        for func in ast.walk(tree):
+            if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(func):
+                if not isinstance(node, ast.Call):
+                    continue
+                f = node.func
+                name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+                table = isinstance(f, ast.Subscript) and getattr(f.value, "attr", getattr(f.value, "id", None)) == "RUNNERS"
+                if name in made or table:
+                    out.append((module, func.name, name or "RUNNERS[...]"))
+    return out
+
+
+def test_one_function_makes_runners_and_model_drafts():
+    """spec.choose.runs is the one place a model becomes a Runner or a Drafter. (The probe in
+    spec.runner builds each candidate path's class from a loop variable to test it against the
+    model's own forward: a trial, not a choice, and not a call this check matches by name.)"""
+    places = {(module, function) for module, function, _ in _constructions()}
+    assert places == {("choose", "runs")}, f"runners or drafts built outside spec.choose.runs: {sorted(places)}"
+
+
+def test_the_construction_finder_finds_a_construction():
+    tree = ast.parse("def elsewhere(model):\n    return KVRunner(model)\n")
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    assert calls and calls[0].func.id in _classes_with(RUNNER_METHODS)
+    assert ("choose", "runs", "ModelDraft") in _constructions()
+    assert ("choose", "runs", "RUNNERS[...]") in _constructions()
+
+
+def test_nothing_is_stored_on_a_users_model():
+    """Memo tables are keyed weakly (spec.runner._VERDICTS, hf.COMPILED_STEPS): no `_spec_*`
+    attribute is written, by assignment or setattr, anywhere in spec/."""
+    writes = []
+    for module, tree in _modules().items():
+        for node in ast.walk(tree):
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+            writes += [f"spec/{module}.py:{node.lineno}" for t in targets
+                       if isinstance(t, ast.Attribute) and t.attr.startswith("_spec_")]
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr" and len(node.args) > 1 \
+                    and "_spec_" in ast.unparse(node.args[1]):   # a name, or an f-string building one
+                writes.append(f"spec/{module}.py:{node.lineno} (setattr)")
+    assert not writes, "attributes written on objects spec does not own: " + ", ".join(writes)
+
+
+def test_spec_imports_nothing_from_tests():
+    helpers = {p.stem for p in (ROOT / "tests").rglob("*.py")} | {"tests", "conftest"}
+    found = []
+    for module, tree in _modules().items():
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else []
+            found += [f"spec/{module}.py:{node.lineno} imports {n}" for n in names if n.split(".")[0] in helpers]
+    assert not found, "\n".join(found)

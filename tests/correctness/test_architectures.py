@@ -198,7 +198,8 @@ def test_a_refusal_says_which_model_and_is_remembered():
     """The refusal names the model's class, says whether the model still runs cache-free (a
     non-causal forward does: such a model may still draft, by recompute), and is memoised on the
     model: asking again raises the same error without running the model."""
-    from spec.runner import UnsupportedModelError, path_of, probe, runner_for
+    from spec import choose
+    from spec.runner import UnsupportedModelError, path_of, probe
     model = archs.BY_NAME["xlnet"].build(0)
     with pytest.raises(UnsupportedModelError) as first:
         probe(model)
@@ -214,8 +215,8 @@ def test_a_refusal_says_which_model_and_is_remembered():
         hook.remove()
     assert again.value is first.value and forwards == []
     with pytest.raises(UnsupportedModelError, match=r"^target: XLNet"):
-        runner_for(model, role="target")
-    assert type(runner_for(model, role="draft")).__name__ == "RecomputeRunner"
+        choose.runs({"target": model}, [1, 2, 3])
+    assert type(choose.runs({"draft": model}, [1, 2, 3], draft_impl="hf").runs[0].run).__name__ == "RecomputeRunner"
     assert UnsupportedModelError("why").runs_uncached is False
     assert path_of(object()) == "custom"
 

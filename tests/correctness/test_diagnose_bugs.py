@@ -211,13 +211,14 @@ FLOOR64 = 2.0 ** -49
 
 
 def scripted(monkeypatch, step, block):
-    from spec import diagnose as diagnose_module
+    from spec import choose
     rows = iter([torch.tensor(step, dtype=torch.float64), torch.tensor(block, dtype=torch.float64)])
     class Scripted:
         def __call__(self, ids, keep=0):
             return next(rows)[None]
 
-    monkeypatch.setattr(diagnose_module, "runner_for", lambda model: Scripted())
+    monkeypatch.setattr(choose, "runs", lambda roles, ids, **kw: choose.Chosen(torch.tensor(ids).reshape(-1),
+                                                                                [Scripted()], roles))
 
 
 @pytest.mark.parametrize("gap,verdict", [(FLOOR64 / 2, "tie"), (FLOOR64, "tie"), (2 * FLOOR64, "bug")])

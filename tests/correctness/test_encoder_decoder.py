@@ -712,10 +712,10 @@ def test_cli_refusals_say_what_to_give_instead(target):
 def test_decoder_runner_names_its_model_in_refusals():
     import transformers as T
 
-    from spec.seq2seq import decoder_runner
+    from spec import choose
     model = UNSUPPORTED["prophetnet"](T).eval()
     with pytest.raises(ValueError, match=r"^model: encoder-decoder family 'prophetnet'"):
-        decoder_runner(model, torch.tensor([3, 4, 5]))
+        choose.runs({"model": model}, torch.tensor([3, 4, 5]))
 
 
 def test_multi_token_bad_words_are_refused_one_token_ones_applied():

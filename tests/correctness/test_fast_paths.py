@@ -104,18 +104,26 @@ def test_plain_draft_variants_with_trained_like_parameters(overrides):
 def test_plain_draft_crop_past_its_length_changes_nothing():
     model = build_gpt_neox(SMALL, seed=4, dtype=torch.float64)
     plain = neox.NeoXDraft(model, 32)
-    assert plain(torch.tensor([1, 2, 3, 4])).shape == (1, 512)   # the last position only, as documented
+    assert plain(torch.tensor([1, 2, 3, 4]), keep=1).shape == (1, 512)   # the last position, as asked
     plain.crop(10)
     assert len(plain) == 4
     got = plain(torch.tensor([5]))[-1].double()
     assert torch.allclose(got, full_forward_logits(model, [1, 2, 3, 4, 5]), atol=1e-12)
 
 
-def test_plain_draft_refuses_keep_other_than_one():
-    plain = neox.NeoXDraft(build_gpt_neox(SMALL, seed=4), 16)
-    with pytest.raises(ValueError, match="keep: the plain draft step returns the last position only, got keep=2"):
-        plain(torch.tensor([1, 2]), keep=2)
-    assert len(plain) == 0
+def test_plain_draft_keep_means_what_every_runner_means():
+    """keep: the last `keep` rows fed; 0 (the default, as for every Runner): all of them."""
+    model = build_gpt_neox(SMALL, seed=4, dtype=torch.float64)
+    ids = torch.tensor([1, 2, 3, 4, 5])
+    full = neox.NeoXDraft(model, 16)(ids)
+    assert full.shape == (5, hf.logit_width(model))
+    with torch.no_grad():
+        torch.testing.assert_close(full, model(ids[None]).logits[0], rtol=0, atol=1e-10)   # HF's own forward
+    for keep in (1, 3, 5):
+        plain = neox.NeoXDraft(model, 16)
+        got = plain(ids, keep=keep)
+        assert got.shape == (keep, hf.logit_width(model)) and len(plain) == 5
+        torch.testing.assert_close(got, full[-keep:], rtol=0, atol=1e-12)  # other row counts round otherwise
 
 
 def test_plain_draft_fills_its_buffer_exactly():
@@ -283,11 +291,11 @@ def test_hf_assisted_sets_gamma_and_matches_greedy(target, partial_draft):
                           eos_token_id=stop) == free[:free.index(stop) + 1]
 
 
-def test_draft_runner_picks_the_runner_each_impl_names(monkeypatch, partial_draft):
+def test_draft_runner_picks_the_runner_each_impl_names(monkeypatch, partial_draft, draft_run):
     """auto: the plain-tensor path for a GPT-NeoX draft it supports, else the probed HF path;
     compiled: a static cache of at least 256 positions (a power of two) and the compiled step."""
     from spec import neox, runner
-    from spec.decode import draft_runner
+    draft_runner = draft_run
     assert isinstance(draft_runner(partial_draft, 40), neox.NeoXDraft)
     assert isinstance(draft_runner(partial_draft, 40, "plain"), neox.NeoXDraft)
     assert isinstance(draft_runner(partial_draft, 40, "hf"), runner.KVRunner)
@@ -304,7 +312,7 @@ def test_draft_runner_picks_the_runner_each_impl_names(monkeypatch, partial_draf
 
 
 def test_cached_returns_the_last_row_and_runs_the_compiled_step_once_a_model(monkeypatch, partial_draft):
-    """hf.Cached: one row by default; with static_len, every pass goes through the compiled step,
+    """hf.Cached: every row by default (keep=0, as for every Runner); with static_len, every pass goes through the compiled step,
     which is compiled once a model and kept (weakly keyed, not on the model)."""
     compiled = []
 
@@ -316,7 +324,7 @@ def test_cached_returns_the_last_row_and_runs_the_compiled_step_once_a_model(mon
     monkeypatch.delitem(hf.COMPILED_STEPS, partial_draft, raising=False)
     ids = torch.tensor([3, 141, 59, 26, 5])
     eager = hf.Cached(partial_draft)
-    assert eager(ids).shape == (1, hf.logit_width(partial_draft)) and compiled == []
+    assert eager(ids).shape == (5, hf.logit_width(partial_draft)) and compiled == []
     run, ref = hf.Cached(partial_draft, static_len=16), hf.Cached(partial_draft)
     torch.testing.assert_close(run(ids[:4]), ref(ids[:4]))      # a prefill runs eagerly
     torch.testing.assert_close(run(ids[4:]), ref(ids[4:]))      # a one-token step, compiled

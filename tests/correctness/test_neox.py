@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from strategies import gammas, max_new_tokens_values, short_token_id_prompts
 
 from spec import hf, neox, runner, speculative_generate
-from spec.decode import draft_runner
 from spec.models import build_gpt_neox, perturbed_copy
 from synthetic import SyntheticDraft
 
@@ -83,10 +82,10 @@ def test_plain_and_hf_drafts_run_the_same_rounds(target, fp64_draft, prompt, gam
     assert [r.draft_cache for r in plain.trace] == [r.draft_cache for r in ref.trace]
 
 
-def test_auto_picks_plain_for_gpt_neox_and_hf_otherwise(target, fp64_draft):
-    assert isinstance(draft_runner(fp64_draft, 16, "auto"), neox.NeoXDraft)
+def test_auto_picks_plain_for_gpt_neox_and_hf_otherwise(target, fp64_draft, draft_run):
+    assert isinstance(draft_run(fp64_draft, 16, "auto"), neox.NeoXDraft)
     synthetic = SyntheticDraft(fp64_draft, {}, alpha=0.5)
-    assert isinstance(draft_runner(synthetic, 16, "auto"), runner.KVRunner)
+    assert isinstance(draft_run(synthetic, 16, "auto"), runner.KVRunner)
 
 
 def test_unknown_draft_impl_is_rejected(target, fp64_draft):
@@ -94,10 +93,10 @@ def test_unknown_draft_impl_is_rejected(target, fp64_draft):
         speculative_generate(target, fp64_draft, [1, 2], draft_impl="fast")
 
 
-def test_plain_needs_gpt_neox(fp64_draft):
+def test_plain_needs_gpt_neox(fp64_draft, draft_run):
     synthetic = SyntheticDraft(fp64_draft, {}, alpha=0.5)
     with pytest.raises(ValueError, match="draft: plain-tensor step needs a GPT-NeoX model, got SyntheticDraft"):
-        draft_runner(synthetic, 16, "plain")
+        draft_run(synthetic, 16, "plain")
 
 
 def test_plain_buffer_overflow_names_the_sizes():

@@ -17,7 +17,7 @@ import architectures as archs
 import pytest
 import torch
 
-from spec import greedy_generate, hf, runner, speculative_generate
+from spec import choose, greedy_generate, hf, runner, speculative_generate
 
 GAMMA = 4
 NEW = 32
@@ -45,19 +45,20 @@ def _fed_per_round(monkeypatch, target, draft):
     """(result, tokens the target's forward was fed in each round)."""
     runner.path_of(target)                     # the probe's own passes are not the loop's
     log = []
-    step, runner_for = hf.step, runner.runner_for
+    step, runs = hf.step, choose.runs
 
     def counting_step(model, ids, *args, **kwargs):
         if model is target:
             log.append(ids.numel())
         return step(model, ids, *args, **kwargs)
 
-    def counted_runner_for(model, *, role="target"):
-        made = runner_for(model, role=role)
-        return _CountedRunner(made, log) if model is target else made
+    def counted_runs(roles, *args, **kwargs):
+        chosen = runs(roles, *args, **kwargs)
+        chosen.runs[0] = _CountedRunner(chosen.runs[0], log)   # the target's
+        return chosen
 
     monkeypatch.setattr(hf, "step", counting_step)
-    monkeypatch.setattr(runner, "runner_for", counted_runner_for)
+    monkeypatch.setattr(choose, "runs", counted_runs)
     result = speculative_generate(target, draft, PROMPT, gamma=GAMMA, max_new_tokens=NEW)
     monkeypatch.undo()
     rounds = []

@@ -68,7 +68,7 @@ import torch
 from stats import (Oracle, TableLM, binomial_z, goodness_of_fit, noisy_table, random_table,
                    reference_probabilities, widen, z_two_sided)
 
-from spec import build_gpt_neox, decode, greedy_generate, hf, sampling, speculative_generate, theory
+from spec import accept, build_gpt_neox, decode, greedy_generate, hf, sampling, speculative_generate, theory
 from spec.models import perturbed_copy
 
 ALPHA = 1e-3  # level of every statistical test here
@@ -358,14 +358,16 @@ def _bonus_from_draft(draft_run, feed, cached, common, like, options):
     return out
 
 
+# name: (module, function, old text, new text): a source edit of that function, which the loop then calls
 SOURCE_MUTANTS = {
     # (b) no rejection: every drafted token is accepted
-    "accept-every-draft": ("passed = u * q[rows, proposed] < p[rows, proposed]",
-                           "passed = torch.ones(g, dtype=torch.bool, device=device)"),
+    "accept-every-draft": (accept, "sampled", "passed = u * q[rows, proposed] < p[rows, proposed]",
+                           "passed = torch.ones(g, dtype=torch.bool, device=p.device)"),
     # (c) the bonus token drawn from the draft's q instead of the target's p
-    "bonus-from-q": ("if k < g else p[g]",
-                     "if k < g else (_bonus_from_draft(draft_run, seq[len(draft_run):n + g], len(draft_run), common, "
-                     "p[g], dict(temperature=temperature, top_k=top_k, top_p=top_p)) if g else p[g])"),
+    "bonus-from-q": (decode, "speculative_generate", "seq[n + k] = sampling.sample(last, generator)",
+                     "seq[n + k] = sampling.sample(_bonus_from_draft(drafter.run, seq[len(drafter.run):n + g], "
+                     "len(drafter.run), drafter.width, p[g], dict(temperature=temperature, top_k=top_k, top_p=top_p)) "
+                     "if 0 < g == k else last, generator)"),
 }
 
 
@@ -373,12 +375,15 @@ def mutant(name: str, monkeypatch):
     if name == "resample-from-p":  # (a) on rejection, sample from p instead of norm(max(0, p - q))
         monkeypatch.setattr(sampling, "residual", lambda p, q: p)
         return speculative_generate
-    old, new = SOURCE_MUTANTS[name]
-    source = textwrap.dedent(inspect.getsource(decode.speculative_generate))
-    assert source.count(old) == 1, f"mutation site for {name!r} not found in decode.py: update SOURCE_MUTANTS"
-    namespace = dict(vars(decode), _bonus_from_draft=_bonus_from_draft)
-    exec(compile(source.replace(old, new), f"<{name} mutant of spec/decode.py>", "exec"), namespace)
-    return namespace["speculative_generate"]
+    module, function, old, new = SOURCE_MUTANTS[name]
+    source = textwrap.dedent(inspect.getsource(getattr(module, function)))
+    assert source.count(old) == 1, f"mutation site for {name!r} not found in {module.__name__}: update SOURCE_MUTANTS"
+    namespace = dict(vars(module), _bonus_from_draft=_bonus_from_draft)
+    exec(compile(source.replace(old, new), f"<{name} mutant of {module.__name__}>", "exec"), namespace)
+    if module is decode:
+        return namespace["speculative_generate"]
+    monkeypatch.setattr(module, function, namespace[function])
+    return speculative_generate
 
 
 N_MUTANT = 800
