@@ -15,13 +15,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import statistics
 import time
+from pathlib import Path
 
 import torch
 from transformers import Mamba2Config, Mamba2ForCausalLM
 
-from spec import build_gpt_neox, choose, greedy_generate, hf, runner, speculative_generate
+from spec import build_gpt_neox, greedy_generate, runner
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # run from the source checkout
+from fedcount import fed_per_round  # noqa: E402
 
 VOCAB = 512
 
@@ -34,52 +39,9 @@ def mamba2(seed: int = 0) -> Mamba2ForCausalLM:
     return Mamba2ForCausalLM(cfg).eval()
 
 
-class _Marked:
-    """The target's runner, marking in `log` where each verify pass starts: the tokens fed
-    between two marks are one round's (its verify pass and its rollback's re-feed)."""
-
-    def __init__(self, inner, log: list):
-        self.inner, self.log = inner, log
-
-    def __call__(self, ids, keep=0):
-        self.log.append("pass")
-        return self.inner(ids, keep)
-
-    def crop(self, keep):
-        self.inner.crop(keep)
-
-    def __len__(self):
-        return len(self.inner)
-
-
 def counted_run(target, draft, prompt, **kwargs):
-    """speculative_generate with every token the target's forward is fed counted (a spy on
-    hf.step, through which every runner runs its model): (result, tokens fed per round)."""
-    log: list = []
-    real_step, real_runs = hf.step, choose.runs
-
-    def step(model, ids, *args, **kw):
-        if model is target:
-            log.append(ids.numel())
-        return real_step(model, ids, *args, **kw)
-
-    def runs(roles, *args, **kw):
-        chosen = real_runs(roles, *args, **kw)
-        chosen.runs[0] = _Marked(chosen.runs[0], log)   # the target's runner
-        return chosen
-
-    hf.step, choose.runs = step, runs
-    try:
-        result = speculative_generate(target, draft, prompt, trace=True, **kwargs)
-    finally:
-        hf.step, choose.runs = real_step, real_runs
-    rounds = []
-    for entry in log:
-        if entry == "pass":
-            rounds.append(0)
-        elif rounds:
-            rounds[-1] += entry
-    return result, rounds
+    """speculative_generate, traced, with the target's feeds counted (tests/fedcount.py)."""
+    return fed_per_round(target, draft, prompt, trace=True, **kwargs)
 
 
 def per_window(result, window: int, fed: list[int] | None = None) -> list[dict]:

@@ -17,57 +17,19 @@ import architectures as archs
 import pytest
 import torch
 
-from spec import choose, greedy_generate, hf, runner, speculative_generate
+from fedcount import fed_per_round
+
+from spec import greedy_generate, runner
 
 GAMMA = 4
 NEW = 32
 PROMPT = [5, 17, 42, 9, 100, 3, 77]
 
 
-class _CountedRunner:
-    """The target's runner, marking in `log` where each verify pass starts."""
-
-    def __init__(self, inner, log):
-        self.inner, self.log = inner, log
-
-    def __call__(self, ids, keep=0):
-        self.log.append("pass")
-        return self.inner(ids, keep)
-
-    def crop(self, keep):
-        self.inner.crop(keep)
-
-    def __len__(self):
-        return len(self.inner)
-
-
-def _fed_per_round(monkeypatch, target, draft):
+def _fed_per_round(target, draft):
     """(result, tokens the target's forward was fed in each round)."""
     runner.path_of(target)                     # the probe's own passes are not the loop's
-    log = []
-    step, runs = hf.step, choose.runs
-
-    def counting_step(model, ids, *args, **kwargs):
-        if model is target:
-            log.append(ids.numel())
-        return step(model, ids, *args, **kwargs)
-
-    def counted_runs(roles, *args, **kwargs):
-        chosen = runs(roles, *args, **kwargs)
-        chosen.runs[0] = _CountedRunner(chosen.runs[0], log)   # the target's
-        return chosen
-
-    monkeypatch.setattr(hf, "step", counting_step)
-    monkeypatch.setattr(choose, "runs", counted_runs)
-    result = speculative_generate(target, draft, PROMPT, gamma=GAMMA, max_new_tokens=NEW)
-    monkeypatch.undo()
-    rounds = []
-    for entry in log:
-        if entry == "pass":
-            rounds.append(0)
-        elif rounds:
-            rounds[-1] += entry
-    return result, rounds
+    return fed_per_round(target, draft, PROMPT, gamma=GAMMA, max_new_tokens=NEW)
 
 
 # A draft of another family agrees almost never (every round rolls back to its own start); the
@@ -75,11 +37,11 @@ def _fed_per_round(monkeypatch, target, draft):
 # one token at a time (state-stepwise), Mamba2 in blocks (state-snapshot).
 @pytest.mark.parametrize(("name", "draft_kind"), [("mamba2", "other family"), ("mamba2", "perturbed"),
                                                   ("mamba", "perturbed")])
-def test_snapshot_runner_refeeds_at_most_gamma_plus_one_a_round(monkeypatch, name, draft_kind):
+def test_snapshot_runner_refeeds_at_most_gamma_plus_one_a_round(name, draft_kind):
     target = archs.cached_model(name)
     draft = archs.draft_model(name, "gpt2" if draft_kind == "other family" else None)
     assert runner.path_of(target) == archs.EXPECTED_PATH[name]      # state-snapshot / state-stepwise
-    result, fed = _fed_per_round(monkeypatch, target, draft)
+    result, fed = _fed_per_round(target, draft)
     assert result.tokens == greedy_generate(target, PROMPT, max_new_tokens=NEW).tokens
     assert len(fed) == len(result.rounds)
     assert result.accepted < result.drafted           # rounds were rejected: the case under test
