@@ -20,6 +20,7 @@ itself, and which way that is, is decided by behaviour (`choose`, run by the pro
 from __future__ import annotations
 
 import sys
+import weakref
 
 import torch
 
@@ -28,17 +29,33 @@ from spec import hf
 MODES = ("explicit", "counted", "own")
 
 
+# Where each model's own counting function lives (the dotted name of its submodule, or None for
+# the function beside the model class) and the pad id it skips; None where it has none. Found
+# once a model, not by walking its modules on every forward. Keyed weakly, like spec.runner's.
+_COUNTERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_NAME = "create_position_ids_from_input_ids"
+
+
+def _find_counter(model) -> tuple[str | None, int] | None:
+    for name, module in model.named_modules():
+        if callable(getattr(module, _NAME, None)) and isinstance(getattr(module, "padding_idx", None), int):
+            return name, module.padding_idx
+    # older releases keep the function at module level, beside the model class
+    fn = getattr(sys.modules.get(type(model).__module__), _NAME, None)
+    pad = getattr(model.config, "pad_token_id", None)
+    return (None, pad) if callable(fn) and isinstance(pad, int) else None
+
+
 def _counter(model):
     """(count(ids [1, n]) -> positions [1, n], padding_idx) as the model's own embeddings count, or None."""
-    for module in model.modules():
-        fn = getattr(module, "create_position_ids_from_input_ids", None)
-        pad = getattr(module, "padding_idx", None)
-        if callable(fn) and isinstance(pad, int):
-            return fn, pad
-    # older releases keep the function at module level, beside the model class
-    fn = getattr(sys.modules.get(type(model).__module__), "create_position_ids_from_input_ids", None)
-    pad = getattr(model.config, "pad_token_id", None)
-    return (fn, pad) if callable(fn) and isinstance(pad, int) else None
+    if model not in _COUNTERS:
+        _COUNTERS[model] = _find_counter(model)
+    found = _COUNTERS[model]
+    if found is None:
+        return None
+    name, pad = found
+    owner = sys.modules[type(model).__module__] if name is None else model.get_submodule(name)
+    return getattr(owner, _NAME), pad
 
 
 def counted_pad(model) -> int | None:

@@ -36,6 +36,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 from spec import build_gpt_neox, greedy_generate, hf
 from spec.conformance.stats import goodness_of_fit, reference_probabilities
+from spec.impls import hf_generate
 from spec.models import perturbed_copy
 
 TOKENS = 500            # ids every zoo model can embed (the tiny pair's "tokenizer")
@@ -251,3 +252,38 @@ def run(impl, target, draft, prompt, **options) -> list[int]:
         return impl(target, draft, list(prompt), **options)
     except NotImplementedError as err:
         pytest.skip(f"{impl.name} does not support this: {err}")
+
+
+# --- greedy properties against HF's own generate() with the same options -----------------
+
+@functools.cache
+def hf_greedy(arch, prompt, max_new_tokens, frozen):
+    """HF's plain greedy generate() on the zoo's target, with the options `_frozen` made hashable."""
+    thawed = {k: dict(v) if k == "sequence_bias" else [list(b) for b in v] if k == "bad_words_ids" else v
+              for k, v in frozen}
+    return hf_generate(zoo(arch)["target"], list(prompt), max_new_tokens=max_new_tokens, do_sample=False, **thawed)
+
+
+def _frozen(options: dict) -> tuple:
+    out = []
+    for k, v in sorted(options.items()):
+        if k == "sequence_bias":
+            v = tuple(sorted(v.items()))
+        elif k == "bad_words_ids":
+            v = tuple(tuple(b) for b in v)
+        out.append((k, v))
+    return tuple(out)
+
+
+def check_against_hf(prop, impl, arch, draft_kind, prompt, gamma, max_new_tokens, options):
+    """Fail property `prop` unless the decoder's greedy output with `options` equals HF's own
+    plain greedy generate() with the same options (their reference semantics)."""
+    z = zoo(arch)
+    expected = hf_greedy(arch, tuple(prompt), max_new_tokens, _frozen(options))
+    actual = run(impl, z["target"], z[draft_kind], prompt, gamma=gamma, max_new_tokens=max_new_tokens, **options)
+    if actual != expected:
+        at = next((i for i, (a, b) in enumerate(zip(expected, actual)) if a != b), min(len(expected), len(actual)))
+        pytest.fail(f"property {prop} violated by {impl.name}\n  arch={arch} draft={draft_kind} gamma={gamma} "
+                    f"max_new_tokens={max_new_tokens} {options}\n  prompt={prompt}\n"
+                    f"  first difference at new token {at} (lengths {len(expected)} / {len(actual)})\n"
+                    f"  expected (HF greedy, same options) {expected}\n  actual {actual}", pytrace=False)

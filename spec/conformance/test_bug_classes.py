@@ -17,45 +17,13 @@ token, a bf16 draft) is in test_sampling_law.py.
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from spec.conformance import kit
-from spec.conformance.kit import ARCHS, DRAFT_KINDS, greedy, kit_settings, prompts, run, skip_unless_takes, zoo
-from spec.impls import Impl, hf_generate, spec_generate
-
-
-@functools.cache
-def hf_greedy(arch, prompt, max_new_tokens, frozen):
-    thawed = {k: dict(v) if k == "sequence_bias" else [list(b) for b in v] if k == "bad_words_ids" else v
-              for k, v in frozen}
-    return hf_generate(zoo(arch)["target"], list(prompt), max_new_tokens=max_new_tokens, do_sample=False, **thawed)
-
-
-def _frozen(options: dict) -> tuple:
-    out = []
-    for k, v in sorted(options.items()):
-        if k == "sequence_bias":
-            v = tuple(sorted(v.items()))
-        elif k == "bad_words_ids":
-            v = tuple(tuple(b) for b in v)
-        out.append((k, v))
-    return tuple(out)
-
-
-def check_against_hf(prop, impl, arch, draft_kind, prompt, gamma, max_new_tokens, options):
-    z = zoo(arch)
-    expected = hf_greedy(arch, tuple(prompt), max_new_tokens, _frozen(options))
-    actual = run(impl, z["target"], z[draft_kind], prompt, gamma=gamma, max_new_tokens=max_new_tokens, **options)
-    if actual != expected:
-        at = next((i for i, (a, b) in enumerate(zip(expected, actual)) if a != b), min(len(expected), len(actual)))
-        pytest.fail(f"property {prop} violated by {impl.name}\n  arch={arch} draft={draft_kind} gamma={gamma} "
-                    f"max_new_tokens={max_new_tokens} {options}\n  prompt={prompt}\n"
-                    f"  first difference at new token {at} (lengths {len(expected)} / {len(actual)})\n"
-                    f"  expected (HF greedy, same options) {expected}\n  actual {actual}", pytrace=False)
+from spec.conformance.kit import ARCHS, DRAFT_KINDS, check_against_hf, greedy, kit_settings, prompts, skip_unless_takes
+from spec.impls import Impl, spec_generate
 
 
 def min_new_tokens_property(impl, budget, draft_kind, examples=8):

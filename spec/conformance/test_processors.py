@@ -10,23 +10,14 @@ leak shows. (The sampling law under processors is a scenario of test_sampling_la
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spec.conformance.kit import ARCHS, DRAFT_KINDS, kit_settings, looping_prompts, run, skip_unless_takes, zoo
-from spec.impls import hf_generate
+from spec.conformance.kit import ARCHS, DRAFT_KINDS, check_against_hf, kit_settings, looping_prompts, skip_unless_takes
 
 PROCESSOR_OPTIONS = [dict(repetition_penalty=1.3), dict(repetition_penalty=0.8), dict(no_repeat_ngram_size=2),
                      dict(repetition_penalty=2.0, no_repeat_ngram_size=3), dict(no_repeat_ngram_size=1)]
-
-
-@functools.cache
-def hf_greedy_processed(arch, prompt, max_new_tokens, options):
-    return hf_generate(zoo(arch)["target"], list(prompt), max_new_tokens=max_new_tokens, eos_token_id=None,
-                       do_sample=False, temperature=1.0, top_k=None, top_p=None, generator=None, **dict(options))
 
 
 @pytest.mark.parametrize("draft_kind", DRAFT_KINDS)
@@ -37,14 +28,6 @@ def test_processors_greedy(impl, budget, draft_kind):
     @given(arch=st.sampled_from(ARCHS), prompt=looping_prompts(), gamma=st.integers(1, 8),
            max_new_tokens=st.integers(1, 24), options=st.sampled_from(PROCESSOR_OPTIONS))
     def prop(arch, prompt, gamma, max_new_tokens, options):
-        z = zoo(arch)
-        expected = hf_greedy_processed(arch, tuple(prompt), max_new_tokens, tuple(sorted(options.items())))
-        actual = run(impl, z["target"], z[draft_kind], prompt, gamma=gamma, max_new_tokens=max_new_tokens,
-                     eos_token_id=None, **options)
-        if actual != expected:
-            at = next((i for i, (a, b) in enumerate(zip(expected, actual)) if a != b), min(len(expected), len(actual)))
-            pytest.fail(f"property processors_greedy violated by {impl.name}\n  arch={arch} draft={draft_kind} "
-                        f"gamma={gamma} max_new_tokens={max_new_tokens} {options}\n  prompt={prompt}\n"
-                        f"  first difference at new token {at}\n"
-                        f"  expected (HF greedy, same processors) {expected}\n  actual {actual}", pytrace=False)
+        check_against_hf("processors_greedy", impl, arch, draft_kind, prompt, gamma, max_new_tokens,
+                         dict(options, eos_token_id=None))
     prop()
