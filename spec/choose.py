@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from spec import hf, neox, parallel, runner, seq2seq
+from spec import batch, hf, neox, parallel, runner, seq2seq
 from spec.draft import ModelDraft, Pick
 from spec.protocols import Drafter
 from spec.validate import as_prompt, check_model, check_pair, model_device
@@ -78,6 +78,42 @@ def runs(roles: dict, input_ids=None, *, input_features=None, decoder_input_ids=
     if "draft" in made:
         made["draft"] = ModelDraft(made["draft"], pick, **_widths(models))
     return Chosen(prompt, [made.get(role, obj) for role, obj in roles.items()], models)
+
+
+def batch_runs(roles: dict, input_ids, attention_mask=None, *, draft_impl: str = "auto", pick: Pick = Pick(),
+               processors: list | None = None) -> Chosen:
+    """The batched form of `runs` (spec.batch): each row's prompt (a list); for each model a
+    spec.batch.Rows where its solo path can share a left-padded cache, else a spec.batch.EachRunner
+    (its rows run one after another, exact); for the draft, a spec.batch.ModelRows over those, or a
+    spec.batch.EachRow for a model-free drafter. Refuses, with the reason, what cannot be batched."""
+    models = models_of(roles)
+    for role, model in models.items():
+        if seq2seq.is_encoder_decoder(model):
+            raise runner.UnsupportedModelError(f"{role}: {type(model).__name__} is an encoder-decoder model; spec "
+                                               f"decodes those one prompt at a time (batches are decoder-only)")
+        if parallel.is_split(model):
+            raise ValueError(f"{role}: a batch of prompts needs a model whole on one device; this one is split "
+                             f"({parallel.describe(model)})")
+    if "draft" in models and draft_impl not in ("auto", "hf"):
+        raise ValueError(f"draft_impl={draft_impl!r}: a batch runs the draft on its own forward, over a "
+                         f"left-padded cache; use draft_impl='hf' or 'auto'")
+    prompts = batch.prompts(input_ids, attention_mask, model_device(next(iter(models.values()))), models)
+    made = {role: _rows(model, role, len(prompts)) for role, model in models.items()}
+    if "draft" in made:
+        made["draft"] = batch.ModelRows(made["draft"], pick, processors or [None] * len(prompts), **_widths(models))
+    elif "draft" in roles:
+        made["draft"] = batch.EachRow(roles["draft"], len(prompts))
+    return Chosen(prompts, [made[role] for role in roles], models)
+
+
+def _rows(model, role: str, rows: int):
+    """spec.batch.Rows where the model's solo path can share a left-padded cache across rows, else
+    one solo Runner per row (spec.batch.EachRunner, with the reason)."""
+    path, positions = _path(model, role, "hf")
+    why = batch.unbatched(model, path, positions)
+    if why is None:
+        return batch.Rows(model, rows)
+    return batch.EachRunner([runner.RUNNERS[path](model, positions) for _ in range(rows)], why)
 
 
 def check(roles: dict) -> None:

@@ -12,11 +12,12 @@ itself when cropped; one that goes back further still is fed the rest in the nex
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import torch
 
-from spec import accept, choose, clock, hf, parallel, sampling, theory
+from spec import accept, batch, choose, clock, hf, parallel, sampling, theory
 from spec.autogamma import AutoGamma
 from spec.draft import FixedGamma, Pick
 from spec.processors import Processors
@@ -110,7 +111,7 @@ def greedy_generate(model, input_ids, *, max_new_tokens: int = 64, eos_token_id=
                     input_features=None, decoder_input_ids=None,
                     repetition_penalty: float | None = None, no_repeat_ngram_size: int | None = None,
                     min_p: float | None = None, min_new_tokens: int | None = None, sequence_bias=None,
-                    bad_words_ids=None) -> Result:
+                    bad_words_ids=None, attention_mask=None) -> Result | list[Result]:
     """Plain autoregressive decoding with `model` alone: one cached forward pass per token.
 
     do_sample=False takes the argmax (equal to HF generate(do_sample=False));
@@ -118,7 +119,11 @@ def greedy_generate(model, input_ids, *, max_new_tokens: int = 64, eos_token_id=
     Encoder-decoder models (spec.seq2seq): input_ids (or input_features, Whisper) is the
     encoder input, the tokens are the decoder's after its prompt (decoder_input_ids).
     repetition_penalty / no_repeat_ngram_size / sequence_bias / bad_words_ids / min_new_tokens: HF's
-    processors of the same names (spec.processors); min_p: HF's min-p warper (sampling only)."""
+    processors of the same names (spec.processors); min_p: HF's min-p warper (sampling only).
+
+    Several prompts (a list of prompts, or a (B, n) tensor with HF's left-padded attention_mask)
+    are decoded as one batch (spec.batch) and give one Result per prompt, in order, each equal to
+    that prompt's own run."""
     choose.check({"model": model})
     check_options(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     device = model_device(model)
@@ -126,6 +131,11 @@ def greedy_generate(model, input_ids, *, max_new_tokens: int = 64, eos_token_id=
     process = processors_for(dict(repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
                                   sequence_bias=sequence_bias, bad_words_ids=bad_words_ids,
                                   min_new_tokens=min_new_tokens), stops, model)
+    if batch.is_batch(input_ids, attention_mask):
+        _refuse_in_batch(input_features=input_features, decoder_input_ids=decoder_input_ids)
+        return _greedy_rows(model, input_ids, attention_mask, max_new_tokens=max_new_tokens, stops=stops,
+                            process=process, pick=Pick(do_sample, temperature, top_k, top_p, generator, min_p=min_p),
+                            trace=trace)
     chosen = choose.runs({"model": model}, input_ids, input_features=input_features,
                          decoder_input_ids=decoder_input_ids, max_new_tokens=max_new_tokens)
     prompt, (model_run,) = chosen.prompt, chosen.runs
@@ -169,7 +179,8 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
                          draft_impl: str = "auto", input_features=None, decoder_input_ids=None,
                          share_encoder: bool = False, repetition_penalty: float | None = None,
                          no_repeat_ngram_size: int | None = None, min_p: float | None = None,
-                         min_new_tokens: int | None = None, sequence_bias=None, bad_words_ids=None) -> Result:
+                         min_new_tokens: int | None = None, sequence_bias=None, bad_words_ids=None,
+                         attention_mask=None) -> Result | list[Result]:
     """Speculative decoding: `draft` (Mq) proposes, `target` (Mp) verifies.
 
     Greedy (do_sample=False): the output equals greedy_generate(target, ...) token
@@ -197,7 +208,12 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
     (spec.processors, HF's semantics): verify row i sees exactly the prefix seq[:n + i], the draft's
     step i the same prefix, so nothing from a rejected draft token reaches a later round, and an EOS
     inside a drafted block is masked until min_new_tokens. min_p (sampling): HF's min-p warper, on
-    both sides of the ratio, like temperature, top-k and top-p."""
+    both sides of the ratio, like temperature, top-k and top-p.
+
+    Several prompts (a list of prompts, or a (B, n) tensor with HF's left-padded attention_mask)
+    are decoded as one batch (spec.batch): one Result per prompt, in order, each row accepting,
+    rolling back and stopping on its own, so that each equals that prompt's own run (greedy) or is
+    distributed as it (sampling)."""
     roles = {"target": target, "draft": draft}
     choose.check(roles)
     check_options(max_new_tokens=max_new_tokens, gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p,
@@ -209,6 +225,11 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
                                   min_new_tokens=min_new_tokens), stops, target)
     policy = AutoGamma() if gamma == "auto" else FixedGamma(gamma)
     pick = Pick(do_sample, temperature, top_k, top_p, generator, process, min_p)
+    if batch.is_batch(input_ids, attention_mask):
+        _refuse_in_batch(input_features=input_features, decoder_input_ids=decoder_input_ids,
+                         share_encoder=share_encoder, gamma=gamma)
+        return _speculative_rows(target, draft, input_ids, attention_mask, gamma=gamma, max_new_tokens=max_new_tokens,
+                                 stops=stops, process=process, pick=pick, trace=trace, draft_impl=draft_impl)
     chosen = choose.runs(roles, input_ids, input_features=input_features,
                          decoder_input_ids=decoder_input_ids, share_encoder=share_encoder,
                          max_new_tokens=max_new_tokens, room=max_new_tokens + policy.max_gamma + 1,
@@ -273,3 +294,150 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
 
     result.tokens = seq[P:n].tolist()
     return result
+
+
+# --- Batches (spec.batch): the same loops over rows that each keep their own n ---------------------
+
+def _refuse_in_batch(*, gamma=1, share_encoder=False, **encoder_inputs) -> None:
+    for name, value in encoder_inputs.items():
+        if value is not None:
+            raise ValueError(f"{name}: a batch of prompts is decoded by decoder-only models; encoder-decoder "
+                             f"inputs go one prompt at a time")
+    if share_encoder:
+        raise ValueError("share_encoder=True is for an encoder-decoder pair, which decodes one prompt at a time")
+    if gamma == "auto":
+        raise ValueError("gamma='auto' prices the rounds of one sequence; pass an integer gamma for a batch")
+
+
+def _rows_start(prompts: list[torch.Tensor], room: int, process: Processors, max_new_tokens: int, models: dict):
+    """The batch's token buffer (row b's prompt at seq[b, :P[b]]), each row's final length n (its
+    prompt's), and each row's processors (min_new_tokens counts from its own prompt)."""
+    P = [p.numel() for p in prompts]
+    for length in P:
+        check_positions(length, max_new_tokens, models)
+    seq = torch.zeros(len(prompts), max(P) + room, dtype=torch.long, device=prompts[0].device)
+    for b, p in enumerate(prompts):
+        seq[b, :P[b]] = p
+    return seq, list(P), P, [_for_row(process, length) for length in P]
+
+
+def _for_row(process: Processors, prompt_len: int) -> Processors | None:
+    if not process:
+        return None
+    row = copy.copy(process)
+    row.prompt_len = prompt_len
+    return row
+
+
+def _pick(logits: torch.Tensor, pick: Pick) -> torch.Tensor:
+    if pick.do_sample:
+        return sampling.sample(sampling.probabilities(logits, pick.temperature, pick.top_k, pick.top_p, pick.min_p),
+                               pick.generator)
+    return logits.argmax()
+
+
+def _still_going(live: list[int], results: list[Result], n: list[int], P: list[int], max_new_tokens: int) -> list[int]:
+    """The indices (into `live`) of the rows that have not stopped on EOS or max_new_tokens."""
+    return [j for j, b in enumerate(live) if results[b].stop_reason != "eos" and n[b] - P[b] < max_new_tokens]
+
+
+def _retire(live: list[int], going: list[int], *runs) -> list[int]:
+    """Drop the finished rows from every batch state: they cost nothing from now on."""
+    if len(going) < len(live):
+        for run in runs:
+            run.select(going)
+    return [live[j] for j in going]
+
+
+def _greedy_rows(model, input_ids, attention_mask, *, max_new_tokens: int, stops, process: Processors, pick: Pick,
+                 trace: bool) -> list[Result]:
+    """greedy_generate over a batch: one pass per token for every live row."""
+    chosen = choose.batch_runs({"model": model}, input_ids, attention_mask)
+    prompts, (rows,) = chosen.prompt, chosen.runs
+    seq, n, P, procs = _rows_start(prompts, max_new_tokens, process, max_new_tokens, chosen.models)
+    device = seq.device
+    results = [Result(tokens=[], traced=trace) for _ in prompts]
+    live = list(range(len(prompts)))
+    while live:
+        t0 = _clock(device, trace)
+        logits = rows([seq[b, length:n[b]] for b, length in zip(live, rows.lengths)], keep=1)[:, -1]
+        for j, b in enumerate(live):
+            row = procs[b](logits[j][None], seq[b], n[b])[0] if procs[b] else logits[j]
+            seq[b, n[b]] = _pick(row, pick)
+            n[b] += 1
+            if stops and int(seq[b, n[b] - 1]) in stops:
+                results[b].stop_reason = "eos"
+        t1 = _clock(device, trace)
+        for j, b in enumerate(live):
+            timings = dict(draft_s=0.0, verify_s=t1 - t0, target_cache=rows.lengths[j], draft_cache=0) if trace else {}
+            results[b].rounds.append(Round(0, 0, 1, **timings))
+        live = _retire(live, _still_going(live, results, n, P, max_new_tokens), rows)
+    for b, result in enumerate(results):
+        result.tokens = seq[b, P[b]:n[b]].tolist()
+    return results
+
+
+def _speculative_rows(target, draft, input_ids, attention_mask, *, gamma: int, max_new_tokens: int, stops,
+                      process: Processors, pick: Pick, trace: bool, draft_impl: str) -> list[Result]:
+    """speculative_generate over a batch: Algorithm 1 with every row keeping its own n."""
+    chosen = choose.batch_runs({"target": target, "draft": draft}, input_ids, attention_mask, draft_impl=draft_impl,
+                               pick=pick, processors=None)
+    prompts, (target_rows, drafter) = chosen.prompt, chosen.runs
+    seq, n, P, procs = _rows_start(prompts, max_new_tokens + gamma + 1, process, max_new_tokens, chosen.models)
+    if isinstance(drafter, batch.ModelRows):
+        drafter.processors = procs
+    device = seq.device
+    results = [Result(tokens=[], traced=trace) for _ in prompts]
+    live = list(range(len(prompts)))
+    while live:
+        left = [max_new_tokens - (n[b] - P[b]) - 1 for b in live]     # drafts each row may still emit
+        g = min(gamma, max(left))
+
+        # 1. Draft: every live row proposes up to g tokens after its seq[b, :n[b]] (a row near its
+        #    max_new_tokens keeps fewer of them).
+        t0 = _clock(device, trace)
+        drafted, q = drafter.draft(seq, n, g, live)
+        drafted = [min(m, cap) for m, cap in zip(drafted, left)]
+
+        # 2. Verify: Mp scores each row's drafted + 1 positions, all rows in one pass.
+        t1 = _clock(device, trace)
+        logits = target_rows([seq[b, length:n[b] + m] for b, length, m in zip(live, target_rows.lengths, drafted)],
+                             keep=max(drafted) + 1)
+
+        # 3. Accept, row by row (spec.accept), then cut each row at its EOS.
+        accepted, emitted = [], []
+        for j, b in enumerate(live):
+            m = drafted[j]
+            row = logits[j, logits.shape[1] - m - 1:]             # right-aligned: the row's last m + 1
+            if procs[b]:
+                row = procs[b](row, seq[b], n[b])
+            proposed = seq[b, n[b]:n[b] + m]
+            if pick.do_sample:
+                p = sampling.probabilities(row, pick.temperature, pick.top_k, pick.top_p, pick.min_p)
+                u = torch.rand(m, device=device, generator=pick.generator, dtype=p.dtype)
+                k, last = accept.sampled(proposed, None if q[j] is None else q[j][:m], p, u)
+                seq[b, n[b] + k] = sampling.sample(last, pick.generator)
+            else:
+                k, token = accept.greedy(proposed, row)
+                seq[b, n[b] + k] = token
+            out = k + 1
+            if stops:
+                cut = _first_stop(seq[b, n[b]:n[b] + out].tolist(), stops)
+                if cut is not None:
+                    out, results[b].stop_reason = cut + 1, "eos"
+            n[b] += out
+            accepted.append(k)
+            emitted.append(out)
+
+        # 4. Roll back: each row keeps all but its newest token; finished rows leave the batch.
+        target_rows.crop([n[b] - 1 for b in live])
+        drafter.observe(n, accepted, live)
+        t2 = _clock(device, trace)
+        for j, b in enumerate(live):
+            timings = dict(draft_s=t1 - t0, verify_s=t2 - t1, target_cache=target_rows.lengths[j],
+                           draft_cache=len(drafter)) if trace else {}
+            results[b].rounds.append(Round(drafted[j], min(accepted[j], emitted[j]), emitted[j], **timings))
+        live = _retire(live, _still_going(live, results, n, P, max_new_tokens), target_rows, drafter)
+    for b, result in enumerate(results):
+        result.tokens = seq[b, P[b]:n[b]].tolist()
+    return results

@@ -24,6 +24,7 @@ import weakref
 
 import torch
 from transformers import DynamicCache, GenerationConfig, StaticCache
+from transformers.cache_utils import DynamicLayer
 
 
 # The keyword a model's forward takes its cache under: `cache` (5.24), `past_key_values`
@@ -337,3 +338,56 @@ def device_map(model) -> dict | None:
     """The device map accelerate dispatched the model with (module name -> device), if any."""
     found = getattr(model, "hf_device_map", None)
     return dict(found) if isinstance(found, dict) else None
+
+
+# --- Batches (spec.batch): several sequences on one DynamicCache, left-padded --------------------
+
+def batch_step(model, ids: torch.Tensor, cache, *, position_ids: torch.Tensor, attention_mask: torch.Tensor,
+               keep: int) -> torch.Tensor:
+    """Run `ids` [B, m] through `model` on top of `cache` (B rows, mutated in place), with
+    `position_ids` [B, m] and a 2-D `attention_mask` [B, cached + m] (0 at padding, as HF's
+    left-padded generate passes it). Returns the logits of the last `keep` columns, [B, keep, V]."""
+    params = forward_params(type(model))
+    kwargs = {"input_ids": ids, "attention_mask": attention_mask, "position_ids": position_ids, "use_cache": True,
+              cache_kwarg(model): cache}
+    if "logits_to_keep" in params:
+        kwargs["logits_to_keep"] = keep
+    return model(**kwargs).logits[:, -keep:]
+
+
+def takes_batch_masks(model) -> bool:
+    """The forward takes the 2-D attention mask and the positions a left-padded batch needs."""
+    params = forward_params(type(model))
+    return {"attention_mask", "position_ids"} <= params and cache_kwarg(model) in ("cache", "past_key_values")
+
+
+def regather(cache, rows: torch.Tensor, columns: torch.Tensor, valid: torch.Tensor) -> None:
+    """Rebuild every layer of `cache` from batch rows `rows` [B'] and, in new row i, the cached
+    columns `columns[i]` [W'] (new column j holds old column columns[i, j]); columns where
+    `valid` [B', W'] is False are zeroed (padding: masked, and never left holding NaN).
+    Only full layers (DynamicLayer: keys and values [B, heads, len, dim]) can be regathered."""
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            t = getattr(layer, name)[rows]
+            index = columns[:, None, :, None].expand(t.shape[0], t.shape[1], columns.shape[1], t.shape[3])
+            t = t.gather(2, index)
+            setattr(layer, name, t.masked_fill(~valid[:, None, :, None], 0))
+
+
+def regatherable(cache) -> bool:
+    """Every layer of `cache` a full attention layer (what `regather` can rebuild)."""
+    return all(type(layer) is DynamicLayer and getattr(layer, "keys", None) is not None
+               and layer.keys.dim() == 4 for layer in cache.layers)
+
+
+def join_rows(caches: list, order: torch.Tensor):
+    """One cache holding the rows of `caches` (full layers, [B_i, heads, len_i, dim] each), every row
+    right-aligned in the longest length with zeros on its left, in `order` (indices into the rows
+    of all caches in turn). The first cache object is reused and returned."""
+    width = max(cache_len(c) for c in caches)
+    for i, layer in enumerate(caches[0].layers):
+        for name in ("keys", "values"):
+            parts = [getattr(c.layers[i], name) for c in caches]
+            parts = [torch.nn.functional.pad(t, (0, 0, width - t.shape[2], 0)) for t in parts]
+            setattr(layer, name, torch.cat(parts)[order])
+    return caches[0]

@@ -30,6 +30,7 @@ from oracles import replay_rounds as replay
 
 from spec import greedy_generate, speculative_generate
 from spec.diagnose import diagnose
+from spec.runner import UnsupportedModelError
 from spec.seq2seq import decoder_prompt, encode, prepare, refuse_inputs
 
 # A sixth of the profile's examples per family (ci: 6, thorough: 333): eight families share the budget.
@@ -431,8 +432,9 @@ REFUSALS = {  # case: (call, exception, message word for word)
                     "input_ids must be a LongTensor or a list of ints, got torch.bool"),
     "complex tensor": (lambda: greedy_generate(build("t5"), torch.tensor([3, 4], dtype=torch.complex64)), TypeError,
                        "input_ids must be a LongTensor or a list of ints, got torch.complex64"),
-    "batch of 2": (lambda: greedy_generate(build("t5"), torch.tensor([[3, 4, 5], [6, 7, 8]])), ValueError,
-                   "input_ids must be 1-D or (1, n): batch size 2 is not supported"),
+    "batch of 2": (lambda: greedy_generate(build("t5"), torch.tensor([[3, 4, 5], [6, 7, 8]])), UnsupportedModelError,
+                   "model: T5ForConditionalGeneration is an encoder-decoder model; spec decodes those one prompt at "
+                   "a time (batches are decoder-only)"),
     "3-D ids": (lambda: greedy_generate(build("t5"), torch.tensor([[[3, 4]]])), ValueError,
                 "input_ids must be a non-empty 1-D or (1, n) sequence, got shape (1, 1, 2)"),
     "0-D ids": (lambda: greedy_generate(build("t5"), torch.tensor(3)), ValueError,

@@ -30,7 +30,9 @@ def test_bad_options(target, partial_draft, kwargs, match):
 @pytest.mark.parametrize("input_ids, error, match", [
     ([], ValueError, "input_ids is empty"),
     (torch.tensor([], dtype=torch.long), ValueError, "input_ids is empty"),
-    (torch.tensor([[1, 2], [3, 4]]), ValueError, "batch size 2 is not supported"),
+    (torch.tensor([[1, 2], [3, 640]]), ValueError, r"input_ids row 1: input_ids holds token id 640, outside the "
+                                                   r"target's vocabulary \[0, 640\)"),
+    ([[1, 2], []], ValueError, "input_ids row 1: input_ids is empty"),
     (torch.ones(1, 1, 3, dtype=torch.long), ValueError, r"input_ids must be 1-D or \(1, n\)"),
     (torch.tensor([1.0, 2.0]), TypeError, "input_ids must hold integer token ids"),
     ([1, "2"], TypeError, "input_ids as a list must hold ints only"),

@@ -1,0 +1,326 @@
+"""Several prompts decoded at once, each row exact on its own.
+
+A batch is decoded in lockstep rounds, but every row keeps its own sequence: it accepts its
+own number of drafts, is cut back to its own length, stops on its own EOS or max_new_tokens,
+and leaves the batch when it stops (its row is dropped from both caches: a finished row costs
+nothing more). The decode loops are spec.decode's (`speculative_generate` and `greedy_generate`
+with several prompts); this module holds what makes rows of different lengths share one forward
+pass.
+
+The layout is HF generate's for a left-padded batch: in the cache, each row's positions are
+right-aligned and contiguous, padding on their left, masked out by a 2-D attention mask; each
+row's positions are passed explicitly (0 at its first real token). Contiguity is what keeps a
+sliding-window model exact: the window counts columns, and with no holes inside a row, column
+distance is position distance. Two moves keep it:
+
+  - a pass feeds every row the same number of columns: a row with fewer new tokens is cut back
+    and re-fed the tokens before them (one or two tokens in the loop's rounds, where rows differ
+    by what their draft has seen); a row holding too little for that (a short prompt beside long
+    ones) is fed alone and joins the batch after, right-aligned: padding is never fed;
+  - a crop removes a different number of positions per row: each row's kept positions are moved
+    right so that all rows end in the same column again (spec.hf.regather).
+
+Which models share the batched cache (`Rows`): those whose solo path is spec.runner's "kv-cache"
+with 0-based positions, and whose forward, checked by behaviour on a ragged batch (`probe`), gives
+every row the logits of its own cache-free forward. Every other decoder still takes a batch, its
+rows run one after another on their solo runners (`EachRunner`, exact, no faster), with the reason
+kept: a state snapshot (Mamba, RWKV, hybrids) holds the whole batch's recurrent state, so one row
+could not be rolled back without the others; a recompute model has no cache to share;
+RoBERTa-family positions are counted around pad tokens. Encoder-decoder models and models split
+across devices or processes are refused at the call.
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+
+import torch
+
+from spec import hf, runner, sampling
+from spec.draft import Pick
+from spec.validate import as_prompt, model_device
+
+
+def is_batch(input_ids, attention_mask=None) -> bool:
+    """Several prompts: a list of prompts (lists or 1-D tensors), a (B, n) tensor with B > 1, or
+    any 2-D tensor given with an attention_mask (HF's form)."""
+    if attention_mask is not None:
+        return True
+    if isinstance(input_ids, torch.Tensor):
+        return input_ids.dim() == 2 and input_ids.shape[0] > 1
+    return isinstance(input_ids, (list, tuple)) and len(input_ids) > 0 and \
+        all(isinstance(row, (list, tuple, torch.Tensor)) for row in input_ids)
+
+
+def prompts(input_ids, attention_mask, device: torch.device, models: dict) -> list[torch.Tensor]:
+    """Each row's prompt, 1-D on `device`, checked as a single prompt is (spec.validate.as_prompt).
+    A (B, n) tensor takes HF's left padding: attention_mask [B, n] of 0s then 1s in each row."""
+    if isinstance(input_ids, torch.Tensor):
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids with an attention_mask must be (B, n), got shape {tuple(input_ids.shape)}")
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:
+            raise ValueError(f"attention_mask must be a tensor of input_ids' shape {tuple(input_ids.shape)}, got "
+                             f"{tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else attention_mask!r}")
+        mask = attention_mask.to(torch.long).cpu()
+        if not ((mask == 0) | (mask == 1)).all():
+            raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
+        if (mask[:, 1:] < mask[:, :-1]).any():
+            raise ValueError("attention_mask must be left padding (0s before 1s in each row, HF's "
+                             "padding_side='left'): right padding or holes are not a prompt")
+        rows = [ids[m.bool().to(ids.device)] for ids, m in zip(input_ids, mask)]
+    elif attention_mask is not None:
+        raise ValueError("attention_mask goes with a (B, n) tensor of input_ids; a list of prompts needs none")
+    elif len(input_ids) == 0:
+        raise ValueError("input_ids is an empty list of prompts")
+    else:
+        rows = list(input_ids)
+    out = []
+    for b, row in enumerate(rows):
+        try:
+            out.append(as_prompt(row, device, models))
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"input_ids row {b}: {e}") from None
+    return out
+
+
+class Rows:
+    """A batch of sequences on one model and one DynamicCache (the layout in the module docstring):
+    the batched form of a Runner (spec.protocols). `rows(feeds, keep)` feeds each row its ids (a
+    list of 1-D tensors, any lengths >= 1) after the positions it holds, and returns the logits of
+    the last `keep` positions of every row, [B, keep, V] (keep <= the shortest feed);
+    `rows.crop(keeps)` forgets, in row i, every position from keeps[i] on; `rows.select(kept)`
+    keeps only the rows at those indices, in that order; `rows.lengths` what each row holds."""
+
+    def __init__(self, model, batch: int):
+        self.model, self.device = model, model_device(model)
+        self.cache = hf.new_cache(model)
+        self.width = 0                          # columns in the cache; each row ends at the last
+        self.lengths = [0] * batch              # positions each row holds (right-aligned)
+        self.held = [torch.empty(0, dtype=torch.long, device=self.device) for _ in range(batch)]
+
+    def __call__(self, feeds: list[torch.Tensor], keep: int) -> torch.Tensor:
+        M = max(f.numel() for f in feeds)
+        short = [i for i, (f, n) in enumerate(zip(feeds, self.lengths)) if n + f.numel() < M]
+        if short:
+            return self._join_short(feeds, keep, short)
+        back = [M - f.numel() for f in feeds]                  # re-fed, so that every row fills the pass
+        tokens = [torch.cat([h[n - b:n], f]) for h, n, b, f in zip(self.held, self.lengths, back, feeds)]
+        self.crop([n - b for n, b in zip(self.lengths, back)])
+        start = torch.tensor(self.lengths, device=self.device)[:, None]
+        columns = torch.arange(self.width + M, device=self.device)[None]
+        mask = columns >= self.width - start                    # each row's cached positions and all it is fed
+        positions = start + torch.arange(M, device=self.device)[None]
+        logits = hf.batch_step(self.model, torch.stack(tokens), self.cache, position_ids=positions,
+                               attention_mask=mask.long(), keep=keep)
+        self.width += M
+        self.lengths = [n + M for n in self.lengths]
+        self.held = [torch.cat([h, t]) for h, t in zip(self.held, tokens)]
+        return logits
+
+    def _join_short(self, feeds: list[torch.Tensor], keep: int, short: list[int]) -> torch.Tensor:
+        """Rows holding too little to fill the pass (a short prompt beside longer ones) are fed
+        alone and then join the batch: no padding is ever fed. (A padding column fed to a model
+        is a query that may see nothing: transformers 5.25's eager attention then gives NaN,
+        which reaches the real rows through the padding's keys at the next layer.) The row fed
+        the most is never short, so the others go on as a batch."""
+        alone = {i: torch.cat([self.held[i][:self.lengths[i]], feeds[i]]) for i in short}
+        rest = [i for i in range(len(feeds)) if i not in alone]
+        self.select(rest)
+        parts = [(self, self([feeds[i] for i in rest], keep))]
+        for i, ids in alone.items():
+            row = Rows(self.model, 1)
+            parts.append((row, row([ids], min(keep, ids.numel()))))
+        order = torch.tensor(rest + list(alone), device=self.device).argsort()
+        rows = [(part, j) for part, _ in parts for j in range(len(part.lengths))]
+        rows = [rows[k] for k in order.tolist()]
+        logits = [out[j] for _, out in parts for j in range(out.shape[0])]
+        logits = [logits[k] for k in order.tolist()]
+        self.cache = hf.join_rows([part.cache for part, _ in parts], order)
+        self.width = max(part.width for part, _ in parts)
+        self.lengths = [part.lengths[j] for part, j in rows]
+        self.held = [part.held[j] for part, j in rows]
+        out = logits[0].new_full((len(feeds), keep, logits[0].shape[-1]), float("nan"))
+        for i, row in enumerate(logits):
+            out[i, keep - row.shape[0]:] = row      # right-aligned: a short row's rows asked for
+        return out
+
+    def crop(self, keeps: list[int]) -> None:
+        new = [min(n, k) for n, k in zip(self.lengths, keeps)]
+        if new != self.lengths:
+            self._rearrange(list(range(len(new))), new)
+
+    def select(self, kept: list[int]) -> None:
+        self._rearrange(kept, self.lengths)
+
+    def _rearrange(self, kept: list[int], lengths: list[int]) -> None:
+        """Keep rows `kept`, row r cut to lengths[r] positions, right-aligned again in fewer columns."""
+        new = [lengths[r] for r in kept]
+        drop = [self.lengths[r] - lengths[r] for r in kept]
+        width = max(new, default=0)
+        if kept == list(range(len(self.lengths))) and len(set(drop)) == 1 and width == self.width - drop[0]:
+            hf.crop(self.cache, width)          # the same cut in every row: a plain crop
+        elif self.width:
+            j = torch.arange(width, device=self.device)[None]
+            shift = torch.tensor(drop, device=self.device)[:, None]
+            columns = (j + self.width - width - shift).clamp(0, self.width - 1)
+            valid = j >= width - torch.tensor(new, device=self.device)[:, None]
+            hf.regather(self.cache, torch.tensor(kept, dtype=torch.long, device=self.device), columns, valid)
+        self.width = width
+        self.lengths = new
+        self.held = [self.held[r][:lengths[r]] for r in kept]
+
+
+class ModelRows:
+    """A draft model over a batch (the batched spec.draft.ModelDraft): each step feeds every live
+    row what its draft has not seen and picks one token per row from its logits, cut to `width`."""
+
+    def __init__(self, run: Rows, pick: Pick, processors: list, *, width: int, rows: int, clamp: bool):
+        self.run, self.pick, self.processors = run, pick, processors
+        self.width, self.rows, self.clamp = width, rows, clamp
+
+    def draft(self, seq: torch.Tensor, n: list[int], g: int, live: list[int]):
+        pick, q = self.pick, [[] for _ in live]
+        for i in range(g):
+            feeds = [seq[b, length:n[b] + i] for b, length in zip(live, self.run.lengths)]
+            if self.clamp:
+                feeds = [f.clamp(max=self.rows - 1) for f in feeds]
+            logits = self.run(feeds, keep=1)[:, -1, :self.width]
+            for j, b in enumerate(live):
+                row = logits[j]
+                if self.processors[b]:
+                    row = self.processors[b](row[None], seq[b], n[b] + i)[0]
+                if pick.do_sample:
+                    q[j].append(sampling.probabilities(row, pick.temperature, pick.top_k, pick.top_p, pick.min_p))
+                    seq[b, n[b] + i] = sampling.sample(q[j][-1], pick.generator)
+                else:
+                    seq[b, n[b] + i] = row.argmax()
+        return [g] * len(live), [torch.stack(rows) if rows else None for rows in q]
+
+    def observe(self, n: list[int], accepted: list[int], live: list[int]) -> None:
+        self.run.crop([n[b] - 1 for b in live])    # all but each row's newest token
+
+    def select(self, kept: list[int]) -> None:
+        self.run.select(kept)
+
+    def __len__(self) -> int:
+        return max(self.run.lengths, default=0)
+
+
+class EachRow:
+    """A model-free Drafter (spec.lookup.PromptLookup or any other) over a batch: one copy per
+    row, so that a source with state keeps each row's apart."""
+
+    def __init__(self, drafter, batch: int):
+        self.drafters = [copy.deepcopy(drafter) for _ in range(batch)]
+
+    def draft(self, seq: torch.Tensor, n: list[int], g: int, live: list[int]):
+        made = [self.drafters[b].draft(seq[b], n[b], g) for b in live]
+        return [m for m, _ in made], [q for _, q in made]
+
+    def observe(self, n: list[int], accepted: list[int], live: list[int]) -> None:
+        for b, k in zip(live, accepted):
+            self.drafters[b].observe(n[b], k)
+
+    def select(self, kept: list[int]) -> None:
+        pass
+
+    def __len__(self) -> int:
+        return 0
+
+
+class EachRunner:
+    """Rows for a model that cannot share a batched cache (see `unbatched`): one Runner per row, on
+    the model's own solo path, fed one row after another. Exact as each row's solo run, and no
+    faster than running the rows in turn; finished rows still leave it."""
+
+    def __init__(self, runs: list, why: str):
+        self.runs, self.why = runs, why
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(run) for run in self.runs]
+
+    def __call__(self, feeds: list[torch.Tensor], keep: int) -> torch.Tensor:
+        out = None
+        for i, (run, ids) in enumerate(zip(self.runs, feeds)):
+            logits = run(ids, keep=min(keep, ids.numel()))
+            if out is None:
+                out = logits.new_full((len(feeds), keep, logits.shape[-1]), float("nan"))
+            out[i, keep - logits.shape[0]:] = logits     # right-aligned, as Rows returns them
+        return out
+
+    def crop(self, keeps: list[int]) -> None:
+        for run, keep in zip(self.runs, keeps):
+            run.crop(keep)
+
+    def select(self, kept: list[int]) -> None:
+        self.runs = [self.runs[i] for i in kept]
+
+
+# --- Which models share a batched cache -----------------------------------------------------------
+
+# Each model's batch verdict, keyed weakly like spec.runner's: ((dtype, device), None or the reason).
+_VERDICTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def unbatched(model, path: str, positions: str) -> str | None:
+    """Why `model`, run on the solo `path` with `positions` (spec.runner), cannot share one
+    left-padded cache across rows (its rows then run one after another: EachRunner); None where
+    it can. Probed once per model, dtype and device."""
+    key = (str(next(model.parameters()).dtype), str(model_device(model)), path, positions)
+    known = _VERDICTS.get(model)
+    if known is None or known[0] != key:
+        with torch.inference_mode():
+            known = _VERDICTS[model] = (key, _why_not(model, path, positions))
+    return known[1]
+
+
+def _why_not(model, path: str, positions: str) -> str | None:
+    if path in ("state-snapshot", "state-stepwise"):
+        return (f"it runs on the {path} path (a recurrent state, or a cache that cannot be cut back): "
+                f"restoring one row's state would restore the whole batch's")
+    if path != "kv-cache":
+        return f"it runs on the {path} path, with no cache rows can share"
+    if positions != "explicit":
+        return (f"its positions are not 0-based ({positions!r}: counted around pad tokens, or inferred by the "
+                f"model), so a left-padded row would be given other positions than alone")
+    if not hf.takes_batch_masks(model):
+        return "its forward takes no 2-D attention mask and position ids, which a left-padded batch needs"
+    return probe(model)
+def probe(model) -> str | None:
+    """Feed and cut back a ragged two-row batch the way the loop does (ragged prompts, rows fed
+    different counts, different crops, a row leaving); every row's logits must match its own
+    cache-free forward's (the tolerance of spec.runner's probe). The first mismatch, or None."""
+    tol = runner.PROBE_TOLERANCE.get(next(model.parameters()).dtype, 5e-2)
+    long_len = max(runner.probe_length(model), 12)
+    ids = runner._probe_ids(model, long_len, model_device(model))
+    seqs = [ids[long_len // 3:long_len // 3 + long_len // 2 + 1], ids]
+    La, Lb = seqs[0].numel(), seqs[1].numel()
+    full = [hf.authors_forward(model, s) for s in seqs]
+    schedule = [("feed", [La - 3, Lb - 6]), ("feed", [La - 1, Lb - 5]), ("crop", [La - 2, Lb - 5]),
+                ("feed", [La, Lb - 2]), ("crop", [La - 1, Lb - 4]), ("select", [1]), ("feed", [None, Lb])]
+    rows, live = Rows(model, 2), [0, 1]
+    try:
+        for op, arg in schedule:
+            if op == "crop":
+                rows.crop(arg)
+            elif op == "select":
+                rows.select(arg)
+                live = [live[i] for i in arg]
+            else:
+                ends = [arg[b] for b in live]
+                feeds = [seqs[b][n:end] for b, n, end in zip(live, rows.lengths, ends)]
+                keep = min(f.numel() for f in feeds)
+                got = rows(feeds, keep)
+                for j, (b, end) in enumerate(zip(live, ends)):
+                    if not runner._close(got[j], full[b][end - keep:end], tol):
+                        return (f"in a left-padded batch, row {j}'s logits at positions {end - keep}..{end - 1} "
+                                f"differ from its own forward's")
+                if not hf.regatherable(rows.cache):
+                    return "its cache is not made of full attention layers that rows can be cut back in"
+    except Exception as e:  # noqa: BLE001 - a forward that fails on a batch is a reason to refuse batching it
+        return f"its forward fails on a left-padded batch ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
+    return None
