@@ -120,10 +120,8 @@ def greedy_generate(model, input_ids, *, max_new_tokens: int = 64, eos_token_id=
     encoder input, the tokens are the decoder's after its prompt (decoder_input_ids).
     repetition_penalty / no_repeat_ngram_size / sequence_bias / bad_words_ids / min_new_tokens: HF's
     processors of the same names (spec.processors); min_p: HF's min-p warper (sampling only).
-
-    Several prompts (a list of prompts, or a (B, n) tensor with HF's left-padded attention_mask)
-    are decoded as one batch (spec.batch) and give one Result per prompt, in order, each equal to
-    that prompt's own run."""
+    Several prompts (a list, or a (B, n) tensor with HF's left-padded attention_mask) are one batch
+    (spec.batch): one Result per prompt, in order, each equal to that prompt's own run."""
     choose.check({"model": model})
     check_options(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     device = model_device(model)
@@ -131,11 +129,11 @@ def greedy_generate(model, input_ids, *, max_new_tokens: int = 64, eos_token_id=
     process = processors_for(dict(repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
                                   sequence_bias=sequence_bias, bad_words_ids=bad_words_ids,
                                   min_new_tokens=min_new_tokens), stops, model)
+    pick = Pick(do_sample, temperature, top_k, top_p, generator, min_p=min_p)
     if batch.is_batch(input_ids, attention_mask):
         _refuse_in_batch(input_features=input_features, decoder_input_ids=decoder_input_ids)
         return _greedy_rows(model, input_ids, attention_mask, max_new_tokens=max_new_tokens, stops=stops,
-                            process=process, pick=Pick(do_sample, temperature, top_k, top_p, generator, min_p=min_p),
-                            trace=trace)
+                            process=process, pick=pick, trace=trace)
     chosen = choose.runs({"model": model}, input_ids, input_features=input_features,
                          decoder_input_ids=decoder_input_ids, max_new_tokens=max_new_tokens)
     prompt, (model_run,) = chosen.prompt, chosen.runs
@@ -154,12 +152,7 @@ def greedy_generate(model, input_ids, *, max_new_tokens: int = 64, eos_token_id=
     while n - P < max_new_tokens:
         t0 = _clock(device, trace)
         logits = model_run(seq[len(model_run):n], keep=1)[-1]
-        if process:
-            logits = process(logits[None], seq, n)[0]
-        if do_sample:
-            seq[n] = sampling.sample(sampling.probabilities(logits, temperature, top_k, top_p, min_p), generator)
-        else:
-            seq[n] = logits.argmax()
+        seq[n] = _pick(process(logits[None], seq, n)[0] if process else logits, pick)
         n += 1
         timings = dict(draft_s=0.0, verify_s=_clock(device, trace) - t0, target_cache=len(model_run),
                        draft_cache=0) if trace else {}
@@ -336,6 +329,21 @@ def _pick(logits: torch.Tensor, pick: Pick) -> torch.Tensor:
     return logits.argmax()
 
 
+def _accept_row(seq: torch.Tensor, n: int, m: int, q, logits: torch.Tensor, pick: Pick) -> int:
+    """Algorithm 1's step 3 for one row (spec.accept): the m proposals at seq[n:n + m] against the
+    target's processed logits [m + 1, V]; writes the token after the kept prefix, returns its length."""
+    proposed = seq[n:n + m]
+    if pick.do_sample:
+        p = sampling.probabilities(logits, pick.temperature, pick.top_k, pick.top_p, pick.min_p)
+        u = torch.rand(m, device=seq.device, generator=pick.generator, dtype=p.dtype)
+        k, last = accept.sampled(proposed, q, p, u)
+        seq[n + k] = sampling.sample(last, pick.generator)
+    else:
+        k, token = accept.greedy(proposed, logits)
+        seq[n + k] = token
+    return k
+
+
 def _still_going(live: list[int], results: list[Result], n: list[int], P: list[int], max_new_tokens: int) -> list[int]:
     """The indices (into `live`) of the rows that have not stopped on EOS or max_new_tokens."""
     return [j for j, b in enumerate(live) if results[b].stop_reason != "eos" and n[b] - P[b] < max_new_tokens]
@@ -409,17 +417,8 @@ def _speculative_rows(target, draft, input_ids, attention_mask, *, gamma: int, m
         for j, b in enumerate(live):
             m = drafted[j]
             row = logits[j, logits.shape[1] - m - 1:]             # right-aligned: the row's last m + 1
-            if procs[b]:
-                row = procs[b](row, seq[b], n[b])
-            proposed = seq[b, n[b]:n[b] + m]
-            if pick.do_sample:
-                p = sampling.probabilities(row, pick.temperature, pick.top_k, pick.top_p, pick.min_p)
-                u = torch.rand(m, device=device, generator=pick.generator, dtype=p.dtype)
-                k, last = accept.sampled(proposed, None if q[j] is None else q[j][:m], p, u)
-                seq[b, n[b] + k] = sampling.sample(last, pick.generator)
-            else:
-                k, token = accept.greedy(proposed, row)
-                seq[b, n[b] + k] = token
+            k = _accept_row(seq[b], n[b], m, None if q[j] is None else q[j][:m],
+                            procs[b](row, seq[b], n[b]) if procs[b] else row, pick)
             out = k + 1
             if stops:
                 cut = _first_stop(seq[b, n[b]:n[b] + out].tolist(), stops)

@@ -391,3 +391,16 @@ def join_rows(caches: list, order: torch.Tensor):
             parts = [torch.nn.functional.pad(t, (0, 0, width - t.shape[2], 0)) for t in parts]
             setattr(layer, name, torch.cat(parts)[order])
     return caches[0]
+
+
+def hf_greedy_batch(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
+                    eos_token_id=None) -> list[list[int]]:
+    """Each row's new tokens from `model.generate(do_sample=False)` on a left-padded batch, cut
+    after its EOS: HF's batch, the greedy peer of spec's batches."""
+    cfg = _greedy_config(max_new_tokens, eos_token_id)
+    with as_only_config(cfg, model):
+        out = model.generate(input_ids.to(model.device), attention_mask=attention_mask.to(model.device),
+                             generation_config=cfg)
+    rows = out[:, input_ids.shape[1]:].tolist()
+    stops = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
+    return [row[:next((i + 1 for i, t in enumerate(row) if t in stops), len(row))] for row in rows]

@@ -112,14 +112,15 @@ def test_the_protocols_exist_and_every_runner_and_drafter_keeps_them():
 
     import torch
 
-    from spec import choose, draft, hf, lookup, neox, protocols, runner, seq2seq
+    from spec import batch, choose, draft, hf, lookup, neox, protocols, runner, seq2seq
     for proto, methods in ((protocols.Runner, RUNNER_METHODS), (protocols.Drafter, DRAFTER_METHODS)):
         assert typing.Protocol in proto.__mro__ and proto.__doc__ and len(proto.__doc__) > 200
         assert methods <= set(vars(proto))
     runners = _classes_with(RUNNER_METHODS)
     assert {"KVRunner", "SnapshotRunner", "StepwiseSnapshotRunner", "RecomputeRunner", "NeoXDraft", "Cached",
             "Decoder"} <= set(runners)
-    modules = dict(runner=runner, neox=neox, hf=hf, seq2seq=seq2seq, draft=draft, lookup=lookup, choose=choose)
+    modules = dict(runner=runner, neox=neox, hf=hf, seq2seq=seq2seq, draft=draft, lookup=lookup, choose=choose,
+                   batch=batch)
     for name, module in runners.items():
         assert RUNNER_METHODS <= set(dir(getattr(modules[module], name))), name
     # keep means one thing: every runner's keep defaults to 0 (every row fed)
@@ -127,7 +128,15 @@ def test_the_protocols_exist_and_every_runner_and_drafter_keeps_them():
     for name, module in runners.items():
         keep = inspect.signature(getattr(modules[module], name).__call__).parameters["keep"]
         assert keep.default == 0, f"{name}: keep defaults to {keep.default!r}, not 0 (all rows)"
-    assert set(_classes_with(DRAFTER_METHODS)) == {"ModelDraft", "PromptLookup"}
+    drafters = _classes_with(DRAFTER_METHODS)
+    assert set(drafters) == {"ModelDraft", "PromptLookup", "ModelRows", "EachRow"}
+    # the batched forms keep the batched protocols (spec.batch)
+    for proto, names in ((protocols.BatchRunner, ("Rows", "EachRunner")),
+                         (protocols.BatchDrafter, ("ModelRows", "EachRow"))):
+        assert proto.__doc__ and len(proto.__doc__) > 200
+        for name in names:
+            assert {m for m in vars(proto) if not m.startswith("_") or m in ("__call__", "__len__")} - {"lengths"} \
+                <= set(dir(getattr(batch, name))), name
     assert isinstance(lookup.PromptLookup(), protocols.Drafter)
     assert isinstance(draft.ModelDraft(runner.RecomputeRunner(torch.nn.Linear(1, 1)), draft.Pick(), width=1, rows=1,
                                        clamp=False), protocols.Drafter)
@@ -154,11 +163,13 @@ def _constructions() -> list[tuple[str, str, str]]:
 
 
 def test_one_function_makes_runners_and_model_drafts():
-    """spec.choose.runs is the one place a model becomes a Runner or a Drafter. (The probe in
+    """spec.choose is the one place a model becomes a Runner or a Drafter: `runs` for one sequence,
+    `batch_runs` (with its helper `_rows`) for a batch. (The probe in
     spec.runner builds each candidate path's class from a loop variable to test it against the
     model's own forward: a trial, not a choice, and not a call this check matches by name.)"""
     places = {(module, function) for module, function, _ in _constructions()}
-    assert places == {("choose", "runs")}, f"runners or drafts built outside spec.choose.runs: {sorted(places)}"
+    assert places == {("choose", "runs"), ("choose", "_rows")}, \
+        f"runners or drafts built outside spec.choose: {sorted(places)}"
 
 
 def test_the_construction_finder_finds_a_construction():

@@ -53,3 +53,8 @@ def max_new_tokens_crossing_window(window: int, max_value: int = 20):
     """Generation lengths from window + 1 up: even a one-token prompt then grows past a
     sliding window of `window` tokens, so some verify pass crosses the window boundary."""
     return st.integers(window + 1, max_value)
+
+
+def batches_of_prompts(vocab: int, max_rows: int = 5, eos_token_id: int = 0):
+    """Batches of 1 to max_rows prompts of different lengths (1 to 24 tokens), as lists of ids."""
+    return st.lists(short_token_id_prompts(vocab, eos_token_id), min_size=1, max_size=max_rows)

@@ -1,0 +1,259 @@
+"""Batches of prompts (spec.batch): every row equals its own solo run.
+
+A batch decodes rows of different lengths in lockstep rounds, but each row accepts its own
+number of drafts, is cut back on its own, stops on its own EOS or length, and leaves the batch
+when done. Checked here: each row's tokens equal that prompt's solo greedy output (fp64 targets,
+so a difference is a bug; the failure says where, with the target's top-2 gap); each row's
+rounds (drafted, accepted, emitted) equal its solo speculative run's, which a batch that made
+rows accept together, or lost one row's rollback, would change; finished rows stop costing; the
+model families that share a left-padded cache and those that run their rows in turn; HF's
+(B, n) + left-padded attention_mask form; bad input refused with the argument named; and, per
+row, the sampling law.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from architectures import BY_NAME, cached_model, draft_model
+from hypothesis import given
+from hypothesis import strategies as st
+from oracles import assert_exact
+from stats import Oracle, goodness_of_fit
+from strategies import batches_of_prompts, gammas
+
+from spec import PromptLookup, batch, choose, greedy_generate, hf, speculative_generate
+from spec.models import build_gpt_neox, perturbed_copy
+
+VOCAB = 500
+
+
+@pytest.fixture(scope="module")
+def fp64_partial_draft(target):
+    """fp64, so that its proposals do not depend on the batch's shape: rounds can be compared."""
+    return perturbed_copy(target, noise=0.1, seed=3)
+
+
+def _solo(target, draft, prompt, **options):
+    return speculative_generate(target, draft, prompt, **options) if draft is not None \
+        else greedy_generate(target, prompt, **options)
+
+
+def _assert_rows_equal_solo(target, draft, prompts, results, **options):
+    assert isinstance(results, list) and len(results) == len(prompts)
+    for b, (prompt, got) in enumerate(zip(prompts, results)):
+        want = greedy_generate(target, prompt, max_new_tokens=options["max_new_tokens"],
+                               eos_token_id=options.get("eos_token_id"))
+        assert_exact(target, prompt, want.tokens, got.tokens)
+        assert got.stop_reason == want.stop_reason, f"row {b}"
+        if draft is not None and not isinstance(draft, torch.nn.Module) or draft is not None and \
+                next(draft.parameters()).dtype == torch.float64:
+            alone = _solo(target, draft, prompt, **options)
+            assert (got.drafted_per_round, got.accepted_per_round, got.tokens_per_round) == \
+                (alone.drafted_per_round, alone.accepted_per_round, alone.tokens_per_round), f"row {b}'s rounds"
+
+
+@given(prompts=batches_of_prompts(VOCAB), gamma=gammas(8), max_new_tokens=st.integers(1, 24),
+       draft_kind=st.sampled_from(["fp64-partial", "self", "random", "lookup"]), data=st.data())
+def test_every_row_equals_its_solo_run(target, fp64_partial_draft, drafts, prompts, gamma, max_new_tokens,
+                                       draft_kind, data):
+    draft = {"fp64-partial": fp64_partial_draft, "lookup": PromptLookup(max_ngram=2, min_ngram=1)}.get(
+        draft_kind, drafts.get(draft_kind))
+    eos = None
+    if data.draw(st.booleans(), label="with eos"):   # an id some row emits: that row stops early
+        first = greedy_generate(target, prompts[0], max_new_tokens=max_new_tokens).tokens
+        eos = first[data.draw(st.integers(0, len(first) - 1), label="eos position")]
+    options = dict(gamma=gamma, max_new_tokens=max_new_tokens, eos_token_id=eos)
+    _assert_rows_equal_solo(target, draft, prompts, speculative_generate(target, draft, prompts, **options), **options)
+    greedy = greedy_generate(target, prompts, max_new_tokens=max_new_tokens, eos_token_id=eos)
+    _assert_rows_equal_solo(target, None, prompts, greedy, max_new_tokens=max_new_tokens, eos_token_id=eos)
+
+
+# Families with a left-padded shared cache (sliding windows among them: mistral, qwen2, gemma2,
+# phi3 slide over 8 tokens, which 24 new tokens cross), and families whose rows run in turn.
+SHARED = ["llama", "mistral", "qwen2", "gemma2", "phi3", "gpt2", "opt", "gpt_neox"]
+IN_TURN = {"mamba": "state-stepwise", "rwkv": "state-snapshot", "falcon_h1": "state-snapshot",
+           "roberta": "'counted'", "bloom": "'own'"}
+
+
+@pytest.mark.parametrize("family", SHARED + list(IN_TURN))
+def test_families_batch_exactly(family):
+    if family not in BY_NAME:
+        pytest.skip(f"{family} is not in this transformers' registry")
+    target, draft = cached_model(family), draft_model(family)
+    rows = choose.batch_runs({"target": target, "draft": draft}, [[3, 4], [5]]).runs[0]
+    if family in IN_TURN:
+        assert isinstance(rows, batch.EachRunner) and IN_TURN[family] in rows.why, rows.__dict__.get("why")
+    else:
+        assert isinstance(rows, batch.Rows)
+    gen = torch.Generator().manual_seed(sum(map(ord, family)))
+    prompts = [torch.randint(3, 256, (n,), generator=gen).tolist() for n in (1, 13, 4, 7)]
+    free = greedy_generate(target, prompts[1], max_new_tokens=24).tokens
+    # rows run in turn cost a solo run each: one setting for those, three for the shared cache
+    for gamma, eos in ((4, free[5]),) if family in IN_TURN else ((1, None), (4, free[5]), (8, None)):
+        options = dict(gamma=gamma, max_new_tokens=24, eos_token_id=eos)
+        _assert_rows_equal_solo(target, draft, prompts, speculative_generate(target, draft, prompts, **options),
+                                **options)
+
+
+def test_hf_form_equals_list_form(target, fp64_partial_draft):
+    prompts = [[5, 6, 7, 8, 9], [11], [12, 13, 14]]
+    ids = torch.zeros(3, 5, dtype=torch.long)
+    mask = torch.zeros(3, 5, dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, 5 - len(p):], mask[b, 5 - len(p):] = torch.tensor(p), 1
+    listed = speculative_generate(target, fp64_partial_draft, prompts, gamma=3, max_new_tokens=12)
+    padded = speculative_generate(target, fp64_partial_draft, ids, attention_mask=mask, gamma=3, max_new_tokens=12)
+    assert [r.tokens for r in padded] == [r.tokens for r in listed]
+    assert [r.tokens for r in greedy_generate(target, ids, attention_mask=mask, max_new_tokens=12)] == \
+        [r.tokens for r in listed]
+    # a (1, n) tensor with a mask is a batch of one: a list back, as HF would give a batch
+    one = greedy_generate(target, ids[:1], attention_mask=mask[:1], max_new_tokens=4)
+    assert isinstance(one, list) and len(one) == 1
+
+
+def test_rows_equal_hf_generate_on_the_same_left_padded_batch():
+    """HF generate with a batch as the greedy peer, on a Llama with sdpa attention in fp64. (With the
+    registry's eager attention in fp64, transformers 5.25's own left-padded forward gives NaN logits
+    on every row with padding, measured: HF's batch is then no peer at all; spec never feeds padding.)"""
+    model = BY_NAME["llama"].build(seed=0)
+    model.set_attn_implementation("sdpa")
+    prompts = [[7, 8, 9, 10, 11, 12], [13, 14], [15, 16, 17, 18]]
+    ids = torch.zeros(3, 6, dtype=torch.long)
+    mask = torch.zeros(3, 6, dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, 6 - len(p):], mask[b, 6 - len(p):] = torch.tensor(p), 1
+    theirs = hf.hf_greedy_batch(model, ids, mask, max_new_tokens=16)
+    ours = speculative_generate(model, draft_model("llama"), ids, attention_mask=mask, gamma=4, max_new_tokens=16)
+    assert [r.tokens for r in ours] == theirs
+
+
+def test_finished_rows_stop_costing(target, fp64_partial_draft, monkeypatch):
+    """A row that stops leaves both caches: later passes carry fewer rows."""
+    prompts = [[3, 4, 5], [6, 9, 10], [7, 8, 11]]
+    free = greedy_generate(target, prompts[1], max_new_tokens=30).tokens
+    eos = free[2]
+    assert eos not in greedy_generate(target, prompts[0], max_new_tokens=30).tokens  # only row 1 stops early
+    speculative_generate(target, fp64_partial_draft, prompts, max_new_tokens=1)   # the batch probes, once
+    rows_per_pass = []
+    real = hf.batch_step
+
+    def counting(model, ids, cache, **kw):
+        rows_per_pass.append((model is target, ids.shape[0]))
+        return real(model, ids, cache, **kw)
+    monkeypatch.setattr(hf, "batch_step", counting)
+    out = speculative_generate(target, fp64_partial_draft, prompts, gamma=3, max_new_tokens=30, eos_token_id=eos)
+    assert out[1].stop_reason == "eos" and len(out[1].tokens) == 3
+    target_rows = [n for is_target, n in rows_per_pass if is_target]
+    assert target_rows[0] == 3 and target_rows[-1] < 3 and target_rows == sorted(target_rows, reverse=True)
+    assert sum(n == 3 for n in target_rows) == len(out[1].rounds)   # row 1 in exactly the passes of its rounds
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda t, d: speculative_generate(t, d, torch.tensor([[1, 2, 3], [4, 5, 0]]),
+                                       attention_mask=torch.tensor([[1, 1, 1], [1, 1, 0]])),
+     ValueError, r"attention_mask must be left padding .*padding_side='left'"),
+    (lambda t, d: speculative_generate(t, d, torch.tensor([[1, 2, 3], [4, 5, 6]]),
+                                       attention_mask=torch.ones(2, 2, dtype=torch.long)),
+     ValueError, r"attention_mask must be a tensor of input_ids' shape \(2, 3\), got \(2, 2\)"),
+    (lambda t, d: speculative_generate(t, d, torch.tensor([[1, 2], [3, 4]]),
+                                       attention_mask=torch.tensor([[1, 2], [1, 1]])),
+     ValueError, "attention_mask must hold only 0 .padding. and 1 .token."),
+    (lambda t, d: speculative_generate(t, d, [[1, 2], [3]], attention_mask=torch.ones(2, 2)),
+     ValueError, "attention_mask goes with a .B, n. tensor"),
+    (lambda t, d: speculative_generate(t, d, [[1, 2], [3, 700]]), ValueError,
+     r"input_ids row 1: input_ids holds token id 700, outside the target's vocabulary \[0, 640\)"),
+    (lambda t, d: speculative_generate(t, d, [[1, 2], [3]], gamma="auto"), ValueError,
+     "gamma='auto' prices the rounds of one sequence"),
+    (lambda t, d: speculative_generate(t, d, [[1, 2], [3]], draft_impl="plain"), ValueError,
+     "draft_impl='plain': a batch runs the draft on its own forward"),
+    (lambda t, d: greedy_generate(t, [[1, 2], [3]], decoder_input_ids=[0]), ValueError,
+     "decoder_input_ids: a batch of prompts is decoded by decoder-only models"),
+])
+def test_bad_batches_are_refused_naming_the_argument(target, fp64_partial_draft, call, error, match):
+    with pytest.raises(error, match=match):
+        call(target, fp64_partial_draft)
+
+
+def test_the_batch_probe_catches_a_cache_that_is_not_shifted(monkeypatch):
+    """The probe (and the decode) fail if a crop cut rows in place instead of re-aligning them."""
+    model = cached_model("llama")
+    assert batch.probe(model) is None
+
+    def unshifted(cache, rows, columns, valid):   # keep the columns where they are
+        width = columns.shape[1]
+        same = torch.arange(width)[None].expand_as(columns)
+        return real(cache, rows, same, valid)
+    real = hf.regather
+    monkeypatch.setattr(hf, "regather", unshifted)
+    assert "differ from its own forward's" in batch.probe(model)
+
+
+# --- sampling, per row ----------------------------------------------------------------------------
+
+def _neox_pair():
+    """GPT-NeoX, vocab 6: target fp64 with sharpened logits, draft a perturbed fp32 copy."""
+    target = build_gpt_neox(dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                                 vocab_size=6), seed=50, dtype=torch.float64)
+    with torch.no_grad():
+        target.get_output_embeddings().weight.mul_(30.0)
+    return target, perturbed_copy(target, noise=0.3, seed=51, dtype=torch.float32)
+
+
+BATCH_PROMPTS = [[1, 2], [3], [4, 5, 1, 0], [2, 2, 2]]
+
+
+def _row_samples(target, draft, n: int, seed: int, **options):
+    gen = torch.Generator().manual_seed(seed)
+    rows = [[] for _ in BATCH_PROMPTS]
+    for _ in range(n):
+        for b, r in enumerate(speculative_generate(target, draft, BATCH_PROMPTS, gamma=2, max_new_tokens=2,
+                                                   do_sample=True, generator=gen, **options)):
+            rows[b].append(tuple(r.tokens))
+    return rows
+
+
+def _joint_fit(oracle, prompt, samples, width):
+    cells = list(itertools.product(range(width), repeat=2))
+    probs = [math.prod(float(oracle(tuple(prompt) + c[:i])[c[i]]) for i in range(2)) for c in cells]
+    index = {c: i for i, c in enumerate(cells)}
+    observed = [0] * len(cells)
+    for tokens in samples:
+        observed[index[tokens]] += 1
+    return goodness_of_fit(f"joint law of the first 2 tokens after {prompt}", {"all": (observed, probs)})
+
+
+ALPHA = 1e-3
+
+
+@pytest.mark.parametrize("options, n", [
+    ({}, 600),
+    pytest.param(dict(temperature=1.4, top_k=4), 5000, marks=[pytest.mark.thorough, pytest.mark.slow]),
+], ids=["plain", "processed"])
+def test_each_row_samples_its_own_law(options, n):
+    """n batches of 4 rows (different prompts, so different acceptance histories in each batch):
+    each row's first two tokens against the exact law of its own prompt, chi-square at 0.001."""
+    target, draft = _neox_pair()
+    oracle = Oracle(target, **options)
+    rows = _row_samples(target, draft, n, seed=61, **options)
+    for prompt, samples in zip(BATCH_PROMPTS, rows):
+        fit = _joint_fit(oracle, prompt, samples, 6)
+        assert fit.df > 0 and not fit.rejects(ALPHA), str(fit)
+
+
+def test_row_sampling_check_rejects_rows_given_each_others_draft_laws(monkeypatch):
+    """Negative control: q handed to the wrong rows (reversed) must be rejected."""
+    target, draft = _neox_pair()
+    real = batch.ModelRows.draft
+
+    def swapped(self, seq, n, g, live):
+        counts, q = real(self, seq, n, g, live)
+        return counts, q[::-1]
+    monkeypatch.setattr(batch.ModelRows, "draft", swapped)
+    rows = _row_samples(target, draft, 300, seed=62)
+    oracle = Oracle(target)
+    fits = [_joint_fit(oracle, prompt, samples, 6) for prompt, samples in zip(BATCH_PROMPTS, rows)]
+    assert any(fit.rejects(ALPHA) for fit in fits), [str(f) for f in fits]
