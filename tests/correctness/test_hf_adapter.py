@@ -77,3 +77,24 @@ def test_peer_table_withholds_speed_when_outputs_differ():
     assert "2.50x" not in row["2"] and "1.70x" not in row["2"]
     assert "NO: 3 tokens where greedy made 20 (it stopped early)" in row["2"]
     assert "NO: differs at new token 5 (99 vs greedy's 15)" in row["3"]
+
+
+def test_hf_assisted_puts_both_configs_back_even_when_generate_fails(eos_target, monkeypatch):
+    """One HF peer layer (hf.hf_generate): gamma is set on the assistant's generation_config only for
+    the call; afterwards, and after a failing call, target and assistant hold their own configs."""
+    model, free, _ = eos_target
+    assistant = hf.assistant_for(model, perturbed_copy(model, noise=0.1, seed=3, dtype=torch.float32))
+    before = model.generation_config.to_dict(), assistant.generation_config.to_dict()
+    assert hf.hf_assisted(model, assistant, torch.tensor(PROMPT), 4, NEW) == free
+    assert (model.generation_config.to_dict(), assistant.generation_config.to_dict()) == before
+    seen = []
+
+    def failing(*args, **kwargs):
+        seen.append(assistant.generation_config.num_assistant_tokens)
+        raise RuntimeError("generate failed")
+
+    monkeypatch.setattr(model, "generate", failing)
+    with pytest.raises(RuntimeError, match="generate failed"):
+        hf.hf_assisted(model, assistant, torch.tensor(PROMPT), 4, NEW)
+    assert seen == [4] and assistant.generation_config.num_assistant_tokens != 4
+    assert (model.generation_config.to_dict(), assistant.generation_config.to_dict()) == before
