@@ -39,7 +39,6 @@ import functools
 import inspect
 import weakref
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from transformers import DynamicCache, EncoderDecoderCache
@@ -389,7 +388,7 @@ def refuse_inputs(input_features=None, decoder_input_ids=None, share_encoder=Fal
         raise ValueError("share_encoder=True is for encoder-decoder pairs; these models are decoder-only")
 
 
-# --------------------------------------------------------------------------- loading, and what the CLI reads (spec.experiment imports it from here)
+# --------------------------------------------------------------------------- loading
 
 
 def auto_class(config):
@@ -398,43 +397,6 @@ def auto_class(config):
     return AutoModelForSpeechSeq2Seq if config.model_type in SPEECH_FAMILIES else AutoModelForSeq2SeqLM
 
 
-def cli_refusal(target, peer: str | None, features=None) -> str | None:
-    """Why `python -m spec` cannot run this pair with these options, or None when it can."""
-    if not is_encoder_decoder(target):
-        return "--features: the target is decoder-only; its prompts are text (--prompts)" if features else None
-    takes_features = _encoder_kwarg(target) == "input_features"
-    if takes_features and not features:
-        return (f"{type(target).__name__} encodes audio features: give a features file per prompt, "
-                "--features FILE.pt or FILE.npy ([num_mel_bins, frames])")
-    if features and not takes_features:
-        return f"--features: {type(target).__name__} encodes token ids; give text prompts (--prompts)"
-    if peer is not None:
-        return "--peer hf: the HF assisted-generation peer is run for decoder-only pairs only"
-    return None
-
-
-def feature_prompts(paths, error=ValueError) -> tuple[list[str], str, list[torch.Tensor]]:
-    """For the CLI: (prompt names, prompt-set name, features tensors), one prompt a file."""
-    tensors = []
-    for path in paths:
-        try:
-            tensors.append(load_features(path))
-        except ValueError as err:
-            raise error(str(err)) from None
-    return [str(p) for p in paths], "features files", tensors
-
-
-def load_features(path) -> torch.Tensor:
-    """A log-mel features file: a tensor saved with torch.save (.pt) or numpy.save (.npy)."""
-    path = Path(path)
-    try:
-        if path.suffix == ".npy":
-            import numpy as np
-            value = torch.from_numpy(np.load(path, allow_pickle=False))
-        else:
-            value = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - whatever makes the file unreadable, the user fixes it
-        raise ValueError(f"--features: cannot read {str(path)!r}: {err}") from None
-    if not isinstance(value, torch.Tensor) or not value.dtype.is_floating_point:
-        raise ValueError(f"--features: {str(path)!r} must hold one floating-point tensor [num_mel_bins, frames]")
-    return value
+def encodes_features(model) -> bool:
+    """Whether the model's encoder reads audio features (Whisper's input_features), not token ids."""
+    return _encoder_kwarg(model) == "input_features"

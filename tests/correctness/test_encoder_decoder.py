@@ -694,8 +694,8 @@ def test_cli_runs_a_saved_t5_pair_and_refuses_what_it_cannot_run(tmp_path, capsy
 
 
 def test_cli_refusals_say_what_to_give_instead(target):
-    """What `python -m spec` refuses before loading prompts, word for word (spec.seq2seq.cli_refusal)."""
-    from spec.seq2seq import cli_refusal
+    """What `python -m spec` refuses before loading prompts, word for word (spec.experiment.refusal)."""
+    from spec.experiment import refusal as cli_refusal
     t5, whisper = build("t5"), build("whisper")
     assert cli_refusal(target, None) is None and cli_refusal(t5, None) is None
     assert cli_refusal(target, "hf", features=["a.pt"]) == \

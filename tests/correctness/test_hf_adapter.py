@@ -65,11 +65,17 @@ def test_hf_prompt_lookup_without_eos_runs_to_max_new_tokens(eos_target):
 
 def test_peer_table_withholds_speed_when_outputs_differ():
     """The CLI's peer table: a peer that stopped early did other work, so no speed ratio."""
+    import types
+
     from spec import report
+    from spec.records import Peer, PromptRecord
     greedy = list(range(10, 30))
-    rec = lambda i, toks: {"index": i, "greedy_tokens": greedy, "peer": {
-        "hf_s": 1.0, "hf_tok_s": len(toks), "hf_speedup": 2.5, "ours_vs_hf": 1.7,
-        "ids_identical": toks == greedy, "tokens": toks}}
+
+    def rec(i, toks):  # greedy 2.5 s, speculative 1.0 / 1.7 s: HF 2.5x greedy's speed, ours 1.7x HF's
+        peer = Peer("hf_assisted", tokens=toks, times=[1.0], identical=toks == greedy)
+        return PromptRecord(index=i, prompt="p", prompt_tokens=1, greedy=types.SimpleNamespace(tokens=greedy),
+                            spec=types.SimpleNamespace(tokens=greedy), greedy_times=[2.5], spec_times=[1.0 / 1.7],
+                            trace_repeat=0, peers=[peer])
     table = report.peer_table([rec(1, greedy), rec(2, greedy[:3]), rec(3, greedy[:5] + [99] + greedy[6:])])
     lines = table.splitlines()
     row = {line.split()[0]: line for line in lines if line.split() and line.split()[0] in "123"}
