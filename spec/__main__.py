@@ -23,7 +23,6 @@ import sys
 from pathlib import Path
 
 from spec import defaults
-from spec.prompts import CODE_PROMPTS, SEED_PROMPTS  # noqa: F401  (the prompt sets, named in --help)
 
 # name -> "module:function": `python -m spec NAME ARGS...` calls function(ARGS) for its exit status.
 SUBCOMMANDS: dict[str, str] = {"conform": "spec.conform:main"}  # python -m spec conform: the conformance kit
