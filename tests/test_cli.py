@@ -18,6 +18,7 @@ import torch
 import spec.__main__ as cli
 import spec.choose
 import spec.decode
+import spec.models
 from spec import defaults, experiment, report, theory
 from spec.models import build_gpt_neox, truncated_copy
 from spec.prompts import CODE_PROMPTS, SEED_PROMPTS
@@ -387,3 +388,17 @@ def test_plot_title_says_how_gamma_was_chosen():
     calibrated = report.figure_title(Results(**base, summary=_summary(gamma=8, gamma_option="calibrated")))
     online = report.figure_title(Results(**base, summary=_summary(gamma="auto", gamma_option="auto", theory_gamma=7)))
     assert "γ=8 (calibrated)" in calibrated and "γ=auto (online; mostly 7)" in online
+
+
+@pytest.mark.parametrize("impl, draft_name", [("auto", "plain (spec.neox)"), ("plain", "plain (spec.neox)"),
+                                              ("hf", "kv-cache"), ("compiled", "compiled (static cache)")])
+def test_the_runs_as_line_is_the_path_spec_choose_takes(impl, draft_name):
+    """The header's "runs as" names what spec.choose.runs builds (it asks spec.choose.path, no copy
+    of the choice): a GPT-NeoX target on the probed kv-cache, its draft as draft_impl says."""
+    target = build_gpt_neox("tiny-target", seed=0)
+    draft = truncated_copy(target, num_layers=1)
+    pair = spec.models.Pair(target, draft, None)
+    assert experiment.runner_paths(pair, impl) == ("kv-cache", draft_name)
+    if impl == "hf":   # the runner runs builds for that draft is the path named
+        made = spec.choose.runs({"draft": draft}, [3, 4, 5], draft_impl=impl).runs[0]
+        assert made.run.path == spec.choose.path(draft, "draft", impl) == "kv-cache"
