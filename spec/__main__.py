@@ -23,7 +23,6 @@ import sys
 from pathlib import Path
 
 from spec import defaults
-from spec.prompts import CODE_PROMPTS, SEED_PROMPTS  # noqa: F401  (the prompt sets, named in --help)
 
 # name -> "module:function": `python -m spec NAME ARGS...` calls function(ARGS) for its exit status.
 SUBCOMMANDS: dict[str, str] = {"conform": "spec.conform:main"}  # python -m spec conform: the conformance kit
@@ -173,7 +172,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.max_new_tokens is None:
         cuda = args.device.startswith("cuda")
         args.max_new_tokens = defaults.CUDA_MAX_NEW_TOKENS if cuda else defaults.CPU_MAX_NEW_TOKENS
-    args.threads_default = False
+    args.threads_default = args.threads is None and not args.device.startswith("cuda")
+    if args.threads_default:
+        args.threads = defaults.CPU_THREADS
     return args
 
 
@@ -200,42 +201,75 @@ def _quiet_rank(args) -> bool:
 
 
 def run(args, experiment) -> int:
-    from spec import report
-
     if _quiet_rank(args):
         args.quiet, args.no_write = True, True
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the rest of this rank's life
     say = Progress(args.quiet)
-    experiment.setup(args)
+    experiment.setup(seed=args.seed, threads=args.threads, out=args.out)
     if args.real:
         from spec import realmodel
-        return realmodel.run_cli(args, say)
-    pair, pair_info = experiment.load(args, say)
-    ps = experiment.prompts(args, pair, pair_info)
-    print(report.header(args, pair_info, ps))
-    cost = experiment.costs(args, pair, ps, say)
-    gamma, calibration = experiment.choose_gamma(args, pair, ps, cost, say)
-    if calibration is not None:
-        print(report.calibration_line(calibration))
-    runs = experiment.time_runs(args, pair, ps, gamma, say)
-    records = experiment.compare(pair, ps, runs, say)
-    summary = experiment.summarize(args, records, gamma, calibration, cost)
-    results = experiment.results(args, pair_info, ps, records, summary, report.machine_info(args.device))
-    print()
-    print(report.render(results))
+        return realmodel.run_cli(gamma=args.gamma, max_new_tokens=args.max_new_tokens, prompt_file=args.prompts,
+                                 chat=args.chat, ignore_eos=args.ignore_eos, device=args.device,
+                                 threads=args.threads, out=args.out, options=vars(args), say=say)
+    results = run_experiment(args, experiment, say)
     if not getattr(args, "no_write", False):
         write_outputs(args, results, say)
-    for line in report.tie_lines(results):
+    return verdict(args, results, say)
+
+
+def run_experiment(args, experiment, say):
+    """The experiment's steps in order, each given the options it reads; prints the header and the
+    report. Returns spec.records.Results."""
+    from spec import report
+
+    pair, pair_info = experiment.load(args.target, args.draft, device=args.device, target_dtype=args.target_dtype,
+                                      draft_dtype=args.draft_dtype, tp=args.tp, seed=args.seed,
+                                      draft_impl=args.draft_impl, peer=args.peer, features=args.features, say=say)
+    ps = experiment.prompts(pair, pair_info.source, prompt_file=args.prompts, features=args.features, chat=args.chat,
+                            ignore_eos=args.ignore_eos, max_new_tokens=args.max_new_tokens)
+    print(report.header(pair_info, ps, device=args.device, target_dtype=args.target_dtype,
+                        draft_dtype=args.draft_dtype, threads=args.threads, threads_default=args.threads_default,
+                        max_new_tokens=args.max_new_tokens, max_new_tokens_default=args.max_new_tokens_default,
+                        repeats=args.repeats))
+    decoding = dict(max_new_tokens=args.max_new_tokens, draft_impl=args.draft_impl, say=say)
+    cost = experiment.costs(pair, ps, gamma=args.gamma, **decoding)
+    gamma, calibration = experiment.choose_gamma(pair, ps, cost, gamma=args.gamma, **decoding)
+    if calibration is not None:
+        print(report.calibration_line(calibration))
+    peers = experiment.assisted_peer(pair, ps, gamma, args.max_new_tokens, say) if args.peer == "hf" else {}
+    runs = experiment.time_runs(pair.target, pair.draft, ps.ids, gamma=gamma, eos=ps.eos, repeats=args.repeats,
+                                device=args.device, peers=peers, **decoding)
+    records = experiment.compare(pair, ps, runs, say)
+    summary = experiment.summarize(records, gamma, calibration, cost, gamma_option=args.gamma,
+                                   draft_impl=args.draft_impl,
+                                   peer_gamma=experiment.peer_gamma(gamma) if peers else None)
+    results = experiment.results(options(args), pair_info, ps, records, summary, report.machine_info(args.device))
+    print()
+    print(report.render(results.records, results.summary, results.warnings))
+    return results
+
+
+def options(args) -> dict:
+    """The options as results.json records them: every one parsed, paths as text."""
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+
+
+def verdict(args, results, say) -> int:
+    """Ties and failures said, and the exit status: 1 when an output differs from greedy beyond a tie."""
+    from spec import report
+
+    for line in report.tie_lines(results.records):
         print(line)
-    for line in report.failure_lines(results):
+    for line in report.failure_lines(results.records):
         print(line, file=sys.stdout if _quiet_rank(args) else sys.stderr)
-    if not summary["failures"]:
-        say("done: every speculative output equals greedy" + (" (up to proven numerical ties)" if summary["ties"]
+    summary = results.summary
+    if not summary.failures:
+        say("done: every speculative output equals greedy" + (" (up to proven numerical ties)" if summary.ties
                                                               else ""))
-    return summary["exit_status"]
+    return summary.exit_status
 
 
-def write_outputs(args, results: dict, say) -> None:
+def write_outputs(args, results, say) -> None:
     from spec import report
 
     json_path, png_path = args.out / "results.json", args.out / "results.png"

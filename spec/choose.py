@@ -30,6 +30,7 @@ from spec.protocols import Drafter
 from spec.validate import as_prompt, check_model, check_pair, model_device
 
 DRAFT_IMPLS = ("auto", "plain", "hf", "compiled")
+UNCACHED = "recompute (uncached)"   # a draft no cached path reproduces: run by recompute all the same
 
 
 @dataclass
@@ -74,7 +75,7 @@ def runs(roles: dict, input_ids=None, *, input_features=None, decoder_input_ids=
             elif path == "compiled":
                 made[role] = hf.Cached(model, static_len=prompt.numel() + room)
             else:
-                made[role] = runner.RUNNERS[path](model, positions)
+                made[role] = runner.RUNNERS["recompute" if path == UNCACHED else path](model, positions)
     if "draft" in made:
         made["draft"] = ModelDraft(made["draft"], pick, **_widths(models))
     return Chosen(prompt, [made.get(role, obj) for role, obj in roles.items()], models)
@@ -127,9 +128,17 @@ def check(roles: dict) -> None:
             check_model(model, role)
 
 
+def path(model, role: str = "target", draft_impl: str = "auto") -> str:
+    """The way `runs` runs `model` in `role`, named for reports: "encoder-decoder", "plain",
+    "compiled", a spec.runner path, or UNCACHED; raises what `runs` would raise."""
+    if seq2seq.is_encoder_decoder(model):
+        return "encoder-decoder"
+    return _path(model, role, draft_impl)[0]
+
+
 def _path(model, role: str, impl: str) -> tuple[str, str]:
-    """(how `model` runs in this role, how it counts positions): "plain", "compiled", or a
-    spec.runner path."""
+    """(how `model` runs in this role, how it counts positions): "plain", "compiled", a
+    spec.runner path, or UNCACHED."""
     if role != "draft":
         try:
             return runner.verdict(model)
@@ -148,7 +157,7 @@ def _path(model, role: str, impl: str) -> tuple[str, str]:
         return runner.verdict(model)
     except runner.UnsupportedModelError as e:
         if e.runs_uncached:   # a draft cannot change the output, only its speed
-            return "recompute", "own"
+            return UNCACHED, "own"
         raise runner.UnsupportedModelError(f"{role}: {e}", e.runs_uncached) from None
 
 

@@ -1,8 +1,8 @@
 """The seed experiment, step by step: what `python -m spec` runs.
 
-Each step is one function that returns plain data (dicts, lists, the loaded pair);
-spec/report.py renders that data and spec/__main__.py parses options, calls the
-steps in order and prints. The steps:
+Each step is one function of explicit arguments that returns the loaded pair or typed records
+(spec/records.py); spec/report.py renders the records and spec/__main__.py, the only reader of
+the command line, parses options, calls the steps in order and prints. The steps:
 
   setup      seed, threads, transformers' own logging silenced, the output folder
   load       the target/draft pair (the shipped one, the seeded stand-in, or paths)
@@ -12,20 +12,27 @@ steps in order and prints. The steps:
   time_runs  greedy, speculative (and the HF peer) alternating, repeated
   compare    per-prompt records: speedups, acceptance, exactness (diagnosed if not)
   summarize  pooled alpha, Theorem 3.8 next to the measured speedup, warnings
+
+spec.realmodel (`python -m spec --real`) runs its prompts through the same time_runs, record
+and pooled figures.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 
-from spec import clock, decode, defaults, hf, measure, models, parallel, seq2seq, theory, validate
+from spec import choose, clock, decode, defaults, hf, measure, models, parallel, seq2seq, theory, validate
+from spec.diagnose import first_difference
 from spec.prompts import CODE_PROMPTS, SEED_PROMPTS
+from spec.records import (Calibration, Difference, InRun, PairInfo, Peer, PeerSummary, PromptRecord, Prompts,
+                          Results, Summary, Theory)
 
 DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -37,22 +44,20 @@ class UsageError(Exception):
 # --------------------------------------------------------------------------- setup and load
 
 
-def setup(args) -> None:
-    """Seed, thread count and quiet third-party output; the output folder exists afterwards."""
+def setup(*, seed: int, threads: int | None, out: Path) -> None:
+    """Seed, thread count (None: torch's own) and quiet third-party output; the output folder
+    exists afterwards."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # loading bars would land in the middle of the report
     hf_logging.set_verbosity_error()
-    torch.manual_seed(args.seed)
-    if args.threads is None and not args.device.startswith("cuda"):
-        args.threads = defaults.CPU_THREADS
-        args.threads_default = True
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    torch.manual_seed(seed)
+    if threads is not None:
+        torch.set_num_threads(threads)
     try:
-        args.out.mkdir(parents=True, exist_ok=True)
+        out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise UsageError(f"--out: cannot create {str(args.out)!r}: {err}") from None
+        raise UsageError(f"--out: cannot create {str(out)!r}: {err}") from None
 
 
 def check_device(device: str) -> None:
@@ -64,14 +69,12 @@ def check_device(device: str) -> None:
             raise UsageError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
 
 
-def looks_like_path(name: str) -> bool:
-    """A folder rather than a hub id ('org/name'): absolute, relative with ./ or ../, ~, or deeper."""
-    return name.startswith(("/", "./", "../", "~", ".\\")) or name in (".", "..") or name.count("/") > 1
-
-
-def check_paths(args) -> None:
-    for option, name in (("--target", args.target), ("--draft", args.draft)):
-        if name is not None and looks_like_path(name) and not Path(name).expanduser().exists():
+def check_paths(target: str | None, draft: str | None) -> None:
+    """A missing local path is named as missing, not looked up as a hub id (spec.models.looks_local)."""
+    for option, name in (("--target", target), ("--draft", draft)):
+        if name is not None and models.looks_local(name) and not Path(name).expanduser().exists():
+            if name.lower().endswith(".gguf"):
+                raise UsageError(f"{option}: no such GGUF file {name!r}")
             raise UsageError(f"{option}: no such folder {name!r} (a local model folder with config.json "
                              "and weights was expected)")
 
@@ -88,74 +91,98 @@ def _short_name(path: str) -> str:
     return "/".join(Path(path).parts[-2:]) or path
 
 
-def _stand_in(args, say) -> tuple[models.Pair, dict]:
+def _stand_in(*, seed: int, device: str, target_dtype: str, draft_dtype: str, say) -> tuple[models.Pair, PairInfo]:
     say(f"shipped pair not found at {models.SHIPPED_PAIR}: building a seeded random tiny pair instead")
-    td, dd = DTYPES[args.target_dtype], DTYPES[args.draft_dtype]
-    if args.device.startswith("cuda") and td == torch.float32:  # as load_pair does: TF32 flips near-ties
+    td, dd = DTYPES[target_dtype], DTYPES[draft_dtype]
+    if device.startswith("cuda") and td == torch.float32:  # as load_pair does: TF32 flips near-ties
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-    target = models.build_gpt_neox("tiny-target", seed=args.seed, dtype=td, device=args.device)
-    draft = models.build_gpt_neox("tiny-draft", seed=args.seed + 1, dtype=dd, device=args.device)
-    info = {"source": "random", "target": None, "draft": None,
-            "target_name": "random tiny-target", "draft_name": "random tiny-draft",
-            "note": f"shipped pair not found at {models.SHIPPED_PAIR}; seeded random tiny pair "
-                    f"(build_gpt_neox 'tiny-target'/'tiny-draft', seed {args.seed}) used instead: "
-                    "timings and acceptance say nothing about a trained pair"}
+    target = models.build_gpt_neox("tiny-target", seed=seed, dtype=td, device=device)
+    draft = models.build_gpt_neox("tiny-draft", seed=seed + 1, dtype=dd, device=device)
+    info = PairInfo(source="random", target=None, draft=None,
+                    target_name="random tiny-target", draft_name="random tiny-draft",
+                    note=f"shipped pair not found at {models.SHIPPED_PAIR}; seeded random tiny pair "
+                         f"(build_gpt_neox 'tiny-target'/'tiny-draft', seed {seed}) used instead: "
+                         "timings and acceptance say nothing about a trained pair")
     return models.Pair(target, draft, None), info
 
 
-def load(args, say) -> tuple[models.Pair, dict]:
-    """The pair and a description of it; raises UsageError for anything the user can fix."""
-    check_device(args.device)
-    check_paths(args)
-    shipped_present = all((models.SHIPPED_PAIR / role / "config.json").exists() for role in ("target", "draft"))
-    if args.target is None and not shipped_present:
-        if args.tp > 1:
-            raise UsageError(f"--tp {args.tp}: the seeded stand-in pair cannot be split; pass --target/--draft")
-        pair, info = _stand_in(args, say)
-    else:
-        t_path = args.target or str(models.SHIPPED_PAIR / "target")
-        d_path = args.draft or str(models.SHIPPED_PAIR / "draft")
-        shipped = _is_shipped(t_path) and _is_shipped(d_path)
-        say(f"loading target {t_path} ({args.target_dtype}) and draft {d_path} ({args.draft_dtype}) on {args.device}")
-        try:
-            pair = models.load_pair(t_path, d_path, device=args.device, target_dtype=DTYPES[args.target_dtype],
-                                    draft_dtype=DTYPES[args.draft_dtype], tp_size=args.tp)
-        except (FileNotFoundError, ValueError, OSError, ImportError) as err:
-            raise UsageError(str(err)) from None
-        info = {"source": "shipped" if shipped else "paths", "target": t_path, "draft": d_path,
-                "target_name": "shipped target" if shipped else _short_name(t_path),
-                "draft_name": "shipped draft" if shipped else _short_name(d_path), "note": None}
-    if (why := seq2seq.cli_refusal(pair.target, args.peer, args.features)) is not None:
-        raise UsageError(why)
-    info["target_split"] = parallel.describe(pair.target)  # whole, tensor parallel, or a device map
-    info["target_path"], info["draft_path"] = runner_paths(args, pair)
-    info["target_params"] = sum(p.numel() for p in pair.target.parameters())
-    info["draft_params"] = sum(p.numel() for p in pair.draft.parameters())
-    info["tokenizer"] = pair.tokenizer is not None
+def _from_paths(target: str | None, draft: str | None, *, device: str, target_dtype: str, draft_dtype: str,
+                tp: int, say) -> tuple[models.Pair, PairInfo]:
+    t_path = target or str(models.SHIPPED_PAIR / "target")
+    d_path = draft or str(models.SHIPPED_PAIR / "draft")
+    shipped = _is_shipped(t_path) and _is_shipped(d_path)
+    say(f"loading target {t_path} ({target_dtype}) and draft {d_path} ({draft_dtype}) on {device}")
+    try:
+        pair = models.load_pair(t_path, d_path, device=device, target_dtype=DTYPES[target_dtype],
+                                draft_dtype=DTYPES[draft_dtype], tp_size=tp)
+    except (FileNotFoundError, ValueError, OSError, ImportError) as err:
+        raise UsageError(str(err)) from None
+    info = PairInfo(source="shipped" if shipped else "paths", target=t_path, draft=d_path,
+                    target_name="shipped target" if shipped else _short_name(t_path),
+                    draft_name="shipped draft" if shipped else _short_name(d_path), note=None)
     return pair, info
 
 
-def runner_paths(args, pair: models.Pair) -> tuple[str, str]:
-    """How each model is run and rolled back (spec.runner): a model spec cannot decode exactly is
-    refused here, before any timing."""
-    from spec import neox, runner
+def load(target: str | None, draft: str | None, *, device: str = "cpu", target_dtype: str = "fp32",
+         draft_dtype: str = "fp32", tp: int = 1, seed: int = 0, draft_impl: str = "auto", peer: str | None = None,
+         features: list | None = None, say=lambda msg: None) -> tuple[models.Pair, PairInfo]:
+    """The pair (target and draft: folders, hub ids, or None for the shipped pair) and a
+    description of it; raises UsageError for anything the user can fix."""
+    check_device(device)
+    check_paths(target, draft)
+    shipped_present = all((models.SHIPPED_PAIR / role / "config.json").exists() for role in ("target", "draft"))
+    if target is None and not shipped_present:
+        if tp > 1:
+            raise UsageError(f"--tp {tp}: the seeded stand-in pair cannot be split; pass --target/--draft")
+        pair, info = _stand_in(seed=seed, device=device, target_dtype=target_dtype, draft_dtype=draft_dtype, say=say)
+    else:
+        pair, info = _from_paths(target, draft, device=device, target_dtype=target_dtype, draft_dtype=draft_dtype,
+                                 tp=tp, say=say)
+    if (why := refusal(pair.target, peer, features)) is not None:
+        raise UsageError(why)
+    info.target_split = parallel.describe(pair.target)  # whole, tensor parallel, or a device map
+    info.target_path, info.draft_path = runner_paths(pair, draft_impl)
+    info.target_params = sum(p.numel() for p in pair.target.parameters())
+    info.draft_params = sum(p.numel() for p in pair.draft.parameters())
+    info.tokenizer = pair.tokenizer is not None
+    return pair, info
 
-    if seq2seq.is_encoder_decoder(pair.target):
-        return "encoder-decoder (decoder kv-cache)", "encoder-decoder (decoder kv-cache)"
-    try:
-        target_path = runner.path_of(pair.target)
-    except runner.UnsupportedModelError as err:
-        raise UsageError(f"--target: {err}") from None
-    impl = args.draft_impl
-    if impl == "plain" or (impl == "auto" and neox.supports(pair.draft)):
-        return target_path, "plain (spec.neox)"
-    if impl == "compiled":
-        return target_path, "compiled (static cache)"
-    try:
-        return target_path, runner.path_of(pair.draft)
-    except runner.UnsupportedModelError:
-        return target_path, "recompute (no cached path reproduces it; a draft cannot change the output)"
+
+def refusal(target, peer: str | None, features=None) -> str | None:
+    """Why `python -m spec` cannot run this target with these options, or None when it can."""
+    if not seq2seq.is_encoder_decoder(target):
+        return "--features: the target is decoder-only; its prompts are text (--prompts)" if features else None
+    takes_features = seq2seq.encodes_features(target)
+    if takes_features and not features:
+        return (f"{type(target).__name__} encodes audio features: give a features file per prompt, "
+                "--features FILE.pt or FILE.npy ([num_mel_bins, frames])")
+    if features and not takes_features:
+        return f"--features: {type(target).__name__} encodes token ids; give text prompts (--prompts)"
+    if peer is not None:
+        return "--peer hf: the HF assisted-generation peer is run for decoder-only pairs only"
+    return None
+
+
+# The report's words for the ways spec.choose runs a model (a spec.runner path is named as it is).
+PATH_NAMES = {"encoder-decoder": "encoder-decoder (decoder kv-cache)", "plain": "plain (spec.neox)",
+              "compiled": "compiled (static cache)",
+              choose.UNCACHED: "recompute (no cached path reproduces it; a draft cannot change the output)"}
+
+
+def runner_paths(pair: models.Pair, draft_impl: str) -> tuple[str, str]:
+    """How each model is run and rolled back, as spec.choose will run it: a model spec cannot
+    decode exactly is refused here, before any timing."""
+    from spec.runner import UnsupportedModelError
+
+    names = []
+    for role, model in (("target", pair.target), ("draft", pair.draft)):
+        try:
+            path = choose.path(model, role, draft_impl)
+        except UnsupportedModelError as err:
+            raise UsageError(f"--{err}") from None   # "--target: ..." (choose names the role)
+        names.append(PATH_NAMES.get(path, path))
+    return names[0], names[1]
 
 
 # --------------------------------------------------------------------------- prompts
@@ -194,116 +221,160 @@ def encode(prompt: str, pair: models.Pair, index: int, chat: bool = False) -> li
     return ids
 
 
-def prompts(args, pair: models.Pair, pair_info: dict) -> dict:
-    """{"texts", "ids", "set", "eos"}: the prompts to run, refused up front if any of them
-    with --max-new-tokens runs past the target's or the draft's position limit."""
-    if args.prompts is not None:
-        texts, prompt_set = read_prompts(args.prompts), str(args.prompts)
-    elif pair_info["source"] in ("shipped", "random"):
+def load_features(path) -> torch.Tensor:
+    """A log-mel features file (--features): a tensor saved with torch.save (.pt) or numpy.save (.npy)."""
+    path = Path(path)
+    try:
+        if path.suffix == ".npy":
+            import numpy as np
+            value = torch.from_numpy(np.load(path, allow_pickle=False))
+        else:
+            value = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - whatever makes the file unreadable, the user fixes it
+        raise UsageError(f"--features: cannot read {str(path)!r}: {err}") from None
+    if not isinstance(value, torch.Tensor) or not value.dtype.is_floating_point:
+        raise UsageError(f"--features: {str(path)!r} must hold one floating-point tensor [num_mel_bins, frames]")
+    return value
+
+
+def feature_prompts(paths) -> tuple[list[str], str, list[torch.Tensor]]:
+    """(prompt names, prompt-set name, features tensors), one prompt a file."""
+    return [str(p) for p in paths], "features files", [load_features(p) for p in paths]
+
+
+def prompts(pair: models.Pair, source: str, *, prompt_file: Path | None = None, features: list | None = None,
+            chat: bool = False, ignore_eos: bool = False, max_new_tokens: int) -> Prompts:
+    """The prompts to run (from prompt_file, else the set that suits the pair's `source`; for an
+    encoder-decoder pair on audio, one features file each), refused up front if any of them with
+    max_new_tokens runs past the target's or the draft's position limit."""
+    if prompt_file is not None:
+        texts, prompt_set = read_prompts(prompt_file), str(prompt_file)
+    elif source in ("shipped", "random"):
         texts, prompt_set = CODE_PROMPTS, "code (shipped pair)"
     else:
         texts, prompt_set = SEED_PROMPTS, "seed"
-    if args.features:  # encoder-decoder pairs on audio features (spec.seq2seq): each file is one prompt
-        texts, prompt_set, ids = seq2seq.feature_prompts(args.features, UsageError)
-        eos = None if args.ignore_eos or pair.tokenizer is None else pair.tokenizer.eos_token_id
-        return {"texts": list(texts), "ids": ids, "set": prompt_set, "eos": eos}
-    ids = [encode(p, pair, i, args.chat) for i, p in enumerate(texts, 1)]
+    eos = None if ignore_eos or pair.tokenizer is None else pair.tokenizer.eos_token_id
+    if features:  # encoder-decoder pairs on audio features (spec.seq2seq): each file is one prompt
+        texts, prompt_set, ids = feature_prompts(features)
+        return Prompts(list(texts), ids, prompt_set, eos)
+    ids = [encode(p, pair, i, chat) for i, p in enumerate(texts, 1)]
     for i, row in enumerate(ids, 1):
         try:
-            validate.check_positions(len(row), args.max_new_tokens, {"target": pair.target, "draft": pair.draft})
+            validate.check_positions(len(row), max_new_tokens, {"target": pair.target, "draft": pair.draft})
         except ValueError as err:
             raise UsageError(f"prompt {i}: {err}") from None
-    eos = None if args.ignore_eos or pair.tokenizer is None else pair.tokenizer.eos_token_id
-    return {"texts": list(texts), "ids": ids, "set": prompt_set, "eos": eos}
+    return Prompts(list(texts), ids, prompt_set, eos)
 
 
 # --------------------------------------------------------------------------- costs and gamma
 
 
-def _spec(args, pair, ids, gamma, max_new_tokens, eos, trace=False):
-    return decode.speculative_generate(pair.target, pair.draft, ids, gamma=gamma, max_new_tokens=max_new_tokens,
-                                       eos_token_id=eos, trace=trace, draft_impl=args.draft_impl)
+def _spec(target, draft, ids, gamma, max_new_tokens, eos, draft_impl, trace=False):
+    return decode.speculative_generate(target, draft, ids, gamma=gamma, max_new_tokens=max_new_tokens,
+                                       eos_token_id=eos, trace=trace, draft_impl=draft_impl)
 
 
-def costs(args, pair, ps: dict, say) -> measure.Costs:
+def costs(pair: models.Pair, ps: Prompts, *, gamma, max_new_tokens: int, draft_impl: str = "auto",
+          say=lambda msg: None) -> measure.Costs:
     """Warm-up (allocator, kernels, lazy initialisation), then c from one-token steps."""
     say("warm-up")
-    first, eos, n = ps["ids"][0], ps["eos"], args.max_new_tokens
+    first, eos, n = ps.ids[0], ps.eos, max_new_tokens
     decode.greedy_generate(pair.target, first, max_new_tokens=min(8, n), eos_token_id=eos)
-    warm_gamma = args.gamma if isinstance(args.gamma, int) else defaults.CALIBRATION_GAMMA
-    _spec(args, pair, first, warm_gamma, min(16, n), eos)
+    warm_gamma = gamma if isinstance(gamma, int) else defaults.CALIBRATION_GAMMA
+    _spec(pair.target, pair.draft, first, warm_gamma, min(16, n), eos, draft_impl)
     say("measuring c (cached one-token steps of draft and target)")
-    return measure.cost_ratio(pair.target, pair.draft, first, draft_impl=args.draft_impl)
+    return measure.cost_ratio(pair.target, pair.draft, first, draft_impl=draft_impl)
 
 
-def choose_gamma(args, pair, ps: dict, cost: measure.Costs, say) -> tuple[int | str, dict | None]:
-    """(gamma to run, calibration record or None). --gamma calibrated: Theorem 3.8's optimum
+def choose_gamma(pair: models.Pair, ps: Prompts, cost: measure.Costs, *, gamma, max_new_tokens: int,
+                 draft_impl: str = "auto", say=lambda msg: None) -> tuple[int | str, Calibration | None]:
+    """(gamma to run, calibration record or None). gamma "calibrated": Theorem 3.8's optimum
     for alpha from a short run at CALIBRATION_GAMMA and the measured c and verify slope,
-    chosen once. --gamma auto: the API's online controller, re-chosen every round."""
-    if args.gamma != "calibrated":
-        return args.gamma, None
+    chosen once. "auto": the API's online controller, re-chosen every round. A number: itself."""
+    if gamma != "calibrated":
+        return gamma, None
     g0, n0, top = defaults.CALIBRATION_GAMMA, defaults.CALIBRATION_TOKENS, defaults.MAX_AUTO_GAMMA
     say(f"calibrating gamma: {n0} tokens at gamma={g0} on prompt 1")
-    cal = _spec(args, pair, ps["ids"][0], g0, min(n0, args.max_new_tokens), ps["eos"])
+    cal = _spec(pair.target, pair.draft, ps.ids[0], g0, min(n0, max_new_tokens), ps.eos, draft_impl)
     alpha = cal.alpha if cal.drafted else 0.0
     say("measuring the verify pass's cost per drafted token")
-    line = measure.verify_line(pair.target, ps["ids"][0], max_gamma=top)
-    gamma = theory.optimal_gamma(min(alpha, 0.999), cost.c, top, verify_slope=line.slope, verify_fixed=line.fixed)
-    gamma = parallel.from_rank_zero(pair.target, gamma)  # a split target's ranks timed apart: one gamma for all
-    return gamma, {"tokens": len(cal.tokens), "gamma": g0, "alpha": alpha, "c": cost.c, "verify_slope": line.slope,
-                   "verify_fixed": line.fixed, "chosen_gamma": gamma, "max_gamma": top}
+    line = measure.verify_line(pair.target, ps.ids[0], max_gamma=top)
+    chosen = theory.optimal_gamma(min(alpha, 0.999), cost.c, top, verify_slope=line.slope, verify_fixed=line.fixed)
+    chosen = parallel.from_rank_zero(pair.target, chosen)  # a split target's ranks timed apart: one gamma for all
+    return chosen, Calibration(tokens=len(cal.tokens), gamma=g0, alpha=alpha, c=cost.c, verify_slope=line.slope,
+                               verify_fixed=line.fixed, chosen_gamma=chosen, max_gamma=top)
 
 
 # --------------------------------------------------------------------------- timing
 
 
-def time_runs(args, pair, ps: dict, gamma, say) -> list[dict]:
-    """Per prompt: {"greedy": [(Result, s)...], "spec": [...], "peer": [...] or None}, one entry
-    per repeat. Greedy, speculative and the peer alternate prompt by prompt, and the repeats
+@dataclass
+class Timings:
+    """One prompt's timed runs, one (output, wall seconds) per repeat for each decoder."""
+    greedy: list = field(default_factory=list)     # (decode.Result, s)
+    spec: list = field(default_factory=list)       # (decode.Result, s), traced
+    peers: dict = field(default_factory=dict)      # peer name -> [(tokens, s)]
+
+
+PEER_LABELS = {"hf_assisted": "HF assisted"}   # how the progress lines name a peer
+
+
+def peer_gamma(gamma) -> int:
+    """The HF peer's gamma: the run's, or the calibration gamma under the online controller
+    (HF's own schedule is not ours)."""
+    return gamma if isinstance(gamma, int) else defaults.CALIBRATION_GAMMA
+
+
+def assisted_peer(pair: models.Pair, ps: Prompts, gamma, max_new_tokens: int, say=lambda msg: None) -> dict:
+    """{"hf_assisted": ids -> new tokens}: HF assisted generation at the run's gamma (the calibration
+    gamma under the online controller), warmed up on the first prompt."""
+    say("HF assisted generation: warm-up")
+    assistant, g = hf.assistant_for(pair.target, pair.draft), peer_gamma(gamma)
+
+    def run(ids, n=max_new_tokens):
+        return hf.hf_assisted(pair.target, assistant, torch.tensor(ids), g, n, ps.eos)
+
+    run(ps.ids[0], min(16, max_new_tokens))
+    return {"hf_assisted": run}
+
+
+def time_runs(target, draft, prompt_ids: list, *, gamma, max_new_tokens: int, eos, repeats: int, device: str,
+              draft_impl: str = "auto", peers: dict[str, Callable] | None = None,
+              say=lambda msg: None) -> list[Timings]:
+    """Per prompt, every repeat of greedy, speculative (traced) and each peer (name -> a function of
+    the prompt's ids that returns the new tokens). They alternate prompt by prompt, and the repeats
     go round all prompts again, so a shared machine's drift hits every method alike."""
-    assistant, peer_gamma = None, gamma if isinstance(gamma, int) else defaults.CALIBRATION_GAMMA
-    if args.peer == "hf":
-        say("HF assisted generation: warm-up")
-        assistant = hf.assistant_for(pair.target, pair.draft)
-        hf.hf_assisted(pair.target, assistant, torch.tensor(ps["ids"][0]), peer_gamma, min(16, args.max_new_tokens),
-                       ps["eos"])
-    runs = [{"greedy": [], "spec": [], "peer": [] if assistant is not None else None} for _ in ps["ids"]]
-    n, eos, device, total = args.max_new_tokens, ps["eos"], args.device, args.repeats * len(ps["ids"])
-    for rep in range(args.repeats):
-        for i, ids in enumerate(ps["ids"]):
+    peers = peers or {}
+    runs = [Timings(peers={name: [] for name in peers}) for _ in prompt_ids]
+    n, total = max_new_tokens, repeats * len(prompt_ids)
+    for rep in range(repeats):
+        for i, ids in enumerate(prompt_ids):
             run = runs[i]
-            run["greedy"].append(clock.timed(lambda: decode.greedy_generate(
-                pair.target, ids, max_new_tokens=n, eos_token_id=eos), device))
-            run["spec"].append(clock.timed(lambda: _spec(args, pair, ids, gamma, n, eos, trace=True), device))
-            if assistant is not None:
-                run["peer"].append(clock.timed(lambda: hf.hf_assisted(
-                    pair.target, assistant, torch.tensor(ids), peer_gamma, n, eos), device))
-            say(_progress_line(rep * len(ps["ids"]) + i + 1, total, i + 1, len(ps["ids"]), rep + 1, run))
+            run.greedy.append(clock.timed(lambda: decode.greedy_generate(
+                target, ids, max_new_tokens=n, eos_token_id=eos), device))
+            run.spec.append(clock.timed(lambda: _spec(target, draft, ids, gamma, n, eos, draft_impl, trace=True),
+                                        device))
+            for name, fn in peers.items():
+                run.peers[name].append(clock.timed(lambda: fn(ids), device))
+            say(_progress_line(rep * len(prompt_ids) + i + 1, total, i + 1, len(prompt_ids), rep + 1, run))
     return runs
 
 
-def _progress_line(done: int, total: int, prompt: int, prompts: int, rep: int, run: dict) -> str:
-    (g, g_s), (s, s_s) = run["greedy"][-1], run["spec"][-1]
+def _progress_line(done: int, total: int, prompt: int, prompts: int, rep: int, run: Timings) -> str:
+    (g, g_s), (s, s_s) = run.greedy[-1], run.spec[-1]
     line = (f"[{done}/{total}] repeat {rep}, greedy {prompt}/{prompts}: {len(g.tokens)} tokens in {g_s:.2f}s, "
             f"speculative {prompt}/{prompts}: {len(s.tokens)} tokens in {s_s:.2f}s, "
             f"{s.mean_tokens_per_round:.2f} tokens/round")
-    if run["peer"]:
-        toks, p_s = run["peer"][-1]
-        line += f", HF assisted {prompt}/{prompts}: {len(toks)} tokens in {p_s:.2f}s"
+    for name, samples in run.peers.items():
+        toks, p_s = samples[-1]
+        line += f", {PEER_LABELS.get(name, name)} {prompt}/{prompts}: {len(toks)} tokens in {p_s:.2f}s"
     return line
 
 
 # --------------------------------------------------------------------------- compare
 
 
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def diagnose_outputs(target, prompt_ids, expected, actual) -> dict:
+def diagnose_outputs(target, prompt_ids, expected, actual) -> Difference:
     """spec.diagnose's verdict on where and why two outputs differ; a position-only record
     (verdict "unknown") when it finds none."""
     from spec.diagnose import diagnose
@@ -311,202 +382,160 @@ def diagnose_outputs(target, prompt_ids, expected, actual) -> dict:
     position = first_difference(expected, actual)
     div = diagnose(target, prompt_ids, expected, actual)
     if div is None:
-        return {"position": position,
-                "expected": expected[position] if position is not None and position < len(expected) else None,
-                "actual": actual[position] if position is not None and position < len(actual) else None,
-                "verdict": "unknown",
-                "message": f"outputs differ at new token {position}; spec.diagnose found no divergence"}
-    record = {k: getattr(div, k, None) for k in
-              ("position", "expected", "actual", "gap_step", "gap_block", "noise", "dtype", "verdict")}
-    record["message"] = str(div)
-    return record
+        return Difference(position=position,
+                          expected=expected[position] if position is not None and position < len(expected) else None,
+                          actual=actual[position] if position is not None and position < len(actual) else None,
+                          verdict="unknown",
+                          message=f"outputs differ at new token {position}; spec.diagnose found no divergence")
+    return Difference(position=div.position, expected=div.expected, actual=div.actual, verdict=div.verdict,
+                      message=str(div), gap_step=div.gap_step, gap_block=div.gap_block, noise=div.noise,
+                      dtype=div.dtype)
 
 
-def _nan_to_none(x):
-    return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
-
-
-def _trace_dicts(result) -> list[dict]:
-    return [dict(drafted=r.drafted, accepted=r.accepted, emitted=r.emitted, draft_s=r.draft_s,
-                 verify_s=r.verify_s, target_cache=r.target_cache, draft_cache=r.draft_cache)
-            for r in (result.trace or [])]
-
-
-def _median_s(samples) -> float:
-    return statistics.median(s for _, s in samples)
-
-
-def record(index: int, prompt: str, ids: list[int], run: dict, pair: models.Pair, say) -> dict:
-    """One prompt's row: median times over the repeats, the speculative run's acceptance and
-    trace (from a repeat that differs from greedy, if any, else the first: "trace_repeat"),
-    exactness and its diagnosis."""
-    target, tokenizer = pair.target, pair.tokenizer
-    g = run["greedy"][0][0]
-    kept = next((k for k, (r, _) in enumerate(run["spec"]) if r.tokens != g.tokens), 0)
-    s = run["spec"][kept][0]
-    g_s, s_s = _median_s(run["greedy"]), _median_s(run["spec"])
-    identical, divergence = g.tokens == s.tokens, None
-    if not identical:
+def record(index: int, prompt: str | None, ids, run: Timings, target, tokenizer=None, *,
+           peer_settings: dict | None = None, say=lambda msg: None) -> PromptRecord:
+    """One prompt's record: the speculative run's acceptance and trace are those of a repeat
+    that differs from greedy, if any, else the first ("trace_repeat"); a difference is diagnosed.
+    peer_settings: a peer's setting by name, kept with its runs."""
+    g = run.greedy[0][0]
+    kept = next((k for k, (r, _) in enumerate(run.spec) if r.tokens != g.tokens), 0)
+    s = run.spec[kept][0]
+    divergence = None
+    if s.tokens != g.tokens:
         say(f"prompt {index}: speculative output differs from greedy, diagnosing")
         divergence = diagnose_outputs(target, ids, g.tokens, s.tokens)
-    return {
-        "index": index, "prompt": prompt, "prompt_tokens": len(ids),
-        "new_tokens": len(s.tokens), "greedy_new_tokens": len(g.tokens),
-        "greedy_s": g_s, "spec_s": s_s,
-        "greedy_tok_s": len(g.tokens) / g_s, "spec_tok_s": len(s.tokens) / s_s,
-        "speedup": g_s / s_s,
-        "greedy_s_repeats": [t for _, t in run["greedy"]], "spec_s_repeats": [t for _, t in run["spec"]],
-        "accept_rate": _nan_to_none(s.accept_rate), "alpha": _nan_to_none(s.alpha),
-        "tokens_per_round": s.mean_tokens_per_round, "rounds": len(s.rounds),
-        "drafted": s.drafted, "accepted": s.accepted,
-        "ids_identical": identical, "divergence": divergence,
-        "stop_reason": s.stop_reason, "greedy_stop_reason": g.stop_reason,
-        "greedy_tokens": g.tokens, "spec_tokens": s.tokens,
-        "text": tokenizer.decode(s.tokens) if tokenizer is not None else None,
-        "drafted_per_round": s.drafted_per_round, "accepted_per_round": s.accepted_per_round,
-        "tokens_per_round_list": s.tokens_per_round,
-        "trace": _trace_dicts(s), "trace_repeat": kept,
-        "peer": _peer_record(run["peer"], g.tokens, g_s, s_s) if run["peer"] else None,
-    }
+    peers = [Peer(name, samples[0][0], [t for _, t in samples], all(t == g.tokens for t, _ in samples),
+                  (peer_settings or {}).get(name)) for name, samples in run.peers.items()]
+    return PromptRecord(index=index, prompt=prompt, prompt_tokens=len(ids), greedy=g, spec=s,
+                        greedy_times=[t for _, t in run.greedy], spec_times=[t for _, t in run.spec],
+                        trace_repeat=kept, divergence=divergence,
+                        text=tokenizer.decode(s.tokens) if tokenizer is not None else None, peers=peers)
 
 
-def _peer_record(samples, greedy_tokens, g_s: float, s_s: float) -> dict:
-    toks, p_s = samples[0][0], _median_s(samples)
-    return {"name": "hf_assisted", "hf_s": p_s, "hf_tok_s": len(toks) / p_s, "hf_speedup": g_s / p_s,
-            "ours_vs_hf": p_s / s_s, "ids_identical": all(t == greedy_tokens for t, _ in samples),
-            "new_tokens": len(toks), "tokens": toks, "hf_s_repeats": [t for _, t in samples]}
-
-
-def compare(pair, ps: dict, runs: list[dict], say) -> list[dict]:
+def compare(pair: models.Pair, ps: Prompts, runs: list[Timings], say=lambda msg: None) -> list[PromptRecord]:
     """The per-prompt records, in prompt order."""
-    out = []
-    for i, (text, ids, run) in enumerate(zip(ps["texts"], ps["ids"], runs), 1):
-        out.append(record(i, text, ids, run, pair, say))
-    return out
+    return [record(i, text, ids, run, pair.target, pair.tokenizer, say=say)
+            for i, (text, ids, run) in enumerate(zip(ps.texts, ps.ids, runs), 1)]
 
 
 # --------------------------------------------------------------------------- summary
 
 
-def theory_gamma(gamma, records: list[dict]) -> int:
+def pooled(records: list[PromptRecord]) -> tuple[float | None, float | None, float]:
+    """(alpha, accepted/drafted, tokens per round) over every round of every prompt's
+    speculative run; alpha and the rate are None when nothing was drafted."""
+    acc = [k for r in records for k in r.spec.accepted_per_round]
+    dra = [g for r in records for g in r.spec.drafted_per_round]
+    alpha = theory.alpha_from_accepted(acc, dra) if sum(dra) else None
+    rate = sum(acc) / sum(dra) if sum(dra) else None
+    return alpha, rate, sum(len(r.spec.tokens) for r in records) / sum(len(r.spec.rounds) for r in records)
+
+
+def theory_gamma(gamma, records: list[PromptRecord]) -> int:
     """The gamma the theory is evaluated at: the fixed one, or for the online controller
     the draft length it chose most often (the last, clipped round of each prompt left out)."""
     if isinstance(gamma, int):
         return gamma
-    counts = Counter(g for r in records for g in r["drafted_per_round"][:-1] if g > 0)
+    counts = Counter(g for r in records for g in r.spec.drafted_per_round[:-1] if g > 0)
     return counts.most_common(1)[0][0] if counts else defaults.CALIBRATION_GAMMA
 
 
-def in_run(records: list[dict], alpha: float | None, gamma: int, measured: float) -> dict | None:
+def in_run(records: list[PromptRecord], alpha: float | None, gamma: int, measured: float) -> InRun | None:
     """c and the verify pass's cost from the timed runs themselves, not from separate step
     timings: this box's speed drifts by tens of percent within seconds, and these figures
     come from the same interleaved runs as the speedup. The target step is greedy's time
     per token; the draft's cost is its phase time per drafted token (catch-up included);
     the verify cost is the mean verify phase of full-gamma rounds (the prefill round left out)."""
-    trace = [t for r in records for t in r["trace"][1:]]
-    full = [t["verify_s"] for t in trace if t["drafted"] == gamma]
-    drafted = sum(t["drafted"] for t in trace)
+    trace = [t for r in records for t in (r.spec.trace or [])[1:]]
+    full = [t.verify_s for t in trace if t.drafted == gamma]
+    drafted = sum(t.drafted for t in trace)
     if alpha is None or not full or not drafted:
         return None
-    step = sum(r["greedy_s"] for r in records) / sum(r["greedy_new_tokens"] for r in records)
-    c = sum(t["draft_s"] for t in trace) / drafted / step
+    step = sum(r.greedy_s for r in records) / sum(len(r.greedy.tokens) for r in records)
+    c = sum(t.draft_s for t in trace) / drafted / step
     verify = statistics.fmean(full) / step
     predicted = theory.expected_speedup(alpha, gamma, c)
     costed = theory.expected_tokens_per_round(alpha, gamma) / (gamma * c + verify)
-    wall = sum(r["spec_s_repeats"][r["trace_repeat"]] for r in records)  # the repeat the traces come from
-    phases = sum(t["draft_s"] + t["verify_s"] for r in records for t in r["trace"])
-    return {"target_step_s": step, "c": c, "verify_over_step": verify,
-            "predicted_speedup": predicted, "measured_over_predicted": measured / predicted,
-            "predicted_speedup_verify_costed": costed, "measured_over_verify_costed": measured / costed,
-            "share_in_model_phases": phases / wall}
+    wall = sum(r.spec_times[r.trace_repeat] for r in records)  # the repeat the traces come from
+    phases = sum(t.draft_s + t.verify_s for r in records for t in (r.spec.trace or []))
+    return InRun(target_step_s=step, c=c, verify_over_step=verify, predicted_speedup=predicted,
+                 measured_over_predicted=measured / predicted, predicted_speedup_verify_costed=costed,
+                 measured_over_verify_costed=measured / costed, share_in_model_phases=phases / wall)
 
 
-def repeat_speedups(records: list[dict]) -> list[float]:
+def repeat_speedups(records: list[PromptRecord]) -> list[float]:
     """Total greedy time / total speculative time, one figure per repeat."""
-    repeats = len(records[0]["greedy_s_repeats"])
-    return [sum(r["greedy_s_repeats"][k] for r in records) / sum(r["spec_s_repeats"][k] for r in records)
-            for k in range(repeats)]
+    return [sum(r.greedy_times[k] for r in records) / sum(r.spec_times[k] for r in records)
+            for k in range(len(records[0].greedy_times))]
 
 
-def _theory(alpha, gamma: int, c: float) -> dict:
+def _theory(alpha, gamma: int, c: float) -> Theory:
     """Theorem 3.8 at the run's gamma and at its own optimum; whether any gamma can win."""
     if alpha is None:
-        return {"predicted_tokens_per_round": None, "predicted_speedup": None, "optimal_gamma": None,
-                "optimal_predicted_speedup": None, "draft_cannot_win": None}
+        return Theory()
     best = theory.optimal_gamma(alpha, c)
     best_speedup = theory.expected_speedup(alpha, best, c)
-    return {"predicted_tokens_per_round": theory.expected_tokens_per_round(alpha, gamma),
-            "predicted_speedup": theory.expected_speedup(alpha, gamma, c), "optimal_gamma": best,
-            "optimal_predicted_speedup": best_speedup, "draft_cannot_win": best_speedup <= 1.0}
+    return Theory(predicted_tokens_per_round=theory.expected_tokens_per_round(alpha, gamma),
+                  predicted_speedup=theory.expected_speedup(alpha, gamma, c), optimal_gamma=best,
+                  optimal_predicted_speedup=best_speedup, draft_cannot_win=best_speedup <= 1.0)
 
 
-def summarize(args, records: list[dict], gamma, calibration: dict | None, cost: measure.Costs) -> dict:
-    acc = [k for r in records for k in r["accepted_per_round"]]
-    dra = [g for r in records for g in r["drafted_per_round"]]
-    alpha = theory.alpha_from_accepted(acc, dra) if sum(dra) else None
+def _peer_summary(records: list[PromptRecord], peer_gamma: int) -> PeerSummary:
+    """Speed ratios only over prompts where the peer produced greedy's tokens: other output is other work."""
+    same = [r for r in records if r.peer.identical]
+    hf_total = sum(r.peer.s for r in same)
+    return PeerSummary(hf_compared_prompts=len(same),
+                       hf_speedup=sum(r.greedy_s for r in same) / hf_total if same else None,
+                       ours_vs_hf=hf_total / sum(r.spec_s for r in same) if same else None, peer_gamma=peer_gamma)
+
+
+def summarize(records: list[PromptRecord], gamma, calibration: Calibration | None, cost: measure.Costs, *,
+              gamma_option, draft_impl: str = "auto", peer_gamma: int | None = None) -> Summary:
+    """The pooled figures; peer_gamma: the HF peer's gamma, None when no peer ran."""
+    alpha, rate, per_round = pooled(records)
     g_th = theory_gamma(gamma, records)
-    total_g, total_s = sum(r["greedy_s"] for r in records), sum(r["spec_s"] for r in records)
-    per_repeat = repeat_speedups(records)
-    summary = {
-        "gamma": gamma, "gamma_option": args.gamma, "theory_gamma": g_th, "calibration": calibration,
-        "c": cost.c, "draft_step_s": cost.draft_step_s, "target_step_s": cost.target_step_s, "alpha": alpha,
-        "accept_rate": sum(acc) / sum(dra) if sum(dra) else None,
-        "tokens_per_round": sum(r["new_tokens"] for r in records) / sum(r["rounds"] for r in records),
-        **_theory(alpha, g_th, cost.c),
-        "measured_speedup": total_g / total_s,
-        "mean_speedup": statistics.fmean(r["speedup"] for r in records),
-        "speedup_min": min(r["speedup"] for r in records), "speedup_max": max(r["speedup"] for r in records),
-        "repeats": args.repeats, "repeat_speedups": per_repeat,
-        "repeat_spread": max(per_repeat) - min(per_repeat),
-        "greedy_s": total_g, "spec_s": total_s,
-        "in_run": in_run(records, alpha, g_th, total_g / total_s),
-        "draft_impl": args.draft_impl, "threads": torch.get_num_threads(),
-        "all_identical": all(r["ids_identical"] for r in records),
-        "ties": sum(1 for r in records if not r["ids_identical"] and r["divergence"]["verdict"] == "tie"),
-    }
-    summary["failures"] = sum(1 for r in records if not r["ids_identical"]) - summary["ties"]
-    if args.peer == "hf":
-        # Speed ratios only over prompts where HF produced greedy's tokens: other output is other work.
-        same = [r for r in records if r["peer"]["ids_identical"]]
-        hf_total = sum(r["peer"]["hf_s"] for r in same)
-        summary["hf_compared_prompts"] = len(same)
-        summary["hf_speedup"] = sum(r["greedy_s"] for r in same) / hf_total if same else None
-        summary["ours_vs_hf"] = hf_total / sum(r["spec_s"] for r in same) if same else None
-        summary["peer_gamma"] = gamma if isinstance(gamma, int) else defaults.CALIBRATION_GAMMA
-    summary["exit_status"] = 1 if summary["failures"] else 0
-    return summary
+    total_g, total_s = sum(r.greedy_s for r in records), sum(r.spec_s for r in records)
+    ties = sum(1 for r in records if r.is_tie)
+    return Summary(
+        gamma=gamma, gamma_option=gamma_option, theory_gamma=g_th, calibration=calibration, c=cost.c,
+        draft_step_s=cost.draft_step_s, target_step_s=cost.target_step_s, alpha=alpha, accept_rate=rate,
+        tokens_per_round=per_round, theory=_theory(alpha, g_th, cost.c), speedups=[r.speedup for r in records],
+        repeat_speedups=repeat_speedups(records), greedy_s=total_g, spec_s=total_s,
+        in_run=in_run(records, alpha, g_th, total_g / total_s), draft_impl=draft_impl,
+        threads=torch.get_num_threads(), all_identical=all(r.identical for r in records), ties=ties,
+        failures=sum(1 for r in records if not r.identical) - ties,
+        peer=_peer_summary(records, peer_gamma) if peer_gamma is not None else None)
 
 
-def consistency_warnings(summary: dict) -> list[str]:
+def consistency_warnings(summary: Summary) -> list[str]:
     """The run's own figures checked against each other; each disagreement is one line."""
     out = []
-    r = summary.get("in_run")
-    if r is not None and summary["c"] > 0 and r["c"] > 0:
-        ratio = max(summary["c"], r["c"]) / min(summary["c"], r["c"])
+    s, r = summary, summary.in_run
+    if r is not None and s.c > 0 and r.c > 0:
+        ratio = max(s.c, r.c) / min(s.c, r.c)
         if ratio > defaults.C_DISAGREEMENT:
-            out.append(f"the two estimates of c disagree {ratio:.1f}-fold ({summary['c']:.3f} from one-token "
-                       f"steps, {r['c']:.3f} from the timed runs): the draft costs more inside the decode loop "
+            out.append(f"the two estimates of c disagree {ratio:.1f}-fold ({s.c:.3f} from one-token "
+                       f"steps, {r.c:.3f} from the timed runs): the draft costs more inside the decode loop "
                        "than in a bare step, or the machine's load changed; Theorem 3.8 from either c is uncertain")
-    effect = abs(summary["measured_speedup"] - 1.0)
-    if summary["repeats"] > 1 and summary["repeat_spread"] > effect:
-        lo, hi = min(summary["repeat_speedups"]), max(summary["repeat_speedups"])
+    effect = abs(s.measured_speedup - 1.0)
+    if s.repeats > 1 and s.repeat_spread > effect:
+        lo, hi = min(s.repeat_speedups), max(s.repeat_speedups)
         out.append(f"the speedup varied from {lo:.2f}x to {hi:.2f}x between repeats, more than its distance "
-                   f"from 1x ({summary['measured_speedup']:.2f}x): the timings are noise")
+                   f"from 1x ({s.measured_speedup:.2f}x): the timings are noise")
     if r is not None:
-        off = r["measured_over_verify_costed"] - 1.0
+        off = r.measured_over_verify_costed - 1.0
         if abs(off) > defaults.PREDICTION_MISMATCH:
-            out.append(f"measured speedup {summary['measured_speedup']:.2f}x is {abs(off):.0%} "
+            out.append(f"measured speedup {s.measured_speedup:.2f}x is {abs(off):.0%} "
                        f"{'above' if off > 0 else 'below'} the verify-costed prediction "
-                       f"{r['predicted_speedup_verify_costed']:.2f}x: time went somewhere the model does not price")
+                       f"{r.predicted_speedup_verify_costed:.2f}x: time went somewhere the model does not price")
     return out
 
 
-def results(args, pair_info: dict, ps: dict, records: list[dict], summary: dict, machine: dict) -> dict:
-    """Everything results.json holds."""
+def results(options: dict, pair_info: PairInfo, ps: Prompts, records: list[PromptRecord], summary: Summary,
+            machine: dict) -> Results:
+    """Everything results.json holds; options: the command line's, as parsed."""
     from spec import __version__
 
-    options = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    return {"spec_version": __version__, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "options": options, "pair": pair_info, "machine": machine,
-            "prompt_set": ps["set"], "eos_token_id": ps["eos"], "prompts": records, "summary": summary,
-            "warnings": consistency_warnings(summary)}
+    return Results(spec_version=__version__, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), options=options,
+                   pair=pair_info, machine=machine, prompts=ps, records=records, summary=summary,
+                   warnings=consistency_warnings(summary))

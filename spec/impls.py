@@ -31,7 +31,6 @@ decoding, no draft model), and any callable named `module:function` or `path/to/
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.util
 import inspect
@@ -40,7 +39,6 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from transformers import GenerationConfig
 
 from spec import hf
 from spec.decode import speculative_generate
@@ -120,62 +118,6 @@ def _assistant(target, draft):
     return _assistants[key][2]
 
 
-@contextlib.contextmanager
-def _seeded_global_rng(generator, device):
-    """HF generate() takes no generator and samples from torch's global RNG: seed that from
-    `generator` for the call, and put the global state back afterwards."""
-    devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        if generator is not None:
-            torch.manual_seed(int(torch.randint(0, 2 ** 62, (1,), generator=generator)))
-        yield
-
-
-@torch.inference_mode()
-def hf_generate(target, input_ids, *, max_new_tokens, eos_token_id=None, do_sample=False, temperature=1.0,
-                top_k=None, top_p=None, repetition_penalty=None, no_repeat_ngram_size=None, min_p=None,
-                min_new_tokens=None, sequence_bias=None, bad_words_ids=None, generator=None,
-                assistant=None, gamma=None, prompt_lookup_num_tokens=None, top_k_as_given=False,
-                **generation_options) -> list[int]:
-    """New tokens of target.generate(): assisted by `assistant` (gamma tokens a round) or by
-    prompt lookup, with every option set explicitly (see hf.as_only_config) and an all-ones
-    attention mask (without one, HF masks every prompt position equal to pad_token_id).
-    generation_options: further GenerationConfig fields, set as given. top_k_as_given: pass top_k=None
-    on as None, which HF fills with its default of 50 (the harness mistake; for the kit's own tests)."""
-    eos = list(eos_token_id) if isinstance(eos_token_id, (list, tuple)) else eos_token_id
-    cfg = GenerationConfig(max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens or 0, num_beams=1,
-                           do_sample=do_sample,
-                           eos_token_id=eos, pad_token_id=(eos[0] if isinstance(eos, list) else eos) or 0,
-                           repetition_penalty=repetition_penalty or 1.0,
-                           no_repeat_ngram_size=no_repeat_ngram_size or 0)
-    if do_sample:
-        cfg.temperature, cfg.top_p = float(temperature), 1.0 if top_p is None else top_p
-        cfg.top_k = top_k if top_k_as_given else top_k or 0   # 0: no top-k (None would become 50)
-        cfg.min_p = min_p
-    if sequence_bias is not None:   # HF's list form [[ids], bias] (its dict form wants float biases)
-        cfg.sequence_bias = [[list(ids), float(bias)] for ids, bias in dict(sequence_bias).items()]
-    if bad_words_ids is not None:
-        cfg.bad_words_ids = [list(ids) for ids in bad_words_ids]
-    for key, value in generation_options.items():
-        setattr(cfg, key, value)
-    if prompt_lookup_num_tokens is not None:
-        cfg.prompt_lookup_num_tokens = prompt_lookup_num_tokens
-    ids = torch.tensor([list(input_ids)], dtype=torch.long, device=target.device)
-    kwargs = {}
-    stack = contextlib.ExitStack()
-    with stack:
-        stack.enter_context(hf.as_only_config(cfg, target))
-        if assistant is not None:
-            # gamma and the confidence threshold are read from the assistant's own config only
-            stack.enter_context(hf.as_only_config(GenerationConfig(
-                num_assistant_tokens=gamma, num_assistant_tokens_schedule="constant",
-                assistant_confidence_threshold=0.0, eos_token_id=eos, pad_token_id=cfg.pad_token_id), assistant))
-            kwargs["assistant_model"] = assistant
-        stack.enter_context(_seeded_global_rng(generator, target.device))
-        out = target.generate(ids, attention_mask=torch.ones_like(ids), generation_config=cfg, **kwargs)
-    return out[0, ids.shape[1]:].tolist()
-
-
 def _hf_options(options: dict) -> dict:
     """The kit's optional keywords (OPTION_KWARGS), refused by name if any other comes."""
     unknown = sorted(set(options) - set(OPTION_KWARGS))
@@ -191,7 +133,7 @@ def hf_assisted_generate(target, draft, input_ids, *, gamma, max_new_tokens, eos
     the only place HF reads them)."""
     if draft is None:
         raise NotImplementedError("hf-assisted needs a draft model")
-    return hf_generate(target, input_ids, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
+    return hf.hf_generate(target, input_ids, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
                        do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator,
                        assistant=_assistant(target, draft), gamma=gamma, **_hf_options(options))
 
@@ -200,7 +142,7 @@ def hf_prompt_lookup_generate(target, draft, input_ids, *, gamma, max_new_tokens
                               do_sample=False, temperature=1.0, top_k=None, top_p=None, generator=None,
                               **options) -> list[int]:
     """HF prompt lookup decoding: gamma = prompt_lookup_num_tokens (n-grams of up to 2 matched)."""
-    return hf_generate(target, input_ids, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
+    return hf.hf_generate(target, input_ids, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
                        do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator,
                        prompt_lookup_num_tokens=gamma, **_hf_options(options))
 

@@ -101,7 +101,7 @@ def _gguf(name_or_path: str) -> tuple[str, str] | None:
     return str(path.parent), path.name
 
 
-def _looks_local(name_or_path: str) -> bool:
+def looks_local(name_or_path: str) -> bool:
     """A path rather than a hub id ("org/name"): what a missing one should be called."""
     text = str(name_or_path)
     return (text.startswith(("/", ".", "~")) or text.lower().endswith(".gguf") or text.count("/") > 1
@@ -132,7 +132,7 @@ def _check_tp(role: str, name_or_path: str, tp_size: int, config) -> None:
 
 def _load(name_or_path: str, role: str, dtype: torch.dtype, device: str, tp_size: int | None = None):
     local = Path(name_or_path).expanduser()
-    if not local.exists() and _looks_local(name_or_path):
+    if not local.exists() and looks_local(name_or_path):
         raise FileNotFoundError(f"{role}: no weights for {name_or_path!r} on this machine: no such "
                                 f"{'GGUF file' if _gguf(name_or_path) else 'file or folder'} ({str(local)!r} "
                                 f"does not exist)")

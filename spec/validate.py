@@ -48,31 +48,37 @@ def check_pair(target, draft) -> None:
                          f"than embedding padding ({MAX_PADDING_GAP})")
 
 
-def as_prompt(input_ids, device: torch.device, models: dict) -> torch.Tensor:
-    """A 1-D LongTensor on `device` from a list of ints, a 1-D tensor or a (1, n) tensor."""
+def as_prompt(input_ids, device: torch.device, models: dict, arg: str = "input_ids") -> torch.Tensor:
+    """A 1-D LongTensor on `device` from a list of ints, a 1-D tensor or a (1, n) tensor, every id
+    one each of `models` can embed; errors name `arg` (input_ids, decoder_input_ids, ...)."""
     if isinstance(input_ids, torch.Tensor):
         if input_ids.dtype in (torch.bool,) or input_ids.dtype.is_floating_point or input_ids.is_complex():
-            raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
+            raise TypeError(f"{arg} must hold integer token ids, got dtype {input_ids.dtype}")
         if input_ids.dim() == 2 and input_ids.shape[0] != 1:
-            raise ValueError(f"input_ids must be 1-D or (1, n): batch size {input_ids.shape[0]} is not supported")
+            raise ValueError(f"{arg} must be 1-D or (1, n): batch size {input_ids.shape[0]} is not supported")
         if input_ids.dim() not in (1, 2):
-            raise ValueError(f"input_ids must be 1-D or (1, n), got shape {tuple(input_ids.shape)}")
+            raise ValueError(f"{arg} must be 1-D or (1, n), got shape {tuple(input_ids.shape)}")
         ids = input_ids.reshape(-1).to(device=device, dtype=torch.long)
     elif isinstance(input_ids, (list, tuple)):
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in input_ids):
-            raise TypeError("input_ids as a list must hold ints only")
+            raise TypeError(f"{arg} as a list must hold ints only")
         ids = torch.tensor(list(input_ids), dtype=torch.long, device=device)
     else:
-        raise TypeError(f"input_ids must be a LongTensor or a list of ints, got {type(input_ids).__name__}")
+        raise TypeError(f"{arg} must be a LongTensor or a list of ints, got {type(input_ids).__name__}")
     if ids.numel() == 0:
-        raise ValueError("input_ids is empty: the prompt needs at least one token")
+        raise ValueError(f"{arg} is empty: the prompt needs at least one token")
+    check_ids_fit(ids, arg, models)
+    return ids
+
+
+def check_ids_fit(ids: torch.Tensor, arg: str, models: dict) -> None:
+    """Every id in `ids` is a row of each model's input embedding."""
     lo, hi = int(ids.min()), int(ids.max())
     for name, model in models.items():
         rows = hf.vocab_rows(model)
         if lo < 0 or hi >= rows:
             bad = lo if lo < 0 else hi
-            raise ValueError(f"input_ids holds token id {bad}, outside the {name}'s vocabulary [0, {rows})")
-    return ids
+            raise ValueError(f"{arg} holds token id {bad}, outside the {name}'s vocabulary [0, {rows})")
 
 
 def stop_ids(eos_token_id, models: dict) -> frozenset[int]:

@@ -54,10 +54,10 @@ sys.path.insert(0, str(HERE / "correctness"))
 import torch  # noqa: E402
 
 import architectures as archs  # noqa: E402
-from oracles import (cache_free_greedy, model_cached_greedy, model_own_cached_greedy,  # noqa: E402
-                     plain_greedy_generation_config)
+from oracles import cache_free_greedy, model_cached_greedy, model_own_cached_greedy  # noqa: E402
 
 import spec  # noqa: E402
+from spec import hf as spec_hf  # noqa: E402
 from spec.models import perturbed_copy  # noqa: E402
 
 MAX_NEW = 24
@@ -169,22 +169,9 @@ def build_family(name: str):
 
 
 def hf_assisted(target, draft, prompt, gamma) -> list[int]:
-    """HF assisted generation, plain greedy: both models' own generation configs swapped for a
-    bare one while it runs (see oracles.plain_greedy_generation_config)."""
-    ids = torch.tensor([prompt])
-    saved = target.generation_config, draft.generation_config
-    target.generation_config = plain_greedy_generation_config(MAX_NEW)
-    draft.generation_config = plain_greedy_generation_config(MAX_NEW)
-    gc = draft.generation_config
-    gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = gamma, "constant"
-    gc.assistant_confidence_threshold = 0.0  # every round drafts gamma
-    try:
-        with torch.inference_mode():
-            out = target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=draft,
-                                  generation_config=plain_greedy_generation_config(MAX_NEW))
-    finally:
-        target.generation_config, draft.generation_config = saved
-    return out[0, ids.shape[1]:].tolist()
+    """HF assisted generation, plain greedy, through spec's one HF peer (spec.hf.hf_generate: both
+    models' own generation configs swapped for bare ones while it runs, every round drafting gamma)."""
+    return spec_hf.hf_assisted(target, draft, torch.tensor(prompt), gamma, MAX_NEW)
 
 
 def sweep_family(name: str) -> dict:

@@ -3,6 +3,7 @@ through the real loading code, plus the error paths (exit 2) and the exactness v
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -17,8 +18,11 @@ import torch
 import spec.__main__ as cli
 import spec.choose
 import spec.decode
+import spec.models
 from spec import defaults, experiment, report, theory
 from spec.models import build_gpt_neox, truncated_copy
+from spec.prompts import CODE_PROMPTS, SEED_PROMPTS
+from spec.records import Difference, InRun, PairInfo, Prompts, Results, Summary, Theory
 from spec.report import TABLE_COLUMNS
 
 N = 12  # new tokens per prompt: enough for several multi-token rounds, cheap on a shared CPU
@@ -68,7 +72,7 @@ def test_end_to_end(pair_dirs, tmp_path, capsys):
     assert "Theorem 3.8" in stdout and "optimal gamma" in stdout
 
     res = _results(out)
-    assert [r["prompt"] for r in res["prompts"]] == cli.SEED_PROMPTS  # real checkpoints: the seed's prompts
+    assert [r["prompt"] for r in res["prompts"]] == SEED_PROMPTS  # real checkpoints: the seed's prompts
     assert res["pair"]["source"] == "paths" and res["eos_token_id"] is None
     assert res["options"]["max_new_tokens"] == N and res["options"]["gamma"] == 3
     assert res["machine"]["torch_threads"] == 1
@@ -99,12 +103,10 @@ def test_end_to_end(pair_dirs, tmp_path, capsys):
     assert math.isclose(s["measured_speedup"], sum(r["greedy_s"] for r in res["prompts"])
                         / sum(r["spec_s"] for r in res["prompts"]))
     png = out / "results.png"
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        assert not png.exists() and "matplotlib" in stdout
-    else:
+    if report.can_plot():
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    else:
+        assert not png.exists() and "matplotlib" in stdout
 
 
 def test_calibrated_gamma_peer_prompt_file_and_progress(pair_dirs, tmp_path, capsys):
@@ -158,7 +160,7 @@ def test_default_pair(tmp_path, capsys):
     assert rc == 0, stderr
     res = _results(out)
     assert res["pair"]["source"] in ("shipped", "random")
-    assert [r["prompt"] for r in res["prompts"]] == cli.CODE_PROMPTS
+    assert [r["prompt"] for r in res["prompts"]] == CODE_PROMPTS
     if res["pair"]["source"] == "random":
         assert "random tiny pair" in stdout
     for r in res["prompts"]:
@@ -262,9 +264,9 @@ def test_divergence_exits_1_naming_prompt_and_position(pair_dirs, monkeypatch, t
 
 def test_proven_tie_is_reported_and_exits_0(pair_dirs, monkeypatch, tmp_path, capsys):
     _corrupt_second_prompt(monkeypatch, 5)
-    monkeypatch.setattr(experiment, "diagnose_outputs", lambda target, prompt, expected, actual: {
-        "position": 5, "expected": expected[5], "actual": actual[5], "gap_step": 1e-7, "gap_block": -1e-7,
-        "noise": 1e-6, "verdict": "tie", "message": "top-2 gap within fp32 noise"})
+    monkeypatch.setattr(experiment, "diagnose_outputs", lambda target, prompt, expected, actual: Difference(
+        position=5, expected=expected[5], actual=actual[5], gap_step=1e-7, gap_block=-1e-7,
+        noise=1e-6, dtype="float32", verdict="tie", message="top-2 gap within fp32 noise"))
     out = tmp_path / "out"
     rc = cli.main(["--target", pair_dirs[0], "--draft", pair_dirs[1], "--max-new-tokens", "8", "--quiet",
                    "--no-plots", "--prompts", _prompts(tmp_path, "first prompt", "second prompt"), "--out", str(out)])
@@ -331,16 +333,18 @@ def test_draft_impls_match_the_decoder():
 
 
 def _summary(**over):
-    s = {"gamma": 5, "gamma_option": 5, "theory_gamma": 5, "c": 0.05, "draft_step_s": 1e-3, "target_step_s": 2e-2,
-         "alpha": 0.8, "accept_rate": 0.6, "tokens_per_round": 3.0, "predicted_speedup": 2.5, "measured_speedup": 2.0,
-         "speedup_min": 1.8, "speedup_max": 2.2, "repeats": 3, "repeat_speedups": [1.9, 2.0, 2.1],
-         "optimal_gamma": 7, "optimal_predicted_speedup": 2.7, "draft_cannot_win": False,
-         "in_run": {"c": 0.06, "verify_over_step": 1.2, "predicted_speedup": 2.4, "measured_over_predicted": 0.83,
-                    "predicted_speedup_verify_costed": 2.1, "measured_over_verify_costed": 2.0 / 2.1,
-                    "share_in_model_phases": 0.99}}
-    s.update(over)
-    s["repeat_spread"] = max(s["repeat_speedups"]) - min(s["repeat_speedups"])
-    return s
+    """A run's summary by hand: measured 2.0x (2 s greedy over 1 s speculative), three repeats."""
+    in_run = InRun(target_step_s=0.02, c=0.06, verify_over_step=1.2, predicted_speedup=2.4,
+                   measured_over_predicted=0.83, predicted_speedup_verify_costed=2.1,
+                   measured_over_verify_costed=2.0 / 2.1, share_in_model_phases=0.99)
+    fields = dict(gamma=5, gamma_option=5, theory_gamma=5, calibration=None, c=0.05, draft_step_s=1e-3,
+                  target_step_s=2e-2, alpha=0.8, accept_rate=0.6, tokens_per_round=3.0,
+                  theory=Theory(predicted_speedup=2.5, optimal_gamma=7, optimal_predicted_speedup=2.7,
+                                draft_cannot_win=False),
+                  speedups=[1.8, 2.2], repeat_speedups=[1.9, 2.0, 2.1], greedy_s=2.0, spec_s=1.0, in_run=in_run,
+                  draft_impl="auto", threads=1, all_identical=True, ties=0, failures=0)
+    fields.update(over)
+    return Summary(**fields)
 
 
 def test_consistent_figures_carry_no_warning():
@@ -354,15 +358,16 @@ def test_each_inconsistency_is_one_warning():
     [w] = experiment.consistency_warnings(_summary(repeat_speedups=[1.2, 2.0, 2.6]))
     assert "1.20x to 2.60x" in w
     # measured 2.0x against a verify-costed 1.4x: 43% above, over the 30% limit.
-    run = {**_summary()["in_run"], "predicted_speedup_verify_costed": 1.4, "measured_over_verify_costed": 2.0 / 1.4}
+    run = dataclasses.replace(_summary().in_run, predicted_speedup_verify_costed=1.4,
+                              measured_over_verify_costed=2.0 / 1.4)
     [w] = experiment.consistency_warnings(_summary(in_run=run))
     assert "43% above" in w
 
 
 def test_warning_is_one_visible_line_of_the_report():
     summary = _summary(c=0.01)
-    results = {"prompts": [], "summary": summary, "warnings": experiment.consistency_warnings(summary)}
-    lines = [line for line in report.render(results).splitlines() if "WARNING" in line]
+    lines = [line for line in report.render([], summary, experiment.consistency_warnings(summary)).splitlines()
+             if "WARNING" in line]
     assert len(lines) == 1 and "6.0-fold" in lines[0]
 
 
@@ -370,14 +375,30 @@ def test_draft_that_cannot_win_is_said_so():
     """alpha 0.1, c 0.5: Theorem 3.8 at gamma 1 gives (1 + 0.1) / (0.5 + 1) = 0.73x, and more
     drafting only costs more, so no gamma beats greedy."""
     th = experiment._theory(0.1, 5, 0.5)
-    assert th["draft_cannot_win"] is True and th["optimal_predicted_speedup"] == pytest.approx(1.1 / 1.5)
-    line = report.summary_lines(_summary(alpha=0.1, c=0.5, **{k: th[k] for k in th if k != "predicted_tokens_per_round"}))[-1]
+    assert th.draft_cannot_win is True and th.optimal_predicted_speedup == pytest.approx(1.1 / 1.5)
+    line = report.summary_lines(_summary(alpha=0.1, c=0.5, theory=th))[-1]
     assert "cannot win" in line and "optimal gamma: none" in line
 
 
 def test_plot_title_says_how_gamma_was_chosen():
-    base = {"pair": {"target_name": "t", "draft_name": "d"}, "machine": {"gpu": None},
-            "options": {"target_dtype": "fp32", "draft_dtype": "fp32", "max_new_tokens": 8}, "warnings": []}
-    calibrated = report.figure_title({**base, "summary": _summary(gamma=8, gamma_option="calibrated")})
-    online = report.figure_title({**base, "summary": _summary(gamma="auto", gamma_option="auto", theory_gamma=7)})
+    pair = PairInfo(source="paths", target="t", draft="d", target_name="t", draft_name="d", note=None)
+    base = dict(spec_version="0", created="now", pair=pair, machine={"gpu": None},
+                options={"target_dtype": "fp32", "draft_dtype": "fp32", "max_new_tokens": 8},
+                prompts=Prompts([], [], "seed", None), records=[], warnings=[])
+    calibrated = report.figure_title(Results(**base, summary=_summary(gamma=8, gamma_option="calibrated")))
+    online = report.figure_title(Results(**base, summary=_summary(gamma="auto", gamma_option="auto", theory_gamma=7)))
     assert "γ=8 (calibrated)" in calibrated and "γ=auto (online; mostly 7)" in online
+
+
+@pytest.mark.parametrize("impl, draft_name", [("auto", "plain (spec.neox)"), ("plain", "plain (spec.neox)"),
+                                              ("hf", "kv-cache"), ("compiled", "compiled (static cache)")])
+def test_the_runs_as_line_is_the_path_spec_choose_takes(impl, draft_name):
+    """The header's "runs as" names what spec.choose.runs builds (it asks spec.choose.path, no copy
+    of the choice): a GPT-NeoX target on the probed kv-cache, its draft as draft_impl says."""
+    target = build_gpt_neox("tiny-target", seed=0)
+    draft = truncated_copy(target, num_layers=1)
+    pair = spec.models.Pair(target, draft, None)
+    assert experiment.runner_paths(pair, impl) == ("kv-cache", draft_name)
+    if impl == "hf":   # the runner runs builds for that draft is the path named
+        made = spec.choose.runs({"draft": draft}, [3, 4, 5], draft_impl=impl).runs[0]
+        assert made.run.path == spec.choose.path(draft, "draft", impl) == "kv-cache"

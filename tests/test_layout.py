@@ -3,7 +3,8 @@ function over 60 lines in spec/ except the decode loop (Algorithm 1 kept in one 
 and one clock (spec/clock.py) for every timing in spec/ and tests/perf/. And those of issue 25:
 the Runner and Drafter protocols exist and every runner and drafter keeps them, one function
 makes runners and model drafts (spec.choose.runs), nothing is stored on a user's model as a
-`_spec_*` attribute, and spec/ imports nothing from tests/."""
+`_spec_*` attribute, spec/ imports nothing from tests/, and only the command lines read parsed
+options (library functions take explicit arguments)."""
 
 from __future__ import annotations
 
@@ -205,3 +206,39 @@ def test_spec_imports_nothing_from_tests():
                 [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else []
             found += [f"spec/{module}.py:{node.lineno} imports {n}" for n in names if n.split(".")[0] in helpers]
     assert not found, "\n".join(found)
+
+
+CLI_MODULES = {"__main__", "conform"}   # the command lines: they parse options and pass values on
+
+
+def _namespace_readers(module: str, tree: ast.Module) -> list[str]:
+    """Functions that take a parsed command line (a parameter named `args`) or read one
+    (`args.x`, `vars(args)`) without parsing it themselves."""
+    out = []
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        params = {a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs}
+        nodes = list(ast.walk(fn))
+        parses = any(isinstance(n, ast.Attribute) and n.attr == "parse_args" for n in nodes)
+        reads = any(isinstance(n, ast.Name) and n.id == "args" and isinstance(n.ctx, ast.Load) for n in nodes)
+        if "args" in params or (reads and not parses):
+            out.append(f"spec/{module}.py:{fn.lineno} {fn.name}")
+    return out
+
+
+def test_only_the_command_lines_read_parsed_options():
+    """Library functions take explicit arguments, not argparse namespaces: spec/__main__.py and
+    spec/conform.py parse options and pass their values on; a module's own `main(argv)` that
+    parses its options may read them."""
+    found = [f for module, tree in _modules().items() if module not in CLI_MODULES
+             for f in _namespace_readers(module, tree)]
+    assert not found, "functions that read a parsed command line:\n" + "\n".join(found)
+
+
+def test_the_namespace_finder_finds_a_reader():
+    tree = ast.parse("def step(args, say):\n    return args.gamma\n"
+                     "def later(x):\n    return vars(args)\n"
+                     "def main(argv):\n    args = parser.parse_args(argv)\n    return args.gamma\n")
+    assert _namespace_readers("m", tree) == ["spec/m.py:1 step", "spec/m.py:3 later"]
+    assert _namespace_readers("__main__", _modules()["__main__"])   # the command line itself reads them

@@ -36,7 +36,6 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 from spec import build_gpt_neox, greedy_generate, hf
 from spec.conformance.stats import goodness_of_fit, reference_probabilities
-from spec.impls import hf_generate
 from spec.models import perturbed_copy
 
 TOKENS = 500            # ids every zoo model can embed (the tiny pair's "tokenizer")
@@ -261,7 +260,7 @@ def hf_greedy(arch, prompt, max_new_tokens, frozen):
     """HF's plain greedy generate() on the zoo's target, with the options `_frozen` made hashable."""
     thawed = {k: dict(v) if k == "sequence_bias" else [list(b) for b in v] if k == "bad_words_ids" else v
               for k, v in frozen}
-    return hf_generate(zoo(arch)["target"], list(prompt), max_new_tokens=max_new_tokens, do_sample=False, **thawed)
+    return hf.hf_generate(zoo(arch)["target"], list(prompt), max_new_tokens=max_new_tokens, do_sample=False, **thawed)
 
 
 def _frozen(options: dict) -> tuple:

@@ -101,8 +101,8 @@ def test_cli_gguf_target_without_the_extra_exits_2(tmp_path, monkeypatch, capsys
 def test_what_looks_like_a_path(text, local):
     """A missing path is named as a missing path; a hub id ('org/name', 'name') is looked up in the
     cache instead. (On POSIX os.sep is '/', so its own clause adds nothing here.)"""
-    from spec.models import _looks_local
-    assert _looks_local(text) is local
+    from spec.models import looks_local
+    assert looks_local(text) is local
 
 
 @pytest.mark.parametrize("missing, words", [(("gguf",), "the gguf package: "),

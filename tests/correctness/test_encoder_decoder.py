@@ -334,7 +334,7 @@ def test_bad_inputs_are_refused_clearly(target):
     _raises("input_ids holds token id 500", greedy_generate, t5, [1, 500])
     _raises("decoder_input_ids holds token id 999", speculative_generate, t5, draft_for("t5"), [1, 2],
             decoder_input_ids=[0, 999])
-    _raises("decoder_input_ids as a list", greedy_generate, t5, [1, 2], decoder_input_ids=[])
+    _raises("decoder_input_ids is empty", greedy_generate, t5, [1, 2], decoder_input_ids=[])
     _raises("input_features is for encoder-decoder", greedy_generate, target, [1, 2], input_features=feats)
     _raises("decoder_input_ids is for encoder-decoder", speculative_generate, target, target, [1, 2],
             decoder_input_ids=[0])
@@ -385,7 +385,7 @@ def _features_of(shape, dtype=torch.float64):
 _UNSUPPORTED_MSG = ("{}: encoder-decoder family 'prophetnet' (ProphetNetForConditionalGeneration) is not supported; "
                     "spec runs t5, bart, mbart, marian, pegasus, m2m_100, blenderbot-small, whisper (each checked "
                     "exact against HF generate)")
-_NOT_A_LIST = "input_ids as a list must hold at least one int, and ints only"
+_NOT_A_LIST = "input_ids as a list must hold ints only"   # spec.validate.as_prompt, as for decoder-only models
 _FEATURES_TYPE = ("input_features must be a floating-point tensor [num_mel_bins, frames] or [1, num_mel_bins, frames], "
                   "got {}")
 _FEATURES_BATCH = ("input_features must be [num_mel_bins, frames] or [1, num_mel_bins, frames] (batch 1), "
@@ -421,26 +421,27 @@ REFUSALS = {  # case: (call, exception, message word for word)
     "no start token": (lambda: greedy_generate(_with(build("t5"), decoder_start_token_id=None), [3]), ValueError,
                        "model has no decoder_start_token_id in its config or generation_config: "
                        "pass decoder_input_ids="),
-    "empty list": (lambda: greedy_generate(build("t5"), []), TypeError, _NOT_A_LIST),
+    "empty list": (lambda: greedy_generate(build("t5"), []), ValueError,
+                   "input_ids is empty: the prompt needs at least one token"),
     "bool in list": (lambda: greedy_generate(build("t5"), [3, True]), TypeError, _NOT_A_LIST),
     "float in list": (lambda: greedy_generate(build("t5"), (3, 4.0)), TypeError, _NOT_A_LIST),
     "str": (lambda: greedy_generate(build("t5"), "abc"), TypeError,
             "input_ids must be a LongTensor or a list of ints, got str"),
     "float tensor": (lambda: greedy_generate(build("t5"), torch.tensor([3., 4.])), TypeError,
-                     "input_ids must be a LongTensor or a list of ints, got torch.float32"),
+                     "input_ids must hold integer token ids, got dtype torch.float32"),
     "bool tensor": (lambda: greedy_generate(build("t5"), torch.tensor([True])), TypeError,
-                    "input_ids must be a LongTensor or a list of ints, got torch.bool"),
+                    "input_ids must hold integer token ids, got dtype torch.bool"),
     "complex tensor": (lambda: greedy_generate(build("t5"), torch.tensor([3, 4], dtype=torch.complex64)), TypeError,
-                       "input_ids must be a LongTensor or a list of ints, got torch.complex64"),
+                       "input_ids must hold integer token ids, got dtype torch.complex64"),
     "batch of 2": (lambda: greedy_generate(build("t5"), torch.tensor([[3, 4, 5], [6, 7, 8]])), UnsupportedModelError,
                    "model: T5ForConditionalGeneration is an encoder-decoder model; spec decodes those one prompt at "
                    "a time (batches are decoder-only)"),
     "3-D ids": (lambda: greedy_generate(build("t5"), torch.tensor([[[3, 4]]])), ValueError,
-                "input_ids must be a non-empty 1-D or (1, n) sequence, got shape (1, 1, 2)"),
+                "input_ids must be 1-D or (1, n), got shape (1, 1, 2)"),
     "0-D ids": (lambda: greedy_generate(build("t5"), torch.tensor(3)), ValueError,
-                "input_ids must be a non-empty 1-D or (1, n) sequence, got shape ()"),
+                "input_ids must be 1-D or (1, n), got shape ()"),
     "no ids": (lambda: greedy_generate(build("t5"), torch.zeros(1, 0, dtype=torch.long)), ValueError,
-               "input_ids must be a non-empty 1-D or (1, n) sequence, got shape (1, 0)"),
+               "input_ids is empty: the prompt needs at least one token"),
     "negative id": (lambda: greedy_generate(build("t5"), [3, -1]), ValueError,
                     "input_ids holds token id -1, outside the model's vocabulary [0, 96)"),
     "id past the vocabulary": (lambda: _S(build("t5"), draft_for("t5"), [96, 3]), ValueError,
@@ -484,7 +485,7 @@ REFUSALS = {  # case: (call, exception, message word for word)
                              "target must be an encoder-decoder model with an LM head (e.g. AutoModelForSeq2SeqLM); "
                              "SimpleNamespace has none"),
     "decoder ids float": (lambda: greedy_generate(build("t5"), [3], decoder_input_ids=torch.tensor([0., 1.])),
-                          TypeError, "decoder_input_ids must be a LongTensor or a list of ints, got torch.float32"),
+                          TypeError, "decoder_input_ids must hold integer token ids, got dtype torch.float32"),
     "default name: start": (lambda: decoder_prompt(NS(config=NS(decoder_start_token_id=None, model_type="bart"))),
                             ValueError, "model has no decoder_start_token_id in its config or generation_config: "
                                         "pass decoder_input_ids="),
@@ -696,8 +697,8 @@ def test_cli_runs_a_saved_t5_pair_and_refuses_what_it_cannot_run(tmp_path, capsy
 
 
 def test_cli_refusals_say_what_to_give_instead(target):
-    """What `python -m spec` refuses before loading prompts, word for word (spec.seq2seq.cli_refusal)."""
-    from spec.seq2seq import cli_refusal
+    """What `python -m spec` refuses before loading prompts, word for word (spec.experiment.refusal)."""
+    from spec.experiment import refusal as cli_refusal
     t5, whisper = build("t5"), build("whisper")
     assert cli_refusal(target, None) is None and cli_refusal(t5, None) is None
     assert cli_refusal(target, "hf", features=["a.pt"]) == \

@@ -278,13 +278,21 @@ def test_greedy_config_means_no_eos_when_none(target):
     assert cfg.eos_token_id == [9, 4] and cfg.pad_token_id == 9
 
 
-def test_hf_assisted_sets_gamma_and_matches_greedy(target, partial_draft):
+def test_hf_assisted_sets_gamma_for_the_call_and_matches_greedy(target, partial_draft, monkeypatch):
+    """HF reads gamma from the assistant's generation_config: set there while generate() runs,
+    put back after it (hf.hf_generate)."""
     free = greedy_generate(target, PROMPT, max_new_tokens=20).tokens
     assistant = hf.assistant_for(target, partial_draft)
+    before, seen, generate = assistant.generation_config.to_dict(), [], target.generate
+
+    def watched(*args, **kwargs):
+        gc = kwargs["assistant_model"].generation_config
+        seen.append((gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold))
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(target, "generate", watched)
     out = hf.hf_assisted(target, assistant, torch.tensor(PROMPT), gamma=3, max_new_tokens=20)
-    gc = assistant.generation_config
-    assert (gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold) == \
-        (3, "constant", 0.0)
+    assert seen == [(3, "constant", 0.0)] and assistant.generation_config.to_dict() == before
     assert out == free
     stop = free[12]
     assert hf.hf_assisted(target, assistant, torch.tensor(PROMPT), gamma=2, max_new_tokens=20,

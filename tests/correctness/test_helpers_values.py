@@ -18,8 +18,9 @@ import pytest
 import torch
 import transformers
 
-from spec import build_gpt_neox, clock, report, seq2seq, validate
+from spec import build_gpt_neox, clock, experiment, report, validate
 from spec.models import SHAPES, gpt_neox_config, perturbed_copy, truncated_copy
+from spec.records import Difference, InRun, Peer, PeerSummary, PromptRecord, Summary, Theory
 
 # --- spec.validate -----------------------------------------------------------------------------
 
@@ -216,19 +217,35 @@ def test_short_prompt_escapes_and_cuts():
 
 
 def test_fmt_cells():
-    assert report._fmt(None) == "-" and report._fmt(float("nan")) == "-"
-    assert report._fmt(1.23456) == "1.23" and report._fmt(1.23456, 1) == "1.2" and report._fmt(7) == "7"
+    assert report.fmt(None) == "-" and report.fmt(float("nan")) == "-"
+    assert report.fmt(1.23456) == "1.23" and report.fmt(1.23456, 1) == "1.2" and report.fmt(7) == "7"
 
 
-@pytest.mark.parametrize("record, cell", [
-    (dict(ids_identical=True), "YES"),
-    (dict(ids_identical=True, divergence=None), "YES"),
-    (dict(ids_identical=False, divergence=dict(verdict="tie", position=7)), "TIE@7"),
-    (dict(ids_identical=False, divergence=dict(verdict="bug", position=3)), "NO (diverge@3)"),
-    (dict(ids_identical=False, divergence=None), "NO (diverge@?)"),
+GREEDY = list(range(10, 74))   # 64 new tokens
+
+
+def record(i=1, spec_tokens=GREEDY, divergence=None, peer=None):
+    """A prompt's record by hand: greedy 2.0 s, speculative 1.0 s, each 64 tokens; a speculative run's
+    acceptance stands in for a decode.Result's (accept rate 0.5, alpha 0.75, 3.25 tokens a round)."""
+    spec = types.SimpleNamespace(tokens=list(spec_tokens), accept_rate=0.5, alpha=0.75, mean_tokens_per_round=3.25)
+    peer = peer or Peer("hf_assisted", tokens=[10, 99] + GREEDY[2:], times=[1.5], identical=False)
+    return PromptRecord(index=i, prompt="Hello\nworld", prompt_tokens=3, greedy=types.SimpleNamespace(tokens=GREEDY),
+                        spec=spec, greedy_times=[2.0], spec_times=[1.0], trace_repeat=0, divergence=divergence,
+                        peers=[peer])
+
+
+def _differs(verdict, position):
+    return Difference(position=position, expected=1, actual=2, verdict=verdict, message="")
+
+
+@pytest.mark.parametrize("spec_tokens, divergence, cell", [
+    (GREEDY, None, "YES"),
+    (GREEDY[:7], _differs("tie", 7), "TIE@7"),
+    (GREEDY[:3], _differs("bug", 3), "NO (diverge@3)"),
+    (GREEDY[:3], None, "NO (diverge@?)"),
 ])
-def test_identical_cell(record, cell):
-    assert report.identical_cell(record) == cell
+def test_identical_cell(spec_tokens, divergence, cell):
+    assert report.identical_cell(record(spec_tokens=spec_tokens, divergence=divergence)) == cell
 
 
 def test_format_table_aligns_by_hand():
@@ -243,34 +260,35 @@ def test_format_table_aligns_by_hand():
     assert report.format_table(["a", "b"], [["x", "y"]], left=frozenset({0, 1})) == "a  b\n-  -\nx  y"
 
 
-def record(i=1, **over):
-    r = dict(index=i, prompt="Hello\nworld", new_tokens=64, greedy_s=2.0, spec_s=1.0, greedy_tok_s=32.0,
-             spec_tok_s=64.0, speedup=2.0, accept_rate=0.5, alpha=0.75, tokens_per_round=3.25, ids_identical=True,
-             greedy_tokens=[1, 3], peer=dict(hf_s=1.5, hf_tok_s=42.66, hf_speedup=1.333, ours_vs_hf=1.5,
-                                             ids_identical=False, tokens=[1, 2]))
-    r.update(over)
-    return r
-
-
 def test_results_and_peer_tables_by_hand():
     rows = report.results_table([record()]).split("\n")
     assert rows[0].split() == ["#", "prompt", "new", "tokens", "greedy", "s", "spec", "s", "greedy", "tok/s", "spec",
                                "tok/s", "speedup", "accept", "rate", "alpha", "tok/round", "IDs", "identical"]
     assert rows[2].split() == ["1", "Hello\\nworld", "64", "2.00", "1.00", "32.0", "64.0", "2.00x", "0.50", "0.75",
                                "3.2", "YES"]
-    peer = report.peer_table([record(), record(2, peer=dict(hf_s=12.25, hf_tok_s=5.0, hf_speedup=0.5,
-                                                            ours_vs_hf=3.0, ids_identical=True, tokens=[1, 3]))])
+    # 64 tokens in 12.25 s: 5.2 tok/s, 2.0 / 12.25 = 0.16x greedy's speed, ours 12.25 / 1.0 = 12.25x its
+    same = Peer("hf_assisted", tokens=GREEDY, times=[12.0, 12.25, 13.0], identical=True)
+    peer = report.peer_table([record(), record(2, peer=same)])
     cells = [[c for c in re.split(r"\s{2,}", line.strip())] for line in peer.split("\n")]
     assert cells[0] == ["#", "hf assisted s", "hf tok/s", "hf speedup", "ours vs hf", "hf IDs identical"]
     # a peer whose output is not greedy's did other work: no speed ratio, and the reason instead
-    assert cells[2] == ["1", "1.50", "42.7", "-", "-", "NO: differs at new token 1 (2 vs greedy's 3)"]
-    assert cells[3] == ["2", "12.25", "5.0", "0.50x", "3.00x", "YES"]
+    assert cells[2] == ["1", "1.50", "42.7", "-", "-", "NO: differs at new token 1 (99 vs greedy's 11)"]
+    assert cells[3] == ["2", "12.25", "5.2", "0.16x", "12.25x", "YES"]
+
+
+def summary(**over):
+    """A summary by hand: measured 1.25x (1.25 s greedy over 1.0 s speculative), one repeat."""
+    fields = dict(gamma=5, gamma_option=5, theory_gamma=5, calibration=None, c=0.25, draft_step_s=0.0125,
+                  target_step_s=0.05, alpha=0.8, accept_rate=0.6, tokens_per_round=3.36,
+                  theory=Theory(predicted_speedup=1.5, optimal_gamma=4, optimal_predicted_speedup=1.6,
+                                draft_cannot_win=False),
+                  speedups=[1.1, 1.4], repeat_speedups=[1.25], greedy_s=1.25, spec_s=1.0, in_run=None,
+                  draft_impl="auto", threads=1, all_identical=True, ties=0, failures=0)
+    return Summary(**{**fields, **over})
 
 
 def test_summary_lines_by_hand():
-    s = dict(gamma=5, c=0.25, draft_step_s=0.0125, target_step_s=0.05, alpha=0.8, accept_rate=0.6,
-             tokens_per_round=3.36, predicted_speedup=1.5, measured_speedup=1.25, speedup_min=1.1, speedup_max=1.4,
-             optimal_gamma=4, optimal_predicted_speedup=1.6)
+    s = summary()
     lines = report.summary_lines(s)
     assert lines[0] == ("c (draft step / target step): 0.250  (12.50 ms / 50.00 ms, median cached one-token step)")
     assert lines[1] == ("alpha (pooled, per-token acceptance MLE): 0.800   accept rate (accepted/drafted): 0.600"
@@ -279,9 +297,9 @@ def test_summary_lines_by_hand():
                         "spec s; per prompt 1.10x to 1.40x)")
     assert lines[3] == "optimal gamma for the measured alpha and c: 4 (predicted 1.60x)"
     assert len(lines) == 4
-    s.update(optimal_gamma=None, in_run=dict(c=0.2, verify_over_step=1.25, predicted_speedup=1.8,
-                                             measured_over_predicted=0.7, predicted_speedup_verify_costed=1.5,
-                                             measured_over_verify_costed=0.9, share_in_model_phases=0.955))
+    s = summary(theory=Theory(predicted_speedup=1.5), in_run=InRun(
+        target_step_s=0.05, c=0.2, verify_over_step=1.25, predicted_speedup=1.8, measured_over_predicted=0.7,
+        predicted_speedup_verify_costed=1.5, measured_over_verify_costed=0.9, share_in_model_phases=0.955))
     lines = report.summary_lines(s)
     assert lines[3] == ("  from the timed runs themselves: c = 0.200 (draft time per drafted token / greedy time per "
                         "token), a 6-token verify pass = 1.25 target steps")
@@ -289,6 +307,21 @@ def test_summary_lines_by_hand():
                         "one step, and priced at its measured cost: 1.50x (0.90)")
     assert lines[5] == "  share of speculative time inside the draft and verify phases: 95.5%"
     assert lines[6] == "optimal gamma: - (no alpha measured)"
+
+
+def test_summary_json_keeps_its_keys_and_derives_its_figures():
+    """results.json's summary: the keys it had as a dict, in order, with the derived figures."""
+    out = summary(repeat_speedups=[1.2, 1.3], peer=PeerSummary(2, 1.5, 0.8, 5), failures=1).to_json()
+    assert list(out) == [
+        "gamma", "gamma_option", "theory_gamma", "calibration", "c", "draft_step_s", "target_step_s", "alpha",
+        "accept_rate", "tokens_per_round", "predicted_tokens_per_round", "predicted_speedup", "optimal_gamma",
+        "optimal_predicted_speedup", "draft_cannot_win", "measured_speedup", "mean_speedup", "speedup_min",
+        "speedup_max", "repeats", "repeat_speedups", "repeat_spread", "greedy_s", "spec_s", "in_run", "draft_impl",
+        "threads", "all_identical", "ties", "failures", "hf_compared_prompts", "hf_speedup", "ours_vs_hf",
+        "peer_gamma", "exit_status"]
+    assert out["measured_speedup"] == 1.25 and out["mean_speedup"] == pytest.approx(1.25)
+    assert out["repeats"] == 2 and out["repeat_spread"] == pytest.approx(0.1) and out["exit_status"] == 1
+    assert "hf_speedup" not in summary().to_json() and summary().to_json()["exit_status"] == 0
 
 
 @dataclasses.dataclass
@@ -450,7 +483,7 @@ def test_features_files_are_read_as_float_tensors(tmp_path):
     feats = torch.arange(12, dtype=torch.float32).reshape(3, 4)
     torch.save(feats, tmp_path / "a.pt")
     np.save(tmp_path / "b.npy", feats.double().numpy())
-    names, label, tensors = seq2seq.feature_prompts([tmp_path / "a.pt", tmp_path / "b.npy"])
+    names, label, tensors = experiment.feature_prompts([tmp_path / "a.pt", tmp_path / "b.npy"])
     assert names == [str(tmp_path / "a.pt"), str(tmp_path / "b.npy")] and label == "features files"
     assert torch.equal(tensors[0], feats) and tensors[1].dtype == torch.float64
     assert torch.equal(tensors[1], feats.double()) and tensors[0].device.type == "cpu"
@@ -460,21 +493,20 @@ def test_features_files_that_are_not_one_float_tensor_are_refused(tmp_path):
     cases = {"ints.pt": torch.arange(4), "list.pt": [1.0, 2.0]}
     for name, value in cases.items():
         torch.save(value, tmp_path / name)
-        with pytest.raises(ValueError) as info:
-            seq2seq.load_features(tmp_path / name)
+        with pytest.raises(experiment.UsageError) as info:
+            experiment.load_features(tmp_path / name)
         assert str(info.value) == (f"--features: {str(tmp_path / name)!r} must hold one floating-point tensor "
                                    "[num_mel_bins, frames]")
     # a pickled object: refused as torch.load(weights_only=True) refuses it, not unpickled
     torch.save(NotATensor(), tmp_path / "obj.pt")
-    with pytest.raises(ValueError, match=r"^--features: cannot read '.*obj\.pt': Weights only load failed"):
-        seq2seq.load_features(tmp_path / "obj.pt")
+    with pytest.raises(experiment.UsageError, match=r"^--features: cannot read '.*obj\.pt': Weights only load failed"):
+        experiment.load_features(tmp_path / "obj.pt")
     np.save(tmp_path / "obj.npy", np.array([NotATensor()], dtype=object), allow_pickle=True)
-    with pytest.raises(ValueError, match=r"cannot read '.*obj\.npy': Object arrays cannot be loaded when allow_pickle=False"):
-        seq2seq.load_features(tmp_path / "obj.npy")
+    with pytest.raises(experiment.UsageError,
+                       match=r"cannot read '.*obj\.npy': Object arrays cannot be loaded when allow_pickle=False"):
+        experiment.load_features(tmp_path / "obj.npy")
 
 
-def test_feature_prompts_raise_the_callers_error_type(tmp_path):
-    class UsageError(Exception):
-        pass
-    with pytest.raises(UsageError, match=r"^--features: cannot read '.*missing\.pt': "):
-        seq2seq.feature_prompts([tmp_path / "missing.pt"], error=UsageError)
+def test_feature_prompts_name_the_option_of_an_unreadable_file(tmp_path):
+    with pytest.raises(experiment.UsageError, match=r"^--features: cannot read '.*missing\.pt': "):
+        experiment.feature_prompts([tmp_path / "missing.pt"])

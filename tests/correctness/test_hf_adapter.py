@@ -65,11 +65,17 @@ def test_hf_prompt_lookup_without_eos_runs_to_max_new_tokens(eos_target):
 
 def test_peer_table_withholds_speed_when_outputs_differ():
     """The CLI's peer table: a peer that stopped early did other work, so no speed ratio."""
+    import types
+
     from spec import report
+    from spec.records import Peer, PromptRecord
     greedy = list(range(10, 30))
-    rec = lambda i, toks: {"index": i, "greedy_tokens": greedy, "peer": {
-        "hf_s": 1.0, "hf_tok_s": len(toks), "hf_speedup": 2.5, "ours_vs_hf": 1.7,
-        "ids_identical": toks == greedy, "tokens": toks}}
+
+    def rec(i, toks):  # greedy 2.5 s, speculative 1.0 / 1.7 s: HF 2.5x greedy's speed, ours 1.7x HF's
+        peer = Peer("hf_assisted", tokens=toks, times=[1.0], identical=toks == greedy)
+        return PromptRecord(index=i, prompt="p", prompt_tokens=1, greedy=types.SimpleNamespace(tokens=greedy),
+                            spec=types.SimpleNamespace(tokens=greedy), greedy_times=[2.5], spec_times=[1.0 / 1.7],
+                            trace_repeat=0, peers=[peer])
     table = report.peer_table([rec(1, greedy), rec(2, greedy[:3]), rec(3, greedy[:5] + [99] + greedy[6:])])
     lines = table.splitlines()
     row = {line.split()[0]: line for line in lines if line.split() and line.split()[0] in "123"}
@@ -77,3 +83,24 @@ def test_peer_table_withholds_speed_when_outputs_differ():
     assert "2.50x" not in row["2"] and "1.70x" not in row["2"]
     assert "NO: 3 tokens where greedy made 20 (it stopped early)" in row["2"]
     assert "NO: differs at new token 5 (99 vs greedy's 15)" in row["3"]
+
+
+def test_hf_assisted_puts_both_configs_back_even_when_generate_fails(eos_target, monkeypatch):
+    """One HF peer layer (hf.hf_generate): gamma is set on the assistant's generation_config only for
+    the call; afterwards, and after a failing call, target and assistant hold their own configs."""
+    model, free, _ = eos_target
+    assistant = hf.assistant_for(model, perturbed_copy(model, noise=0.1, seed=3, dtype=torch.float32))
+    before = model.generation_config.to_dict(), assistant.generation_config.to_dict()
+    assert hf.hf_assisted(model, assistant, torch.tensor(PROMPT), 4, NEW) == free
+    assert (model.generation_config.to_dict(), assistant.generation_config.to_dict()) == before
+    seen = []
+
+    def failing(*args, **kwargs):
+        seen.append(assistant.generation_config.num_assistant_tokens)
+        raise RuntimeError("generate failed")
+
+    monkeypatch.setattr(model, "generate", failing)
+    with pytest.raises(RuntimeError, match="generate failed"):
+        hf.hf_assisted(model, assistant, torch.tensor(PROMPT), 4, NEW)
+    assert seen == [4] and assistant.generation_config.num_assistant_tokens != 4
+    assert (model.generation_config.to_dict(), assistant.generation_config.to_dict()) == before
