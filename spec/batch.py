@@ -47,8 +47,8 @@ def is_batch(input_ids, attention_mask=None) -> bool:
     any 2-D tensor given with an attention_mask (HF's form)."""
     if attention_mask is not None:
         return True
-    if isinstance(input_ids, torch.Tensor):
-        return input_ids.dim() == 2 and input_ids.shape[0] > 1
+    if isinstance(input_ids, torch.Tensor):   # (a float tensor is features, Whisper's encoder input)
+        return input_ids.dim() == 2 and input_ids.shape[0] > 1 and not input_ids.dtype.is_floating_point
     return isinstance(input_ids, (list, tuple)) and len(input_ids) > 0 and \
         all(isinstance(row, (list, tuple, torch.Tensor)) for row in input_ids)
 
