@@ -5,6 +5,9 @@
    five prompts, 256 new tokens, gamma 5. Gate: token-identical to greedy, mean
    per-prompt speedup over greedy at least thresholds.py's floor for this GPU, and
    within the GPU band of Theorem 3.8's prediction from the alpha and c measured here.
+1b. The seed pair over batches of 1, 2, 4, 8 and 16 prompts (spec.batch): every row equal to its
+   solo greedy output, and per batch size tokens per second, speedup over batched greedy,
+   alpha, c and Theorem 3.8's prediction, reported (no floor yet: none was measured on a GPU).
 2. The same shapes with random weights (no download needed) and a SyntheticDraft at
    alpha 0.8 around the random pythia-410m: times the real shapes at a known alpha.
 
@@ -20,7 +23,7 @@ import torch
 
 import thresholds
 from perfkit import SEED_PROMPTS, acceptance, assert_same_tokens, prediction, report, side_by_side
-from spec import build_gpt_neox, greedy_generate, hf, load_pair, speculative_generate
+from spec import build_gpt_neox, greedy_generate, hf, load_pair, speculative_generate, theory
 from spec.measure import cost_ratio, verify_cost
 from synthetic import SyntheticDraft
 
@@ -112,6 +115,52 @@ def test_seed_experiment_speedup(benchmark, real_pair):
     assert_same_tokens(target, prompts, hf_tokens, run.baseline, "greedy_generate vs HF generate")
     assert_same_tokens(target, prompts, run.baseline, [r.tokens for r in run.candidate], "speculative")
     _gate(benchmark, device, key, run, costs, verify, eos_stops=True)
+
+
+BATCH_SIZES = (1, 2, 4, 8, 16)
+
+
+def _batched_step(model, prompts) -> float:
+    """Seconds of one batched one-token step on a cache holding the prompts (median of 8)."""
+    from spec import batch, clock
+    rows = batch.Rows(model, len(prompts))
+    device = next(model.parameters()).device
+    ids = [torch.tensor(p, device=device) for p in prompts]
+    with torch.inference_mode():
+        rows(ids, keep=1)
+        times = []
+        for _ in range(8):
+            t0 = clock.now(device)
+            rows([i[-1:] for i in ids], keep=1)
+            times.append(clock.now(device) - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def test_seed_pair_batch_sweep(benchmark, real_pair):
+    from spec import clock
+    key, target, draft, prompts, eos = real_pair
+    device = next(target.parameters()).device
+    solo = [greedy_generate(target, p, max_new_tokens=GPU_NEW_TOKENS).tokens for p in prompts]
+    sweep = []
+    for size in BATCH_SIZES:
+        rows = [prompts[i % len(prompts)] for i in range(size)]
+        speculative_generate(target, draft, rows, gamma=GAMMA, max_new_tokens=16)    # warm-up, batch probes
+        t0 = clock.now(device)
+        greedy = greedy_generate(target, rows, max_new_tokens=GPU_NEW_TOKENS)
+        t1 = clock.now(device)
+        spec = speculative_generate(target, draft, rows, gamma=GAMMA, max_new_tokens=GPU_NEW_TOKENS)
+        t2 = clock.now(device)
+        want = [solo[i % len(prompts)] for i in range(size)]
+        assert_same_tokens(target, rows, want, [r.tokens for r in greedy], f"batched greedy, B={size}")
+        assert_same_tokens(target, rows, want, [r.tokens for r in spec], f"batched speculative, B={size}")
+        acc = acceptance(spec)
+        c = _batched_step(draft, rows) / _batched_step(target, rows)
+        sweep.append(dict(batch=size, greedy_tok_s=size * GPU_NEW_TOKENS / (t1 - t0),
+                          spec_tok_s=size * GPU_NEW_TOKENS / (t2 - t1), speedup=(t1 - t0) / (t2 - t1),
+                          alpha=acc["alpha"], c=c,
+                          predicted=theory.expected_speedup(min(acc["alpha"], 1.0), GAMMA, c)))
+    report(benchmark, pair=key, gamma=GAMMA, sweep=[{k: round(v, 3) for k, v in row.items()} for row in sweep])
+    benchmark.pedantic(lambda: None, rounds=1)
 
 
 def test_pythia_shapes_synthetic_draft_speedup(benchmark, synthetic_shapes):
