@@ -20,6 +20,8 @@ What a callable can take part in is read from optional attributes on it:
   conformance_sampling  False for a greedy-only decoder (default True)
   conformance_options   the optional keywords it takes (default: those its signature names; all
                         of them if it takes **kwargs)
+  conformance_batch     True if it also takes a batch: input_ids a list of prompts (lists of ints),
+                        returning one list of new ids per prompt, in order (default False)
 A callable may also raise NotImplementedError("why") for an option it does not support: the test
 is then skipped with that reason, not failed.
 
@@ -59,6 +61,7 @@ class Impl:
     options: frozenset = frozenset()
     engine: str | None = None      # an engine adapter (llama-cpp): runs its own models, see test_engine.py
     model: str | None = None       # --model: the engine's model file
+    batch: bool = False            # takes a list of prompts (conformance_batch)
 
     def takes_draft(self, draft) -> str | None:
         """None if this decoder can run with `draft` (a model or None), else why not."""
@@ -77,14 +80,30 @@ class Impl:
         missing = sorted(set(extra) - self.options)
         if missing:
             raise NotImplementedError(f"{self.name} does not take {', '.join(missing)} (not in its signature)")
-        out = self.generate(target, None if self.draft == "none" else draft, list(input_ids), gamma=gamma,
+        out = self.generate(target, None if self.draft == "none" else draft, _ids(input_ids), gamma=gamma,
                             max_new_tokens=max_new_tokens, eos_token_id=eos_token_id, do_sample=do_sample,
                             temperature=temperature, top_k=top_k, top_p=top_p, generator=generator, **extra)
+        if _is_batch(input_ids):
+            if not isinstance(out, (list, tuple)) or len(out) != len(input_ids):
+                raise TypeError(f"{self.name} must return one list of new ids per prompt of a batch "
+                                f"({len(input_ids)}), got {type(out).__name__}")
+            return [self._tokens(row) for row in out]
+        return self._tokens(out)
+
+    def _tokens(self, out) -> list[int]:
         if isinstance(out, torch.Tensor):
             out = out.reshape(-1).tolist()
         if not isinstance(out, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in out):
             raise TypeError(f"{self.name} must return the new token ids as a list of ints, got {type(out).__name__}")
         return list(out)
+
+
+def _is_batch(input_ids) -> bool:
+    return bool(input_ids) and all(isinstance(row, (list, tuple)) for row in input_ids)
+
+
+def _ids(input_ids) -> list:
+    return [list(row) for row in input_ids] if _is_batch(input_ids) else list(input_ids)
 
 
 # --- spec ----------------------------------------------------------------------------------
@@ -94,15 +113,17 @@ def spec_generate(target, draft, input_ids, *, gamma, max_new_tokens, eos_token_
                   no_repeat_ngram_size=None, min_p=None, min_new_tokens=None, sequence_bias=None,
                   bad_words_ids=None) -> list[int]:
     draft = PromptLookup() if draft is None else draft  # model-free: spec's own prompt lookup
-    return speculative_generate(target, draft, input_ids, gamma=gamma, max_new_tokens=max_new_tokens,
+    out = speculative_generate(target, draft, input_ids, gamma=gamma, max_new_tokens=max_new_tokens,
                                 eos_token_id=eos_token_id, do_sample=do_sample, temperature=temperature,
                                 top_k=top_k, top_p=top_p, generator=generator,
                                 repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
                                 min_p=min_p, min_new_tokens=min_new_tokens, sequence_bias=sequence_bias,
-                                bad_words_ids=bad_words_ids).tokens
+                                bad_words_ids=bad_words_ids)
+    return [r.tokens for r in out] if isinstance(out, list) else out.tokens   # a batch: one list a prompt
 
 
 spec_generate.conformance_draft = "any"
+spec_generate.conformance_batch = True
 
 
 # --- Hugging Face generate() -----------------------------------------------------------------
@@ -217,4 +238,5 @@ def load(name: str, model: str | None = None) -> Impl:
     options = getattr(fn, "conformance_options", None)
     return Impl(name=name, generate=fn, draft=draft, sampling=bool(getattr(fn, "conformance_sampling", True)),
                 options=_options_taken(fn) if options is None else frozenset(options), engine=engine,
+                batch=bool(getattr(fn, "conformance_batch", False)),
                 model=None if model is None else str(Path(model).expanduser().resolve()))
