@@ -212,13 +212,14 @@ class ExactLaw:
 
 def joint_fit(name: str, samples: list[tuple], law: dict):
     """Pearson's chi-square of the observed m-token sequences against the exact joint law,
-    and a table of the cells that deviate most (observed vs expected)."""
-    cells = list(law)
+    and a table of the cells that deviate most (observed vs expected). `law` may leave out
+    sequences of probability 0 (seen, they are outcomes of probability 0)."""
+    cells = list(law) + sorted(set(samples) - set(law))
     index = {s: i for i, s in enumerate(cells)}
     observed = [0] * len(cells)
     for s in samples:
         observed[index[s]] += 1
-    probs = [law[s] for s in cells]
+    probs = [law.get(s, 0.0) for s in cells]
     fit = goodness_of_fit(name, {"all": (observed, probs)})
     n = len(samples)
     rows = sorted(((o - n * p) / math.sqrt(n * p) if p > 0 else (math.inf if o else 0.0), s, o, n * p)
