@@ -12,7 +12,8 @@ Properties:
                            the law); min_p; logit bias (sequence_bias, bad_words_ids); all of them at
                            once ("combined": a q taken from the draft's raw logits while its tokens
                            are drawn from processed ones shows there); a bf16 draft against an fp32
-                           target.
+                           target (the draft's logits shifted by 256, where bf16 rounds them to a
+                           spacing of 1-2: a q taken in fp32 while the draft sampled in bf16 shows).
   sampling_power           negative controls, independent of --impl: Algorithm 1 run on the exact laws
                            (no models) with a deliberate bug of each class must be rejected by the
                            same check at the same sample size, and run correctly must pass. It shows
