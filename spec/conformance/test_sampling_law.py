@@ -191,10 +191,9 @@ def test_sampling_power(budget, control, record_property):
                                     f"n = {n} (raise --conform-budget): {fit}\n{table}")
 
 
-def bf16_q_distance(pair) -> list[float]:
+def bf16_q_distance(d16) -> list[float]:
     """Total variation between the bf16 draft's q and the same weights' q computed in fp32, at T=0.6,
     over every context of the first 3 tokens (21)."""
-    d16 = pair[1]
     q16, q32 = ExactLaw(d16, temperature=0.6), ExactLaw(copy.deepcopy(d16).float(), temperature=0.6)
     contexts = [SMALL_PROMPT + tuple(s) for k in range(JOINT) for s in itertools.product(range(4), repeat=k)]
     return [0.5 * float((q16(c) - q32(c)).abs().sum()) for c in contexts]
@@ -204,15 +203,15 @@ def test_bf16_rounding_moves_q(record_property):
     """Why the bf16 control has power: on the bf16 scenario's draft (logits shifted by 256) bf16 moves
     q by a total variation of up to 0.39; the shift itself changes its fp32 law by 1e-5 only. The same
     draft unshifted moves by at most 0.004, which n = 400 cannot see (worst-case power 0.001)."""
-    shifted = bf16_q_distance(small_pair_bf16())
-    target, draft = small_pair()
-    plain = bf16_q_distance((target, copy.deepcopy(draft).to(torch.bfloat16)))
+    shifted = bf16_q_distance(small_pair_bf16()[1])
+    draft = small_pair()[1]
+    plain = bf16_q_distance(copy.deepcopy(draft).to(torch.bfloat16))
     record_property("evidence", f"TV(bf16 q, fp32 q): shifted draft max {max(shifted):.3f} mean "
                                 f"{sum(shifted) / len(shifted):.3f}; unshifted max {max(plain):.4f}")
     assert max(shifted) > 0.3 and sum(shifted) / len(shifted) > 0.1
     assert max(plain) <= 0.004 and worst_case_power(N, 13, max(plain), ALPHA) < 0.01
     fp32 = ExactLaw(copy.deepcopy(small_pair_bf16()[1]).float())
-    shifted_fp32 = ExactLaw(copy.deepcopy(shifted_logits(draft, BF16_OFFSET)).float())
+    shifted_fp32 = ExactLaw(shifted_logits(draft, BF16_OFFSET))   # the draft is fp32
     unshifted = ExactLaw(draft)
     for c in (SMALL_PROMPT, SMALL_PROMPT + (0, 3)):
         assert float(fp32.logits(c).min()) > BF16_OFFSET - 8   # the logits are large ...
