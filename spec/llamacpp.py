@@ -11,6 +11,9 @@ brings its own models (GGUF files), its own non-speculative reference and its ow
 - `diagnose`: the first divergence from the engine's greedy output, as a tie (the greedy top-2 gap
   there is within the measured noise) or a bug, and which of the engine's own pass shapes (a block
   of 1 to gamma+1 tokens ending there) gives the token the speculative run emitted.
+- `sample` and `sampler_law`: the engine's own sampling (plain or speculative, seeded) and the law
+  its sampler chain draws from, computed from the engine's own logits, so that the sampling law is
+  checked against llama.cpp's numbers and its semantics, not PyTorch's.
 - `dequantized_gguf`: the same weights at higher precision, written with the `gguf` package: every
   tensor of a quantized GGUF dequantized to f32 (or f16, norms kept f32), the metadata copied. These
   are exactly the weights `spec.realmodel` dequantizes for transformers, so the engine's f32 run
@@ -98,6 +101,32 @@ def _model_draft_class():
     return type("ModelDraft", (ModelDraft, LlamaDraftModel), {})
 
 
+GREEDY = dict(top_k=1, temp=0.0)
+
+
+def sampler_law(logits: np.ndarray, temp: float, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> np.ndarray:
+    """The distribution llama.cpp's sampler chain draws from, on one row of the engine's own logits, in
+    float64. The chain as llama-cpp-python 0.3.36 builds it (`Llama._init_sampler`): top-k (k <= 0: off),
+    typical (off at 1), top-p, min-p, temperature, then the draw. So, unlike HF, top-p and min-p act on
+    the distribution at temperature 1, before the temperature; top-p keeps the smallest prefix of the
+    sorted tokens whose mass (renormalised over what top-k kept) reaches top_p; min-p keeps the tokens
+    at least min_p times as likely as the most likely one."""
+    z = np.asarray(logits, dtype=np.float64)
+    kept = np.argsort(-z, kind="stable")
+    if 0 < top_k < len(z):
+        kept = kept[:top_k]
+    if top_p < 1.0:
+        p = np.exp(z[kept] - z[kept[0]])
+        cum = np.cumsum(p / p.sum())
+        kept = kept[:int(np.searchsorted(cum, top_p)) + 1]
+    if min_p > 0.0:
+        kept = kept[z[kept] >= z[kept[0]] + np.log(min_p)]
+    w = np.exp((z[kept] - z[kept[0]]) / temp)
+    out = np.zeros(len(z))
+    out[kept] = w / w.sum()
+    return out
+
+
 @dataclass
 class Divergence:
     position: int
@@ -139,12 +168,12 @@ class Engine:
     def tokenize(self, text: str) -> list[int]:
         return self.plain.tokenize(text.encode("utf-8"), add_bos=False, special=True)
 
-    def _run(self, llm, prompt, n) -> tuple[list[int], float]:
+    def _run(self, llm, prompt, n, sampler=GREEDY) -> tuple[list[int], float]:
         llm.reset()
 
         def decode():
             out = []
-            for token in llm.generate(list(prompt), top_k=1, temp=0.0, repeat_penalty=1.0, reset=True):
+            for token in llm.generate(list(prompt), **sampler, typical_p=1.0, repeat_penalty=1.0, reset=True):
                 out.append(int(token))
                 if len(out) == n:
                     break
@@ -159,6 +188,10 @@ class Engine:
                     draft_path=None) -> tuple[list[int], float]:
         """llama-cpp-python's speculative greedy decoding: prompt lookup (max n-gram 3, `gamma`
         tokens) or a draft model (`draft_path`, default the target's own file)."""
+        return self._run(self._speculative(draft, gamma, draft_path), prompt, n)
+
+    def _speculative(self, draft, gamma, draft_path):
+        """The Llama with `draft_model` set (one at a time: rebuilt when the drafter changes)."""
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
@@ -167,7 +200,17 @@ class Engine:
             drafter = (LlamaPromptLookupDecoding(num_pred_tokens=gamma, max_ngram_size=3) if draft == "prompt-lookup"
                        else _model_draft_class()(draft_path or self.path, gamma, self.threads, self.n_ctx))
             self._spec, self._spec_key = Llama(**self._common, draft_model=drafter), key
-        return self._run(self._spec, prompt, n)
+        return self._spec
+
+    def sample(self, prompt, n: int, *, seed: int, sampler: dict, draft: str | None = None, gamma: int = 2,
+               draft_path=None) -> list[int]:
+        """n tokens sampled by the engine's own sampler chain (`sampler`: temp, top_k, top_p, min_p, as
+        llama-cpp-python takes them), seeded with `seed`: plain decoding (draft None) or speculative
+        ("prompt-lookup" or "draft-model", as in `speculative`). llama-cpp-python draws every position
+        from its own row of the target's logits and keeps a draft while it equals the draw."""
+        llm = self.plain if draft is None else self._speculative(draft, gamma, draft_path)
+        llm.set_seed(seed)   # its dist sampler is made from this seed at each generate()
+        return self._run(llm, prompt, n, sampler)[0]
 
     def logits(self, tokens, block: int | None = None) -> np.ndarray:
         """Logits of every position of `tokens` [len, V]: one token a pass (block None), or the

@@ -55,6 +55,29 @@ def test_the_tiny_engine_property_rejects_a_broken_engine(monkeypatch):
         test_engine._engines.clear()
 
 
+def test_the_engine_sampling_law_rejects_a_broken_engine(monkeypatch):
+    """Negative control for engine_sampling_law: an engine whose speculative run takes the second
+    token greedily (the target's top token, not a draw) is rejected at the kit's sample size."""
+    from spec.conformance import test_engine
+
+    real = llamacpp.Engine.sample
+
+    def broken(self, prompt, n, **kw):
+        tokens = real(self, prompt, n, **kw)
+        if kw.get("draft") is not None:
+            tokens[1] = int(np.argmax(self.logits(list(prompt) + tokens[:1])[-1]))
+        return tokens
+    monkeypatch.setattr(llamacpp.Engine, "sample", broken)
+    try:
+        with pytest.raises(pytest.fail.Exception, match="property engine_sampling_law violated"):
+            test_engine.test_engine_sampling_law(impls.load("llama-cpp"), 1.0, "prompt-lookup", "temp=0.7,top_k=3",
+                                                 lambda *args: None)
+    finally:   # free llama.cpp's models while llama_cpp is importable
+        for e in test_engine._engines.values():
+            e.close()
+        test_engine._engines.clear()
+
+
 @pytest.fixture(scope="module")
 def f32_gguf(tmp_path_factory):
     return llamacpp.dequantized_gguf(realmodel.gguf_path(), tmp_path_factory.mktemp("gguf") / "smollm2.f32.gguf")

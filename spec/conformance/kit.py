@@ -12,6 +12,8 @@ a bug, not a rounding tie, and drafts in fp32):
   SMALL: a 4-token one-layer GPT-NeoX pair with sharpened logits for the sampling laws (64
        three-token sequences, so the exact joint law is enumerable); the draft is the target with
        120% weight noise (alpha 0.61 at the prompt: rejections, residuals and bonuses all common).
+       Its bf16 form (small_pair_bf16): the target in fp32, the draft in bf16 with every logit
+       shifted by 256 (the same law, but logits that bf16 rounds to a spacing of 1-2).
 
 References: greedy continuations from spec.greedy_generate (checked against HF generate by
 the correctness suite); exact sampling laws from a fresh forward pass over each
@@ -111,11 +113,41 @@ def _bias(z, ctx, sequence_bias):
             z[ids[-1]] += float(torch.tensor(bias, dtype=torch.float32))  # HF keeps biases in float32
 
 
+# bf16 keeps 8 significant bits: logits near 256 are rounded to a spacing of 1 (2 above 256), so near-ties
+# flip and q moves by tens of percent (total variation up to 0.39 at T=0.6; the unshifted draft's logits,
+# all below 8 in size, move by at most 0.004: below what n = 400 can see).
+BF16_OFFSET = 256.0
+
+
+def shifted_logits(model, offset: float, spread: float = 4.0):
+    """A copy of the GPT-NeoX `model` whose every logit is `offset` higher, in its own weights, so every
+    runner computes the shift: the same law in exact arithmetic (a softmax ignores a common shift;
+    in fp32 it moves by 1e-5), but large logits, which bf16 rounds coarsely.
+
+    With h = g * x + b the final norm's output (x normalised: sum(x) = 0), adding a * u with u = 1 / g
+    to every head row adds a * u.b to every logit whatever x is; the norm's bias gains a vector e
+    orthogonal to every head row (so the rows' own products are unchanged) that makes u.(b + e)
+    nonzero, and a is chosen to make a * u.(b + e) = offset. `spread`: the largest entry of e."""
+    m = copy.deepcopy(model)
+    norm, head = m.gpt_neox.final_layer_norm, m.get_output_embeddings()
+    with torch.no_grad():
+        g, b, rows = norm.weight.double(), norm.bias.double(), head.weight.double()
+        u = 1 / g
+        span = torch.linalg.qr(rows.T).Q
+        r = u - span @ (span.T @ u)           # u with the head rows' span removed
+        e = spread * r / r.abs().max()
+        a = offset / float(u @ (b + e))
+        norm.bias.copy_((b + e).to(norm.bias.dtype))
+        head.weight.copy_((rows + a * u).to(head.weight.dtype))
+    return m
+
+
 @functools.cache
 def small_pair_bf16():
-    """The small pair as a mixed-precision deployment runs it: the target in fp32, the draft in bf16."""
+    """The small pair as a mixed-precision deployment runs it: the target in fp32, the draft in bf16
+    with every logit shifted by BF16_OFFSET (its fp32 law is the small pair's draft's, to 1e-5)."""
     target, draft = small_pair()
-    return copy.deepcopy(target).to(torch.float32), copy.deepcopy(draft).to(torch.bfloat16)
+    return copy.deepcopy(target).to(torch.float32), shifted_logits(draft, BF16_OFFSET).to(torch.bfloat16)
 
 
 def reference_processed(logits: torch.Tensor, context, repetition_penalty=None, no_repeat_ngram_size=None,
@@ -179,13 +211,14 @@ class ExactLaw:
 
 def joint_fit(name: str, samples: list[tuple], law: dict):
     """Pearson's chi-square of the observed m-token sequences against the exact joint law,
-    and a table of the cells that deviate most (observed vs expected)."""
-    cells = list(law)
+    and a table of the cells that deviate most (observed vs expected). `law` may leave out
+    sequences of probability 0 (seen, they are outcomes of probability 0)."""
+    cells = list(law) + sorted(set(samples) - set(law))
     index = {s: i for i, s in enumerate(cells)}
     observed = [0] * len(cells)
     for s in samples:
         observed[index[s]] += 1
-    probs = [law[s] for s in cells]
+    probs = [law.get(s, 0.0) for s in cells]
     fit = goodness_of_fit(name, {"all": (observed, probs)})
     n = len(samples)
     rows = sorted(((o - n * p) / math.sqrt(n * p) if p > 0 else (math.inf if o else 0.0), s, o, n * p)
