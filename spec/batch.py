@@ -166,8 +166,9 @@ class Rows:
             j = torch.arange(width, device=self.device)[None]
             shift = torch.tensor(drop, device=self.device)[:, None]
             columns = (j + self.width - width - shift).clamp(0, self.width - 1)
-            valid = j >= width - torch.tensor(new, device=self.device)[:, None]
-            hf.regather(self.cache, torch.tensor(kept, dtype=torch.long, device=self.device), columns, valid)
+            every = kept == list(range(len(self.lengths)))
+            hf.regather(self.cache, None if every else torch.tensor(kept, dtype=torch.long, device=self.device),
+                        columns)
         self.width = width
         self.lengths = new
         self.held = [self.held[r][:lengths[r]] for r in kept]

@@ -412,17 +412,17 @@ def takes_batch_masks(model) -> bool:
     return {"attention_mask", "position_ids"} <= params and cache_kwarg(model) in ("cache", "past_key_values")
 
 
-def regather(cache, rows: torch.Tensor, columns: torch.Tensor, valid: torch.Tensor) -> None:
-    """Rebuild every layer of `cache` from batch rows `rows` [B'] and, in new row i, the cached
-    columns `columns[i]` [W'] (new column j holds old column columns[i, j]); columns where
-    `valid` [B', W'] is False are zeroed (padding: masked, and never left holding NaN).
-    Only full layers (DynamicLayer: keys and values [B, heads, len, dim]) can be regathered."""
+def regather(cache, rows: torch.Tensor | None, columns: torch.Tensor) -> None:
+    """Rebuild every layer of `cache` from batch rows `rows` [B'] (None: all) and, in new row i, the cached
+    columns `columns[i]` [W'] (new column j holds old column columns[i, j]; padding columns hold
+    copies of real ones, finite, and masked). Only full layers (DynamicLayer: keys and values
+    [B, heads, len, dim]) can be regathered."""
     for layer in cache.layers:
         for name in ("keys", "values"):
-            t = getattr(layer, name)[rows]
+            t = getattr(layer, name)
+            t = t if rows is None else t[rows]
             index = columns[:, None, :, None].expand(t.shape[0], t.shape[1], columns.shape[1], t.shape[3])
-            t = t.gather(2, index)
-            setattr(layer, name, t.masked_fill(~valid[:, None, :, None], 0))
+            setattr(layer, name, t.gather(2, index))
 
 
 def regatherable(cache) -> bool:
