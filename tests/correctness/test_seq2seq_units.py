@@ -1,0 +1,84 @@
+"""spec.seq2seq's decoder runner, pinned directly: fed in blocks and cropped as the decode loop
+does, against the model's own cache-free decoder pass over the same encoder output.
+
+test_encoder_decoder.py checks whole decodes (greedy, speculative, rounds replayed); this module
+checks the runner's parts one at a time, on the tiny fp64 models of seq2seq_models.py built once
+a module, so that a fault is named where it is (and mutmut's runs of spec/seq2seq.py stay short).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from seq2seq_models import CORE, VOCAB, build, encoder_inputs, encoder_output
+
+from spec import seq2seq
+from spec.seq2seq import Decoder, TokenMasks
+
+# The loop's moves: a prompt block, verify blocks, crops to every depth (to 0 too), one-token steps.
+SCHEDULE = [("feed", 5), ("feed", 9), ("crop", 7), ("feed", 8), ("feed", 13), ("crop", 13), ("crop", 10),
+            ("feed", 14), ("crop", 0), ("feed", 3), ("feed", 16)]
+
+
+@pytest.fixture(scope="module", params=CORE)
+def family(request):
+    return request.param
+
+
+def _reference(model, encoded, ids):
+    """The model's own decoder over the whole sequence, no cache, no spec code."""
+    mask = torch.ones(encoded.last_hidden_state.shape[:2], dtype=torch.long)
+    return model(encoder_outputs=encoded, attention_mask=mask, decoder_input_ids=ids[None], use_cache=False).logits[0]
+
+
+@torch.inference_mode()
+def test_decoder_fed_in_blocks_and_cropped_matches_the_cache_free_decoder(family):
+    model = build(family)
+    encoded = encoder_output(model, encoder_inputs(family, list(range(3, 17)), 0))
+    ids = torch.randint(3, VOCAB, (16,), generator=torch.Generator().manual_seed(5))
+    full = _reference(model, encoded, ids)
+    run = Decoder(model, encoded)       # no masks: the model's own logits
+    for op, at in SCHEDULE:
+        if op == "crop":
+            before = len(run)
+            run.crop(at)
+            assert len(run) == min(at, before)
+            continue
+        start = len(run)
+        everything = run(ids[start:at])                             # keep=0: every row fed
+        assert len(run) == at
+        assert everything.shape == (at - start, full.shape[-1])
+        assert torch.allclose(everything, full[start:at], rtol=0, atol=1e-9), f"{family}: {start}..{at - 1}"
+        run.crop(start)
+        last = run(ids[start:at], keep=1)                           # keep=1: the last row only
+        assert torch.allclose(last, full[at - 1:at], rtol=0, atol=1e-9)
+
+
+@torch.inference_mode()
+def test_decoder_applies_its_masks_by_the_position_each_row_predicts():
+    """A row predicting decoder position p gets the masks of p, whichever pass computes it."""
+    model = build("t5")
+    encoded = encoder_output(model, encoder_inputs("t5", list(range(3, 17)), 0))
+    masks = TokenMasks(suppress=(5,), begin_suppress=(7,), forced_bos=4, forced_eos=9, begin_at=2, end_at=6)
+    ids = torch.randint(3, VOCAB, (8,), generator=torch.Generator().manual_seed(6))
+    full = masks.apply(_reference(model, encoded, ids), 0)
+    run = Decoder(model, encoded, masks)
+    assert torch.allclose(run(ids[:3]), full[:3], rtol=0, atol=1e-9)
+    assert torch.allclose(run(ids[3:7], keep=2), full[5:7], rtol=0, atol=1e-9)
+    run.crop(4)
+    assert torch.allclose(run(ids[4:8], keep=3), full[5:8], rtol=0, atol=1e-9)
+    assert full[0].isfinite().sum() == 1 and full[5].isfinite().sum() == 1     # forced BOS, forced EOS rows
+    assert full[1, 7] == -float("inf") and full[2, 7] != -float("inf")      # begin suppression: position 2 only
+    assert (full[:, 5] == -float("inf")).all()
+
+
+def test_t5_with_a_deeper_decoder_gets_config_free_caches():
+    """num_decoder_layers != num_layers: the decoder's text config miscounts its layers, so the
+    caches are built without it (they grow a layer per use); otherwise from the config."""
+    import transformers as T
+    deep = T.T5ForConditionalGeneration(T.T5Config(d_model=16, d_kv=4, d_ff=32, num_layers=1, num_decoder_layers=3,
+                                                   num_heads=4, vocab_size=VOCAB, decoder_start_token_id=0))
+    cache = seq2seq.new_cache(deep)
+    assert len(cache.self_attention_cache.layers) == 0 and len(cache.cross_attention_cache.layers) == 0
+    cache = seq2seq.new_cache(build("bart"))
+    assert len(cache.self_attention_cache.layers) == 2 and len(cache.cross_attention_cache.layers) == 2
