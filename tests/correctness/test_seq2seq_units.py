@@ -8,6 +8,8 @@ a module, so that a fault is named where it is (and mutmut's runs of spec/seq2se
 
 from __future__ import annotations
 
+from types import SimpleNamespace as NS
+
 import pytest
 import torch
 from seq2seq_models import CORE, VOCAB, build, encoder_inputs, encoder_output
@@ -82,3 +84,32 @@ def test_t5_with_a_deeper_decoder_gets_config_free_caches():
     assert len(cache.self_attention_cache.layers) == 0 and len(cache.cross_attention_cache.layers) == 0
     cache = seq2seq.new_cache(build("bart"))
     assert len(cache.self_attention_cache.layers) == 2 and len(cache.cross_attention_cache.layers) == 2
+
+
+def test_a_shared_encoder_output_must_fit_the_drafts_width_and_family():
+    """share_encoder=True: the draft attends to the target's encoder output, so its decoder must
+    take states that wide (d_model, or hidden_size where a config names it so) and be the same family."""
+    out = NS(last_hidden_state=torch.zeros(1, 5, 32))
+    target = NS(config=NS(model_type="whisper", d_model=32))
+    for config in (NS(model_type="whisper", d_model=32), NS(model_type="whisper", hidden_size=32),
+                   NS(model_type="whisper", d_model=32, hidden_size=32)):
+        assert seq2seq._check_shared(target, NS(config=config), out) is None
+    for config in (NS(model_type="whisper", d_model=16), NS(model_type="whisper", hidden_size=16),
+                   NS(model_type="whisper")):
+        with pytest.raises(ValueError) as info:
+            seq2seq._check_shared(target, NS(config=config), out)
+        assert str(info.value) == (
+            f"share_encoder=True: the target's encoder output is 32 wide but the draft's decoder attends to "
+            f"{getattr(config, 'd_model', getattr(config, 'hidden_size', None))}-wide states; the draft cannot "
+            f"reuse the target's encoder")
+    with pytest.raises(ValueError) as info:
+        seq2seq._check_shared(target, NS(config=NS(model_type="t5", d_model=32)), out)
+    assert str(info.value) == "share_encoder=True needs one family: target is 'whisper', draft is 't5'"
+
+
+def test_decoder_only_calls_refuse_encoder_decoder_inputs():
+    assert seq2seq.refuse_inputs() is None
+    assert seq2seq.refuse_inputs(None, None, False) is None
+    with pytest.raises(ValueError, match=r"^share_encoder=True is for encoder-decoder pairs; these models are "
+                                         r"decoder-only$"):
+        seq2seq.refuse_inputs(share_encoder=True)
