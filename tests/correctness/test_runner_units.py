@@ -122,14 +122,29 @@ def test_each_runner_fed_in_blocks_and_cropped_matches_the_cache_free_forward(na
     _drive(cls(model, positions), ids, full, SCHEDULE)
 
 
+@pytest.mark.parametrize(("name", "cls"), [("llama", runner.KVRunner), ("mamba2", runner.SnapshotRunner),
+                                           ("mamba", runner.StepwiseSnapshotRunner), ("gpt", runner.RecomputeRunner)])
 @torch.inference_mode()
-def test_counted_positions_stay_exact_across_a_pad_and_a_crop(roberta):
+def test_a_runner_returns_every_row_fed_unless_asked_for_fewer(name, cls, request):
+    model = request.getfixturevalue(name)
+    ids = _ids(9)
+    full = hf.authors_forward(model, ids)
+    run = cls(model) if name == "llama" else cls(model, "own" if name.startswith("mamba") else "explicit")
+    assert _near(run(ids[:4]), full[:4])
+    assert _near(run(ids[4:9]), full[4:9])
+    assert cls(model).positions == "explicit"          # the default: 0-based, as most models count
+
+
+@pytest.mark.parametrize("cls", [runner.KVRunner, runner.RecomputeRunner])
+@torch.inference_mode()
+def test_counted_positions_stay_exact_across_a_pad_and_a_crop(roberta, cls):
     """RoBERTa counts positions from padding_idx + 1 over the whole sequence and gives a pad its
-    own; the runner recounts over every id it holds, the ones before a crop included."""
+    own; the runner recounts over every id it holds, the ones before a crop included, and passes
+    an attention mask (positions that step back at the pad read as a new packed sequence without)."""
     pad = runner.counted_pad(roberta)
     ids = _ids(16, pad=pad)
     full = hf.authors_forward(roberta, ids)
-    _drive(runner.KVRunner(roberta, "counted"), ids, full, SCHEDULE)
+    _drive(cls(roberta, "counted"), ids, full, SCHEDULE)
     # 0-based positions are off by padding_idx + 1 everywhere: the check above would see it.
     wrong = runner.KVRunner(roberta, "explicit")
     assert not torch.allclose(wrong(ids), full, rtol=0, atol=1e-3)
@@ -530,3 +545,23 @@ def test_causal_check_sees_a_forward_that_reads_a_few_tokens_ahead(ahead):
     assert runner.causal_check(model, ids, hf.authors_forward(model, ids), 1e-9) is not None
     top = torch.full((12,), archs.VOCAB - 1)              # the last ids wrap around the vocabulary
     assert runner.causal_check(model, top, hf.authors_forward(model, top), 1e-9) is not None
+
+
+def test_a_dtype_the_table_lacks_gets_the_loosest_tolerance(llama, monkeypatch):
+    """5e-2 of the scale, as bf16: off by 1e-2 passes, off by 1e-1 is refused."""
+    monkeypatch.setattr(runner, "PROBE_TOLERANCE", {})
+    real = hf.step
+    for off, accepted in ((1e-2, True), (1e-1, False)):
+        def strays(model, ids, cache=None, off=off, **kwargs):
+            logits, cache = real(model, ids, cache, **kwargs)
+            return logits + off * (1 + logits.abs().max()), cache
+        monkeypatch.setattr(hf, "step", strays)
+        runner.forget(llama)
+        try:
+            if accepted:
+                assert runner.verdict(llama)[0] == "kv-cache"
+            else:
+                with pytest.raises(UnsupportedModelError, match="no way of running it reproduces"):
+                    runner.verdict(llama)
+        finally:
+            runner.forget(llama)

@@ -113,3 +113,50 @@ def test_decoder_only_calls_refuse_encoder_decoder_inputs():
     with pytest.raises(ValueError, match=r"^share_encoder=True is for encoder-decoder pairs; these models are "
                                          r"decoder-only$"):
         seq2seq.refuse_inputs(share_encoder=True)
+
+
+def test_features_files_are_read_from_pt_and_npy_and_refused_clearly(tmp_path):
+    import numpy as np
+    features = torch.randn(8, 32, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    torch.save(features, tmp_path / "a.pt")
+    np.save(tmp_path / "b.npy", features.numpy())
+    for name in ("a.pt", "b.npy"):
+        got = seq2seq.load_features(tmp_path / name)
+        assert got.dtype == torch.float64 and torch.equal(got, features)
+    assert torch.equal(seq2seq.load_features(str(tmp_path / "a.pt")), features)     # a str path too
+    names, label, tensors = seq2seq.feature_prompts([tmp_path / "a.pt", tmp_path / "b.npy"])
+    assert names == [str(tmp_path / "a.pt"), str(tmp_path / "b.npy")] and label == "features files"
+    assert len(tensors) == 2 and all(torch.equal(t, features) for t in tensors)
+
+    (tmp_path / "bad.pt").write_text("not a tensor")
+    with pytest.raises(ValueError, match=r"^--features: cannot read '.*bad\.pt': "):
+        seq2seq.load_features(tmp_path / "bad.pt")
+    np.save(tmp_path / "objects.npy", np.array([{"a": 1}], dtype=object))         # pickles: not allowed
+    with pytest.raises(ValueError, match=r"^--features: cannot read '.*objects\.npy': .*allow_pickle"):
+        seq2seq.load_features(tmp_path / "objects.npy")
+    np.save(tmp_path / "ints.npy", np.arange(6))
+    torch.save({"features": features}, tmp_path / "dict.pt")
+    for name in ("ints.npy", "dict.pt"):
+        with pytest.raises(ValueError) as info:
+            seq2seq.load_features(tmp_path / name)
+        assert str(info.value) == (f"--features: {str(tmp_path / name)!r} must hold one floating-point tensor "
+                                   "[num_mel_bins, frames]")
+
+    class Usage(Exception):
+        pass
+    with pytest.raises(Usage, match=r"^--features: cannot read"):
+        seq2seq.feature_prompts([tmp_path / "a.pt", tmp_path / "bad.pt"], error=Usage)
+    with pytest.raises(ValueError, match=r"^--features: cannot read"):
+        seq2seq.feature_prompts([tmp_path / "bad.pt"])
+
+
+def test_the_auto_class_and_the_draft_impls_an_encoder_decoder_draft_takes():
+    from transformers import AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq
+    assert seq2seq.auto_class(build("whisper").config) is AutoModelForSpeechSeq2Seq
+    assert seq2seq.auto_class(build("t5").config) is AutoModelForSeq2SeqLM
+    for impl in ("auto", "hf"):
+        assert seq2seq.check_draft_impl(impl) is None
+    with pytest.raises(ValueError) as info:
+        seq2seq.check_draft_impl("plain")
+    assert str(info.value) == ("draft_impl='plain' is for decoder-only drafts; an encoder-decoder draft runs its own "
+                               "forward: use 'auto' or 'hf'")
