@@ -404,7 +404,8 @@ def _with(**fields):
     ({"sliding_window": 4, "attention_window_size": 20}, 26),   # the widest reach
     ({"SLIDING_WINDOW": 30}, 36),                               # field names of any case
     ({"sliding_window": 0, "use_sliding_window": True, "window": "8", "other_window": -3}, 12),  # not reaches
-    ({"num_experts_topk": 40, "moe_topk": 40, "topk_group": 40, "norm_topk_prob": 40}, 12),     # expert routing
+    ({"num_experts_topk": 40, "moe_topk": 40, "topk_group": 40, "norm_topk_prob": 40, "n_group_topk": 40},
+     12),                                                       # expert routing
     ({"index_topk": 20}, 26),                                   # a sparse-attention key budget
     ({"sliding_window": 20, "max_position_embeddings": 16}, 16),  # never past the model's positions
     ({"sliding_window": 20, "n_positions": 10}, 10),
@@ -427,6 +428,8 @@ def test_probe_length_and_reach_read_the_decoders_text_config():
 def test_unprobed_reach_names_the_first_key_budget():
     assert runner.unprobed_reach(_with(sliding_window=8)) is None
     assert runner.unprobed_reach(_with(moe_topk=2, num_experts_per_tok=2)) is None
+    assert runner.unprobed_reach(_with(index_topk=0)) is None                     # 0: no budget, not sparse
+    assert "(index_topk=1)" in runner.unprobed_reach(_with(index_topk=1))
     assert runner.unprobed_reach(_with(sliding_window=8, Index_TopK=7, other_topk=9)) == (
         "its attention selects keys per pass (Index_TopK=7): a verify pass may select other keys than one-token "
         "steps once the sequence passes 7, so the output is not guaranteed to be greedy's")
@@ -445,20 +448,13 @@ def test_probe_ids_are_seeded_and_put_a_pad_mid_sequence_for_counted_positions(l
 
 
 def test_a_pad_outside_the_vocabulary_is_not_placed(roberta, monkeypatch):
-    for pad in (archs.VOCAB, -1):
+    plain = torch.randint(0, archs.VOCAB, (12,), generator=torch.Generator().manual_seed(1234))
+    for pad in (archs.VOCAB, -1, archs.VOCAB - 1):
         monkeypatch.setattr(runner, "counted_pad", lambda model, pad=pad: pad)
-        assert torch.equal(runner._probe_ids(roberta, 12, "cpu"), runner._probe_ids(_LikeLlama(), 12, "cpu"))
-
-
-class _LikeLlama:
-    """Just what _probe_ids reads of a model with no counted positions."""
-    config = NS(pad_token_id=None)
-
-    def get_input_embeddings(self):
-        return torch.nn.Embedding(archs.VOCAB, 2)
-
-    def named_modules(self):
-        return iter(())
+        expected = plain.clone()
+        if pad == archs.VOCAB - 1:
+            expected[6] = pad                           # the last id the model embeds is placed
+        assert torch.equal(runner._probe_ids(roberta, 12, "cpu"), expected)
 
 
 def test_close():
@@ -543,8 +539,9 @@ def test_causal_check_sees_a_forward_that_reads_a_few_tokens_ahead(ahead):
     model = _PeeksAhead(ahead)
     ids = torch.arange(10, 22)
     assert runner.causal_check(model, ids, hf.authors_forward(model, ids), 1e-9) is not None
-    top = torch.full((12,), archs.VOCAB - 1)              # the last ids wrap around the vocabulary
-    assert runner.causal_check(model, top, hf.authors_forward(model, top), 1e-9) is not None
+    for last in (archs.VOCAB - 1, 0):                    # changed to 0 (wrapping around the vocabulary), from 0
+        ids = torch.cat([torch.arange(10, 19), torch.full((3,), last)])
+        assert runner.causal_check(model, ids, hf.authors_forward(model, ids), 1e-9) is not None
 
 
 def test_a_dtype_the_table_lacks_gets_the_loosest_tolerance(llama, monkeypatch):
