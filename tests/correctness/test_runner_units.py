@@ -135,7 +135,7 @@ def test_a_runner_returns_every_row_fed_unless_asked_for_fewer(name, cls, reques
     assert cls(model).positions == "explicit"          # the default: 0-based, as most models count
 
 
-@pytest.mark.parametrize("cls", [runner.KVRunner, runner.RecomputeRunner])
+@pytest.mark.parametrize("cls", [runner.KVRunner, runner.SnapshotRunner, runner.RecomputeRunner])
 @torch.inference_mode()
 def test_counted_positions_stay_exact_across_a_pad_and_a_crop(roberta, cls):
     """RoBERTa counts positions from padding_idx + 1 over the whole sequence and gives a pad its
@@ -171,11 +171,22 @@ def test_snapshot_runner_copies_where_the_verify_rows_start_and_refeeds_only_wha
     fed.clear()
     _drive(run, ids, full, [("feed", 9, 0), ("crop", 9, None), ("crop", 20, None), ("feed", 11, 2)])
     assert fed == [(4, 0, True), (2, 2, True)]
+    fed.clear()
+    _drive(run, ids, full, [("crop", 11, None), ("feed", 14, 3), ("crop", 11, None)])  # to the copy: nothing re-fed
+    assert fed == [(3, 3, True)] and len(run) == 11
+    fed.clear()
+    _drive(run, ids, full, [("feed", 15, 4), ("crop", 13, None), ("crop", 12, None), ("feed", 16, 0)])
+    assert fed == [(4, 4, True), (2, 1, True), (12, 1, True), (4, 0, True)]   # two crops in a row: the second from 0
     fresh = runner.SnapshotRunner(mamba2, "own")
     assert len(fresh) == 0 and fresh.saved is None
     fresh.crop(3)                                        # nothing held: nothing to do
+    fed.clear()
     _drive(fresh, ids, full, [("feed", 5, 5)])           # all rows asked for: no split
-    assert fresh.saved[0] == 0
+    assert fresh.saved[0] == 0 and fed == [(5, 5, True)]
+    fresh = runner.SnapshotRunner(mamba2, "own")
+    fed.clear()
+    _drive(fresh, ids, full, [("feed", 5, 1)])           # the last row only: the copy goes before it
+    assert fresh.saved[0] == 4 and fed == [(4, 1, True), (1, 1, True)]
 
 
 @torch.inference_mode()
