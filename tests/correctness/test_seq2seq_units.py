@@ -86,6 +86,35 @@ def test_t5_with_a_deeper_decoder_gets_config_free_caches():
     assert len(cache.self_attention_cache.layers) == 2 and len(cache.cross_attention_cache.layers) == 2
 
 
+@torch.inference_mode()
+def test_a_bart_with_a_deeper_decoder_gets_caches_of_its_decoders_depth():
+    """BART's config counts the encoder's layers (num_hidden_layers); the caches are the decoder's."""
+    import transformers as T
+    from seq2seq_models import _BART_LIKE, sharpen
+    torch.manual_seed(0)
+    model = sharpen(T.BartForConditionalGeneration(T.BartConfig(**dict(_BART_LIKE, encoder_layers=1,
+                                                                       decoder_layers=3))), 0).double().eval()
+    cache = seq2seq.new_cache(model)
+    assert len(cache.self_attention_cache.layers) == 3 and len(cache.cross_attention_cache.layers) == 3
+    encoded = encoder_output(model, encoder_inputs("bart", list(range(3, 17)), 0))
+    ids = torch.randint(3, VOCAB, (16,), generator=torch.Generator().manual_seed(5))
+    full = _reference(model, encoded, ids)
+    run = Decoder(model, encoded)
+    assert torch.allclose(run(ids[:9]), full[:9], rtol=0, atol=1e-9)
+    run.crop(6)
+    assert torch.allclose(run(ids[6:16], keep=4), full[12:16], rtol=0, atol=1e-9)
+
+
+@torch.inference_mode()
+def test_whisper_features_may_be_given_in_the_place_of_input_ids():
+    """As the CLI passes them: a floating-point tensor as the first argument is Whisper's features."""
+    model = build("whisper")
+    features = encoder_inputs("whisper", None, 3)["input_features"]
+    by_name = seq2seq.encode(model, input_features=features).last_hidden_state
+    assert torch.equal(seq2seq.encode(model, features).last_hidden_state, by_name)
+    assert torch.equal(seq2seq.encode(model, features[None]).last_hidden_state, by_name)
+
+
 def test_a_shared_encoder_output_must_fit_the_drafts_width_and_family():
     """share_encoder=True: the draft attends to the target's encoder output, so its decoder must
     take states that wide (d_model, or hidden_size where a config names it so) and be the same family."""
@@ -134,6 +163,10 @@ def test_features_files_are_read_from_pt_and_npy_and_refused_clearly(tmp_path):
     np.save(tmp_path / "objects.npy", np.array([{"a": 1}], dtype=object))         # pickles: not allowed
     with pytest.raises(ValueError, match=r"^--features: cannot read '.*objects\.npy': .*allow_pickle"):
         seq2seq.load_features(tmp_path / "objects.npy")
+    from fractions import Fraction
+    torch.save(Fraction(1, 2), tmp_path / "object.pt")                           # not weights: not unpickled
+    with pytest.raises(ValueError, match=r"^--features: cannot read '.*object\.pt': .*[Ww]eights only load failed"):
+        seq2seq.load_features(tmp_path / "object.pt")
     np.save(tmp_path / "ints.npy", np.arange(6))
     torch.save({"features": features}, tmp_path / "dict.pt")
     for name in ("ints.npy", "dict.pt"):
@@ -160,3 +193,18 @@ def test_the_auto_class_and_the_draft_impls_an_encoder_decoder_draft_takes():
         seq2seq.check_draft_impl("plain")
     assert str(info.value) == ("draft_impl='plain' is for decoder-only drafts; an encoder-decoder draft runs its own "
                                "forward: use 'auto' or 'hf'")
+
+
+@torch.inference_mode()
+def test_prepare_gives_the_decoder_prompt_each_models_own_encoder_output_and_the_masks():
+    from seq2seq_models import draft_for
+    target, draft = build("bart"), draft_for("bart")
+    inputs = encoder_inputs("bart", list(range(3, 17)), 0)
+    prompt, outputs, masks = seq2seq.prepare({"target": target}, inputs["input_ids"], max_new_tokens=5)
+    assert prompt.tolist() == [2] and prompt.dtype == torch.long and len(outputs) == 1
+    assert masks == TokenMasks.of(target, 1, 5)
+    prompt, outputs, _ = seq2seq.prepare({"target": target, "draft": draft}, inputs["input_ids"])   # own encoders
+    assert torch.equal(outputs[0].last_hidden_state, encoder_output(target, inputs).last_hidden_state)
+    assert torch.equal(outputs[1].last_hidden_state, encoder_output(draft, inputs).last_hidden_state)
+    _, shared, _ = seq2seq.prepare({"target": target, "draft": draft}, inputs["input_ids"], share_encoder=True)
+    assert torch.equal(shared[1].last_hidden_state, shared[0].last_hidden_state)
