@@ -208,3 +208,20 @@ def test_prepare_gives_the_decoder_prompt_each_models_own_encoder_output_and_the
     assert torch.equal(outputs[1].last_hidden_state, encoder_output(draft, inputs).last_hidden_state)
     _, shared, _ = seq2seq.prepare({"target": target, "draft": draft}, inputs["input_ids"], share_encoder=True)
     assert torch.equal(shared[1].last_hidden_state, shared[0].last_hidden_state)
+
+
+def test_prepare_names_the_target_and_the_decoder_prompt_in_its_refusals():
+    import copy
+    model = copy.deepcopy(build("t5"))
+    model.generation_config.decoder_start_token_id = VOCAB + 4            # outside what the decoder embeds
+    with pytest.raises(ValueError) as info:
+        seq2seq.prepare({"target": model}, [5, 6])
+    assert str(info.value) == f"the decoder prompt holds token id {VOCAB + 4}, outside the target's vocabulary [0, {VOCAB})"
+    with pytest.raises(ValueError) as info:
+        seq2seq.prepare({"target": model}, [5, 6], decoder_input_ids=[0, VOCAB])
+    assert str(info.value) == f"decoder_input_ids holds token id {VOCAB}, outside the target's vocabulary [0, {VOCAB})"
+    model.generation_config.decoder_start_token_id = model.config.decoder_start_token_id = None
+    with pytest.raises(ValueError) as info:
+        seq2seq.prepare({"target": model}, [5, 6])
+    assert str(info.value) == ("target has no decoder_start_token_id in its config or generation_config: "
+                               "pass decoder_input_ids=")
