@@ -208,6 +208,11 @@ def test_prepare_gives_the_decoder_prompt_each_models_own_encoder_output_and_the
     assert torch.equal(outputs[1].last_hidden_state, encoder_output(draft, inputs).last_hidden_state)
     _, shared, _ = seq2seq.prepare({"target": target, "draft": draft}, inputs["input_ids"], share_encoder=True)
     assert torch.equal(shared[1].last_hidden_state, shared[0].last_hidden_state)
+    import copy
+    single = copy.deepcopy(draft).float()                  # a draft in another dtype reads the output cast to it
+    _, cast, _ = seq2seq.prepare({"target": target, "draft": single}, inputs["input_ids"], share_encoder=True)
+    assert cast[1].last_hidden_state.dtype == torch.float32 and cast[0].last_hidden_state.dtype == torch.float64
+    assert torch.equal(cast[1].last_hidden_state, cast[0].last_hidden_state.float())
 
 
 def test_prepare_names_the_target_and_the_decoder_prompt_in_its_refusals():
