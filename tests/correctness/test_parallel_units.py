@@ -19,8 +19,16 @@ import torch.distributed as dist
 from spec import parallel
 
 
+class _Mesh:
+    """transformers' device mesh, as far as spec.hf reads it: the group of its "tp" dimension."""
+    mesh_dim_names = ("tp",)
+
+    def get_group(self, name=None):
+        return f"group {name}"
+
+
 def _tp(size=2):
-    return NS(_tp_size=size)
+    return NS(_tp_size=size, _device_mesh=_Mesh())
 
 
 def _mapped(placement):
@@ -39,13 +47,16 @@ def test_a_model_is_split_by_tensor_parallelism_or_a_device_map_over_several_dev
 
 def test_describe(monkeypatch):
     assert parallel.describe(torch.nn.Linear(2, 2)) == "whole on cpu"
+    one_device = torch.nn.Linear(2, 2)
+    one_device.hf_device_map = {"a": "cpu", "b": "cpu"}
+    assert parallel.describe(one_device) == "whole on cpu"
     assert parallel.describe(_mapped({"a": "cpu", "b": "disk", "c": "cpu"})) == "device_map over cpu, disk (3 parts)"
     assert parallel.describe(_tp(2)) == \
         "tensor parallel over 2 processes (?; transformers' plan for SimpleNamespace)"   # no process group yet
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_backend", lambda group: f"gloo of {group}")
-    assert parallel.describe(NS(_tp_size=3, _device_mesh=None)) == \
-        "tensor parallel over 3 processes (gloo of None; transformers' plan for SimpleNamespace)"
+    assert parallel.describe(_tp(3)) == \
+        "tensor parallel over 3 processes (gloo of group tp; transformers' plan for SimpleNamespace)"
 
 
 def test_the_random_state_is_the_generators_or_the_default_one():
@@ -82,18 +93,28 @@ class _Ranks:
 
     def __init__(self, monkeypatch, size=2, theirs=None, zero=None):
         self.sent, self.broadcast = [], []
-        monkeypatch.setattr(dist, "get_world_size", lambda group=None: size)
+
+        def world_size(group=None):
+            assert group == "group tp", group           # the target's own group, not the default one
+            return size
+        monkeypatch.setattr(dist, "get_world_size", world_size)
 
         def gather(everyone, mine, group=None):
+            assert group == "group tp", group
             self.sent.append(mine)
             everyone[:] = [mine] + [{**mine, **(theirs or {})} for _ in range(size - 1)]
         monkeypatch.setattr(dist, "all_gather_object", gather)
 
         def broadcast(box, src=None, group=None):
+            assert group == "group tp", group
             self.broadcast.append(src)
             box[0] = zero
         monkeypatch.setattr(dist, "broadcast_object_list", broadcast)
-        monkeypatch.setattr(dist, "get_global_rank", lambda group, rank: 10 + rank)
+
+        def global_rank(group, rank):
+            assert group == "group tp", group
+            return 10 + rank
+        monkeypatch.setattr(dist, "get_global_rank", global_rank)
 
 
 def test_a_whole_target_is_not_compared_across_ranks(monkeypatch):
@@ -113,6 +134,10 @@ def test_ranks_that_agree_pass_and_every_option_is_compared(monkeypatch):
         parallel._random_state(torch.Generator().manual_seed(3), torch.device("cpu"))
     assert parallel.check(_tp(2), gamma=4, prompt=torch.tensor([1]), do_sample=False) is None
     assert "generator (random state)" not in ranks.sent[-1]              # greedy: the random stream is not read
+    with torch.random.fork_rng():
+        torch.manual_seed(3)                            # no generator: torch's default stream is compared
+        assert parallel.check(_tp(2), gamma=4, prompt=torch.tensor([1]), do_sample=True) is None
+    assert ranks.sent[-1]["generator (random state)"] == ranks.sent[-3]["generator (random state)"]
 
 
 @pytest.mark.parametrize(("theirs", "message"), [
