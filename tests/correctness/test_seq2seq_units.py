@@ -33,7 +33,7 @@ def _reference(model, encoded, ids):
     return model(encoder_outputs=encoded, attention_mask=mask, decoder_input_ids=ids[None], use_cache=False).logits[0]
 
 
-@torch.inference_mode()
+@torch.no_grad()  # not inference_mode: the models built here are shared (cached) with other modules
 def test_decoder_fed_in_blocks_and_cropped_matches_the_cache_free_decoder(family):
     model = build(family)
     encoded = encoder_output(model, encoder_inputs(family, list(range(3, 17)), 0))
@@ -56,7 +56,7 @@ def test_decoder_fed_in_blocks_and_cropped_matches_the_cache_free_decoder(family
         assert torch.allclose(last, full[at - 1:at], rtol=0, atol=1e-9)
 
 
-@torch.inference_mode()
+@torch.no_grad()
 def test_decoder_applies_its_masks_by_the_position_each_row_predicts():
     """A row predicting decoder position p gets the masks of p, whichever pass computes it."""
     model = build("t5")
@@ -86,7 +86,7 @@ def test_t5_with_a_deeper_decoder_gets_config_free_caches():
     assert len(cache.self_attention_cache.layers) == 2 and len(cache.cross_attention_cache.layers) == 2
 
 
-@torch.inference_mode()
+@torch.no_grad()
 def test_a_bart_with_a_deeper_decoder_gets_caches_of_its_decoders_depth():
     """BART's config counts the encoder's layers (num_hidden_layers); the caches are the decoder's."""
     import transformers as T
@@ -105,7 +105,7 @@ def test_a_bart_with_a_deeper_decoder_gets_caches_of_its_decoders_depth():
     assert torch.allclose(run(ids[6:16], keep=4), full[12:16], rtol=0, atol=1e-9)
 
 
-@torch.inference_mode()
+@torch.no_grad()
 def test_whisper_features_may_be_given_in_the_place_of_input_ids():
     """As the CLI passes them: a floating-point tensor as the first argument is Whisper's features."""
     model = build("whisper")
@@ -195,7 +195,7 @@ def test_the_auto_class_and_the_draft_impls_an_encoder_decoder_draft_takes():
                                "forward: use 'auto' or 'hf'")
 
 
-@torch.inference_mode()
+@torch.no_grad()
 def test_prepare_gives_the_decoder_prompt_each_models_own_encoder_output_and_the_masks():
     from seq2seq_models import draft_for
     target, draft = build("bart"), draft_for("bart")
@@ -228,5 +228,29 @@ def test_prepare_names_the_target_and_the_decoder_prompt_in_its_refusals():
     model.generation_config.decoder_start_token_id = model.config.decoder_start_token_id = None
     with pytest.raises(ValueError) as info:
         seq2seq.prepare({"target": model}, [5, 6])
+    assert str(info.value) == ("target has no decoder_start_token_id in its config or generation_config: "
+                               "pass decoder_input_ids=")
+
+
+@torch.no_grad()
+def test_the_drafts_encoder_input_is_checked_against_its_own_vocabulary(monkeypatch):
+    from seq2seq_models import draft_for
+    from spec import hf
+    target, draft = build("t5"), draft_for("t5")
+    real = hf.vocab_rows
+    monkeypatch.setattr(hf, "vocab_rows", lambda model: 50 if model is draft else real(model))
+    with pytest.raises(ValueError) as info:
+        seq2seq.prepare({"target": target, "draft": draft}, [3, 60])
+    assert str(info.value) == "input_ids holds token id 60, outside the draft's vocabulary [0, 50)"
+
+
+def test_is_encoder_decoder_and_the_start_token_read_whatever_configs_have():
+    assert seq2seq.is_encoder_decoder(build("t5")) is True
+    assert seq2seq.is_encoder_decoder(object()) is False                       # no config at all
+    assert seq2seq.is_encoder_decoder(NS(config=NS())) is False                # a config without the field
+    bart = NS(model_type="bart")
+    assert seq2seq.decoder_prompt(NS(generation_config=NS(), config=NS(model_type="bart", decoder_start_token_id=6))) == [6]
+    with pytest.raises(ValueError) as info:
+        seq2seq.decoder_prompt(NS(generation_config=NS(), config=bart), name="target")
     assert str(info.value) == ("target has no decoder_start_token_id in its config or generation_config: "
                                "pass decoder_input_ids=")
