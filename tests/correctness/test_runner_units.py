@@ -1,4 +1,4 @@
-"""spec.runner's parts, pinned one at a time on five tiny fp64 models built once a module.
+"""spec.runner's parts, pinned one at a time on six tiny fp64 models built once a module.
 
 test_architectures.py checks whole decodes over 78 families; this module checks what they rest
 on, where a fault would be named: each runner fed in blocks and cropped as the loop does, against
