@@ -160,15 +160,12 @@ class Rows:
         new = [lengths[r] for r in kept]
         drop = [self.lengths[r] - lengths[r] for r in kept]
         width = max(new, default=0)
-        if kept == list(range(len(self.lengths))) and len(set(drop)) == 1 and width == self.width - drop[0]:
+        if not kept:                            # every row finished
+            self.cache = hf.new_cache(self.model)
+        elif kept == list(range(len(self.lengths))) and len(set(drop)) == 1 and width == self.width - drop[0]:
             hf.crop(self.cache, width)          # the same cut in every row: a plain crop
-        elif self.width:
-            j = torch.arange(width, device=self.device)[None]
-            shift = torch.tensor(drop, device=self.device)[:, None]
-            columns = (j + self.width - width - shift).clamp(0, self.width - 1)
-            every = kept == list(range(len(self.lengths)))
-            hf.regather(self.cache, None if every else torch.tensor(kept, dtype=torch.long, device=self.device),
-                        columns)
+        elif self.width:    # row r's kept positions end where its dropped ones began
+            hf.regather(self.cache, kept, [self.width - d - width for d in drop], width)
         self.width = width
         self.lengths = new
         self.held = [self.held[r][:lengths[r]] for r in kept]

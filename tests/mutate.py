@@ -99,8 +99,8 @@ MUTANTS = {
                                      "pass", "spec/hf.py"),
     # Batches (spec/batch.py and the batched loop); tests/correctness/test_batch.py catches them.
     "batch-crop-in-place": ("a row's crop cuts its columns where they are, not re-aligned with the others",
-                            "columns = (j + self.width - width - shift).clamp(0, self.width - 1)",
-                            "columns = j.expand(len(kept), -1)", "spec/batch.py"),
+                            "[self.width - d - width for d in drop]",
+                            "[self.width - max(drop) - width for d in drop]", "spec/batch.py"),
     "batch-refeed-one-short": ("a row re-fed one token too few to fill the pass",
                                "back = [M - f.numel() for f in feeds]",
                                "back = [max(0, M - f.numel() - 1) for f in feeds]", "spec/batch.py"),
