@@ -145,42 +145,41 @@ def test_decoder_only_calls_refuse_encoder_decoder_inputs():
 
 
 def test_features_files_are_read_from_pt_and_npy_and_refused_clearly(tmp_path):
+    """The CLI's --features files (spec.experiment reads them; seq2seq is runtime only)."""
     import numpy as np
+
+    from spec import experiment
     features = torch.randn(8, 32, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     torch.save(features, tmp_path / "a.pt")
     np.save(tmp_path / "b.npy", features.numpy())
     for name in ("a.pt", "b.npy"):
-        got = seq2seq.load_features(tmp_path / name)
+        got = experiment.load_features(tmp_path / name)
         assert got.dtype == torch.float64 and torch.equal(got, features)
-    assert torch.equal(seq2seq.load_features(str(tmp_path / "a.pt")), features)     # a str path too
-    names, label, tensors = seq2seq.feature_prompts([tmp_path / "a.pt", tmp_path / "b.npy"])
+    assert torch.equal(experiment.load_features(str(tmp_path / "a.pt")), features)     # a str path too
+    names, label, tensors = experiment.feature_prompts([tmp_path / "a.pt", tmp_path / "b.npy"])
     assert names == [str(tmp_path / "a.pt"), str(tmp_path / "b.npy")] and label == "features files"
     assert len(tensors) == 2 and all(torch.equal(t, features) for t in tensors)
 
     (tmp_path / "bad.pt").write_text("not a tensor")
-    with pytest.raises(ValueError, match=r"^--features: cannot read '.*bad\.pt': "):
-        seq2seq.load_features(tmp_path / "bad.pt")
+    with pytest.raises(experiment.UsageError, match=r"^--features: cannot read '.*bad\.pt': "):
+        experiment.load_features(tmp_path / "bad.pt")
     np.save(tmp_path / "objects.npy", np.array([{"a": 1}], dtype=object))         # pickles: not allowed
-    with pytest.raises(ValueError, match=r"^--features: cannot read '.*objects\.npy': .*allow_pickle"):
-        seq2seq.load_features(tmp_path / "objects.npy")
+    with pytest.raises(experiment.UsageError, match=r"^--features: cannot read '.*objects\.npy': .*allow_pickle"):
+        experiment.load_features(tmp_path / "objects.npy")
     from fractions import Fraction
     torch.save(Fraction(1, 2), tmp_path / "object.pt")                           # not weights: not unpickled
-    with pytest.raises(ValueError, match=r"^--features: cannot read '.*object\.pt': .*[Ww]eights only load failed"):
-        seq2seq.load_features(tmp_path / "object.pt")
+    with pytest.raises(experiment.UsageError, match=r"^--features: cannot read '.*object\.pt': .*[Ww]eights only load failed"):
+        experiment.load_features(tmp_path / "object.pt")
     np.save(tmp_path / "ints.npy", np.arange(6))
     torch.save({"features": features}, tmp_path / "dict.pt")
     for name in ("ints.npy", "dict.pt"):
-        with pytest.raises(ValueError) as info:
-            seq2seq.load_features(tmp_path / name)
+        with pytest.raises(experiment.UsageError) as info:
+            experiment.load_features(tmp_path / name)
         assert str(info.value) == (f"--features: {str(tmp_path / name)!r} must hold one floating-point tensor "
                                    "[num_mel_bins, frames]")
 
-    class Usage(Exception):
-        pass
-    with pytest.raises(Usage, match=r"^--features: cannot read"):
-        seq2seq.feature_prompts([tmp_path / "a.pt", tmp_path / "bad.pt"], error=Usage)
-    with pytest.raises(ValueError, match=r"^--features: cannot read"):
-        seq2seq.feature_prompts([tmp_path / "bad.pt"])
+    with pytest.raises(experiment.UsageError, match=r"^--features: cannot read"):
+        experiment.feature_prompts([tmp_path / "a.pt", tmp_path / "bad.pt"])
 
 
 def test_the_auto_class_and_the_draft_impls_an_encoder_decoder_draft_takes():
