@@ -38,34 +38,14 @@ def _model(name):
     return archs.BY_NAME[name].build(0)
 
 
-@pytest.fixture(scope="module")
-def llama():
-    return _model("llama")
+def _module_model(fixture: str, family: str):
+    """A module-scoped fixture named `fixture`: the registry's tiny `family`, built once for this module."""
+    return pytest.fixture(scope="module", name=fixture)(lambda: _model(family))
 
 
-@pytest.fixture(scope="module")
-def mamba2():
-    return _model("mamba2")
-
-
-@pytest.fixture(scope="module")
-def mamba():
-    return _model("mamba")
-
-
-@pytest.fixture(scope="module")
-def gpt():
-    return _model("openai-gpt")
-
-
-@pytest.fixture(scope="module")
-def roberta():
-    return _model("roberta")
-
-
-@pytest.fixture(scope="module")
-def xlnet():
-    return _model("xlnet")
+llama, mamba2, mamba, gpt, roberta, xlnet = (_module_model(*names) for names in (
+    ("llama", "llama"), ("mamba2", "mamba2"), ("mamba", "mamba"), ("gpt", "openai-gpt"), ("roberta", "roberta"),
+    ("xlnet", "xlnet")))
 
 
 @pytest.fixture
