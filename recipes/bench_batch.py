@@ -23,24 +23,8 @@ import statistics
 
 import torch
 
-from spec import batch, clock, experiment, greedy_generate, load_pair, speculative_generate, theory
-
-
-def step_time(model, prompts: list[list[int]], tokens: int = 1, steps: int = 12) -> float:
-    """Seconds of one batched pass feeding `tokens` tokens to every row, on a cache holding the
-    prompts (cut back after each pass; median of `steps`)."""
-    rows = batch.Rows(model, len(prompts))
-    ids = [torch.tensor(p) for p in prompts]
-    with torch.inference_mode():
-        rows(ids, keep=1)
-        times = []
-        for i in range(steps):
-            feed = [p[-tokens:] if p.numel() >= tokens else p[-1:].repeat(tokens) for p in ids]
-            t0 = clock.now()
-            rows(feed, keep=tokens)
-            times.append(clock.now() - t0)
-            rows.crop([p.numel() for p in ids])
-    return statistics.median(times)
+from spec import clock, experiment, greedy_generate, load_pair, speculative_generate, theory
+from spec.measure import batch_step_time
 
 
 def one_size(pair, prompts: list[list[int]], *, gamma: int, max_new_tokens: int, repeats: int) -> dict:
@@ -57,9 +41,9 @@ def one_size(pair, prompts: list[list[int]], *, gamma: int, max_new_tokens: int,
     accepted = [k for acc, _ in rounds for k in acc]
     drafted = [g for _, g in rounds for g in g]
     alpha = theory.alpha_from_accepted(accepted, drafted)
-    target_step = step_time(pair.target, prompts)
-    c = step_time(pair.draft, prompts) / target_step
-    verify = step_time(pair.target, prompts, tokens=gamma + 1) / target_step   # a verify pass, in steps
+    target_step = batch_step_time(pair.target, prompts)
+    c = batch_step_time(pair.draft, prompts) / target_step
+    verify = batch_step_time(pair.target, prompts, tokens=gamma + 1) / target_step   # a verify pass, in steps
     greedy_s, spec_s = statistics.median(runs["greedy"]), statistics.median(runs["spec"])
     tokens = len(prompts) * max_new_tokens
     return dict(batch=len(prompts), greedy_tok_s=tokens / greedy_s, spec_tok_s=tokens / spec_s,

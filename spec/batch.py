@@ -175,8 +175,10 @@ class ModelRows:
     """A draft model over a batch (the batched spec.draft.ModelDraft): each step feeds every live
     row what its draft has not seen and picks one token per row from its logits, cut to `width`."""
 
-    def __init__(self, run: Rows, pick: Pick, processors: list, *, width: int, rows: int, clamp: bool):
-        self.run, self.pick, self.processors = run, pick, processors
+    def __init__(self, run: Rows, pick: Pick, prompt_lens: list[int], *, width: int, rows: int, clamp: bool):
+        self.run, self.pick = run, pick
+        # the target's processors, each row's min_new_tokens counted from its own prompt
+        self.processors = [pick.process.for_prompt(n) if pick.process else None for n in prompt_lens]
         self.width, self.rows, self.clamp = width, rows, clamp
 
     def draft(self, seq: torch.Tensor, n: list[int], g: int, live: list[int]):

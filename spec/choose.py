@@ -81,8 +81,8 @@ def runs(roles: dict, input_ids=None, *, input_features=None, decoder_input_ids=
     return Chosen(prompt, [made.get(role, obj) for role, obj in roles.items()], models)
 
 
-def batch_runs(roles: dict, input_ids, attention_mask=None, *, draft_impl: str = "auto", pick: Pick = Pick(),
-               processors: list | None = None) -> Chosen:
+def batch_runs(roles: dict, input_ids, attention_mask=None, *, draft_impl: str = "auto",
+               pick: Pick = Pick()) -> Chosen:
     """The batched form of `runs` (spec.batch): each row's prompt (a list); for each model a
     spec.batch.Rows where its solo path can share a left-padded cache, else a spec.batch.EachRunner
     (its rows run one after another, exact); for the draft, a spec.batch.ModelRows over those, or a
@@ -101,7 +101,7 @@ def batch_runs(roles: dict, input_ids, attention_mask=None, *, draft_impl: str =
     prompts = batch.prompts(input_ids, attention_mask, model_device(next(iter(models.values()))), models)
     made = {role: _rows(model, role, len(prompts)) for role, model in models.items()}
     if "draft" in made:
-        made["draft"] = batch.ModelRows(made["draft"], pick, processors or [None] * len(prompts), **_widths(models))
+        made["draft"] = batch.ModelRows(made["draft"], pick, [p.numel() for p in prompts], **_widths(models))
     elif "draft" in roles:
         made["draft"] = batch.EachRow(roles["draft"], len(prompts))
     return Chosen(prompts, [made[role] for role in roles], models)

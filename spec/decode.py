@@ -12,7 +12,6 @@ itself when cropped; one that goes back further still is fed the rest in the nex
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 
 import torch
@@ -311,15 +310,7 @@ def _rows_start(prompts: list[torch.Tensor], room: int, process: Processors, max
     seq = torch.zeros(len(prompts), max(P) + room, dtype=torch.long, device=prompts[0].device)
     for b, p in enumerate(prompts):
         seq[b, :P[b]] = p
-    return seq, list(P), P, [_for_row(process, length) for length in P]
-
-
-def _for_row(process: Processors, prompt_len: int) -> Processors | None:
-    if not process:
-        return None
-    row = copy.copy(process)
-    row.prompt_len = prompt_len
-    return row
+    return seq, list(P), P, [process.for_prompt(length) if process else None for length in P]
 
 
 def _pick(logits: torch.Tensor, pick: Pick) -> torch.Tensor:
@@ -389,11 +380,9 @@ def _speculative_rows(target, draft, input_ids, attention_mask, *, gamma: int, m
                       process: Processors, pick: Pick, trace: bool, draft_impl: str) -> list[Result]:
     """speculative_generate over a batch: Algorithm 1 with every row keeping its own n."""
     chosen = choose.batch_runs({"target": target, "draft": draft}, input_ids, attention_mask, draft_impl=draft_impl,
-                               pick=pick, processors=None)
+                               pick=pick)
     prompts, (target_rows, drafter) = chosen.prompt, chosen.runs
     seq, n, P, procs = _rows_start(prompts, max_new_tokens + gamma + 1, process, max_new_tokens, chosen.models)
-    if isinstance(drafter, batch.ModelRows):
-        drafter.processors = procs
     device = seq.device
     results = [Result(tokens=[], traced=trace) for _ in prompts]
     live = list(range(len(prompts)))

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from spec import choose, hf
+from spec import batch, choose, hf
 from spec.clock import now, sync  # noqa: F401  (sync: re-exported for callers of spec.measure.sync)
 from spec.validate import check_pair, model_device
 
@@ -129,3 +129,22 @@ def verify_slope(target, input_ids, *, max_gamma: int = 16, repeats: int = 6) ->
     slope = (sum((g - mean_g) * (med[g] - mean_t) for g in gammas)
              / sum((g - mean_g) ** 2 for g in gammas))
     return max(0.0, slope / med[0])
+
+
+@torch.inference_mode()
+def batch_step_time(model, prompts: list[list[int]], *, tokens: int = 1, steps: int = 12) -> float:
+    """Median wall time of one batched pass (spec.batch.Rows) feeding `tokens` tokens to every row,
+    on a cache holding the prompts, cut back after each pass: a batch's c (tokens=1, draft over
+    target) and its verify pass (tokens=gamma + 1) in target steps."""
+    device = model_device(model)
+    rows = batch.Rows(model, len(prompts))
+    ids = [torch.tensor(p, device=device) for p in prompts]
+    rows(ids, keep=1)
+    times = []
+    for _ in range(steps):
+        feed = [p[-tokens:] if p.numel() >= tokens else p[-1:].repeat(tokens) for p in ids]
+        t0 = now(device)
+        rows(feed, keep=tokens)
+        times.append(now(device) - t0)
+        rows.crop([p.numel() for p in ids])
+    return statistics.median(times)

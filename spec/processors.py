@@ -16,6 +16,8 @@ order. tests/correctness/test_logits_processors.py checks each against HF's own 
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 
@@ -53,6 +55,12 @@ class Processors:
         self.bad = [s for s, _ in bad if not (len(s) == 1 and s[0] in eos)]
         self.min_new = (min_new_tokens or None) if eos else None  # HF: no EOS, no min_new_tokens processor
         self.eos, self.prompt_len = sorted(eos), prompt_len
+
+    def for_prompt(self, prompt_len: int) -> Processors:
+        """A copy whose min_new_tokens counts from a prompt of `prompt_len` tokens (one per batch row)."""
+        row = copy.copy(self)
+        row.prompt_len = prompt_len
+        return row
 
     def max_id(self) -> int:
         """The largest id the biases and bad words name (-1 if none): must be inside the vocabulary."""

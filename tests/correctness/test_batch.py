@@ -42,6 +42,14 @@ def _solo(target, draft, prompt, **options):
         else greedy_generate(target, prompt, **options)
 
 
+def _proposes_the_same_in_a_batch(draft) -> bool:
+    """A model-free draft, or an fp64 draft model: its proposals do not depend on the batch's shape,
+    so each row's rounds can be held to its solo run's."""
+    if draft is None:
+        return False
+    return not isinstance(draft, torch.nn.Module) or next(draft.parameters()).dtype == torch.float64
+
+
 def _assert_rows_equal_solo(target, draft, prompts, results, **options):
     assert isinstance(results, list) and len(results) == len(prompts)
     for b, (prompt, got) in enumerate(zip(prompts, results)):
@@ -49,8 +57,7 @@ def _assert_rows_equal_solo(target, draft, prompts, results, **options):
                                eos_token_id=options.get("eos_token_id"))
         assert_exact(target, prompt, want.tokens, got.tokens)
         assert got.stop_reason == want.stop_reason, f"row {b}"
-        if draft is not None and not isinstance(draft, torch.nn.Module) or draft is not None and \
-                next(draft.parameters()).dtype == torch.float64:
+        if _proposes_the_same_in_a_batch(draft):
             alone = _solo(target, draft, prompt, **options)
             assert (got.drafted_per_round, got.accepted_per_round, got.tokens_per_round) == \
                 (alone.drafted_per_round, alone.accepted_per_round, alone.tokens_per_round), f"row {b}'s rounds"
@@ -255,3 +262,19 @@ def test_row_sampling_check_rejects_rows_given_each_others_draft_laws(monkeypatc
     oracle = Oracle(target)
     fits = [_joint_fit(oracle, prompt, samples, 6) for prompt, samples in zip(BATCH_PROMPTS, rows)]
     assert any(fit.rejects(ALPHA) for fit in fits), [str(f) for f in fits]
+
+
+def test_processors_count_from_each_rows_own_prompt(target, fp64_partial_draft):
+    """repetition_penalty and min_new_tokens in a batch: each row equals its solo run, min_new_tokens
+    counted from that row's own prompt (rows of different lengths)."""
+    prompts = [[3, 4, 5, 6, 7, 8, 9, 10, 11], [12], [13, 14, 15]]
+    free = greedy_generate(target, prompts[0], max_new_tokens=20, repetition_penalty=1.3).tokens
+    # the long row's second token as EOS: masked for its first 6 new tokens, though its prompt is longer
+    options = dict(max_new_tokens=20, repetition_penalty=1.3, eos_token_id=free[1], min_new_tokens=6)
+    for got, prompt in zip(speculative_generate(target, fp64_partial_draft, prompts, gamma=4, **options), prompts):
+        assert got.tokens == greedy_generate(target, prompt, **options).tokens
+        assert len(got.tokens) >= 6
+        alone = speculative_generate(target, fp64_partial_draft, prompt, gamma=4, **options)
+        assert got.accepted_per_round == alone.accepted_per_round    # the draft masks as its solo run does
+    for got, prompt in zip(greedy_generate(target, prompts, **options), prompts):
+        assert got.tokens == greedy_generate(target, prompt, **options).tokens

@@ -91,8 +91,12 @@ SCHEDULE = [("feed", 6, 0), ("feed", 10, 4), ("crop", 8, None), ("feed", 12, 4),
             ("feed", 16, 3)]
 
 
-@pytest.mark.parametrize(("name", "cls"), [("llama", runner.KVRunner), ("mamba2", runner.SnapshotRunner),
-                                           ("mamba", runner.StepwiseSnapshotRunner), ("gpt", runner.RecomputeRunner)])
+# (fixture, runner class): a model for each runner path
+EVERY_PATH = [("llama", runner.KVRunner), ("mamba2", runner.SnapshotRunner), ("mamba", runner.StepwiseSnapshotRunner),
+              ("gpt", runner.RecomputeRunner)]
+
+
+@pytest.mark.parametrize(("name", "cls"), EVERY_PATH)
 @torch.inference_mode()
 def test_each_runner_fed_in_blocks_and_cropped_matches_the_cache_free_forward(name, cls, request):
     model = request.getfixturevalue(name)
@@ -102,8 +106,7 @@ def test_each_runner_fed_in_blocks_and_cropped_matches_the_cache_free_forward(na
     _drive(cls(model, positions), ids, full, SCHEDULE)
 
 
-@pytest.mark.parametrize(("name", "cls"), [("llama", runner.KVRunner), ("mamba2", runner.SnapshotRunner),
-                                           ("mamba", runner.StepwiseSnapshotRunner), ("gpt", runner.RecomputeRunner)])
+@pytest.mark.parametrize(("name", "cls"), EVERY_PATH)
 @torch.inference_mode()
 def test_a_runner_returns_every_row_fed_unless_asked_for_fewer(name, cls, request):
     model = request.getfixturevalue(name)

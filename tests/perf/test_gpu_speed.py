@@ -24,7 +24,7 @@ import torch
 import thresholds
 from perfkit import SEED_PROMPTS, acceptance, assert_same_tokens, prediction, report, side_by_side
 from spec import build_gpt_neox, greedy_generate, hf, load_pair, speculative_generate, theory
-from spec.measure import cost_ratio, verify_cost
+from spec.measure import batch_step_time, cost_ratio, verify_cost
 from synthetic import SyntheticDraft
 
 pytestmark = [pytest.mark.gpu, pytest.mark.perf]
@@ -120,22 +120,6 @@ def test_seed_experiment_speedup(benchmark, real_pair):
 BATCH_SIZES = (1, 2, 4, 8, 16)
 
 
-def _batched_step(model, prompts) -> float:
-    """Seconds of one batched one-token step on a cache holding the prompts (median of 8)."""
-    from spec import batch, clock
-    rows = batch.Rows(model, len(prompts))
-    device = next(model.parameters()).device
-    ids = [torch.tensor(p, device=device) for p in prompts]
-    with torch.inference_mode():
-        rows(ids, keep=1)
-        times = []
-        for _ in range(8):
-            t0 = clock.now(device)
-            rows([i[-1:] for i in ids], keep=1)
-            times.append(clock.now(device) - t0)
-    return sorted(times)[len(times) // 2]
-
-
 def test_seed_pair_batch_sweep(benchmark, real_pair):
     from spec import clock
     key, target, draft, prompts, eos = real_pair
@@ -154,7 +138,7 @@ def test_seed_pair_batch_sweep(benchmark, real_pair):
         assert_same_tokens(target, rows, want, [r.tokens for r in greedy], f"batched greedy, B={size}")
         assert_same_tokens(target, rows, want, [r.tokens for r in spec], f"batched speculative, B={size}")
         acc = acceptance(spec)
-        c = _batched_step(draft, rows) / _batched_step(target, rows)
+        c = batch_step_time(draft, rows) / batch_step_time(target, rows)
         sweep.append(dict(batch=size, greedy_tok_s=size * GPU_NEW_TOKENS / (t1 - t0),
                           spec_tok_s=size * GPU_NEW_TOKENS / (t2 - t1), speedup=(t1 - t0) / (t2 - t1),
                           alpha=acc["alpha"], c=c,
