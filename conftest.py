@@ -198,5 +198,5 @@ def draft_run():
     from spec import choose
 
     def make(model, max_len: int, impl: str = "auto"):
-        return choose.runs({"draft": model}, [1], room=max_len - 1, draft_impl=impl).runs[0].run
+        return choose.runs({"draft": model}, [1], room=max_len - 1, draft_impl=impl).runs[0]
     return make

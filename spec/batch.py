@@ -37,8 +37,7 @@ import weakref
 
 import torch
 
-from spec import hf, runner, sampling
-from spec.draft import Pick
+from spec import hf, runner
 from spec.validate import as_prompt, model_device
 
 
@@ -171,53 +170,23 @@ class Rows:
         self.held = [self.held[r][:lengths[r]] for r in kept]
 
 
-class ModelRows:
-    """A draft model over a batch (the batched spec.draft.ModelDraft): each step feeds every live
-    row what its draft has not seen and picks one token per row from its logits, cut to `width`."""
-
-    def __init__(self, run: Rows, pick: Pick, prompt_lens: list[int], *, width: int, rows: int, clamp: bool):
-        self.run, self.pick = run, pick
-        # the target's processors, each row's min_new_tokens counted from its own prompt
-        self.processors = [pick.process.for_prompt(n) if pick.process else None for n in prompt_lens]
-        self.width, self.rows, self.clamp = width, rows, clamp
-
-    def draft(self, seq: torch.Tensor, n: list[int], g: int, live: list[int]):
-        pick, q = self.pick, [[] for _ in live]
-        for i in range(g):
-            feeds = [seq[b, length:n[b] + i] for b, length in zip(live, self.run.lengths)]
-            if self.clamp:
-                feeds = [f.clamp(max=self.rows - 1) for f in feeds]
-            logits = self.run(feeds, keep=1)[:, -1, :self.width]
-            for j, b in enumerate(live):
-                row = logits[j]
-                if self.processors[b]:
-                    row = self.processors[b](row[None], seq[b], n[b] + i)[0]
-                if pick.do_sample:
-                    q[j].append(sampling.probabilities(row, pick.temperature, pick.top_k, pick.top_p, pick.min_p))
-                    seq[b, n[b] + i] = sampling.sample(q[j][-1], pick.generator)
-                else:
-                    seq[b, n[b] + i] = row.argmax()
-        return [g] * len(live), [torch.stack(rows) if rows else None for rows in q]
-
-    def observe(self, n: list[int], accepted: list[int], live: list[int]) -> None:
-        self.run.crop([n[b] - 1 for b in live])    # all but each row's newest token
-
-    def select(self, kept: list[int]) -> None:
-        self.run.select(kept)
-
-    def __len__(self) -> int:
-        return max(self.run.lengths, default=0)
-
-
 class EachRow:
-    """A model-free Drafter (spec.lookup.PromptLookup or any other) over a batch: one copy per
-    row, so that a source with state keeps each row's apart."""
+    """A model-free Drafter (spec.protocols: spec.lookup.PromptLookup, or a user's) over the batch's
+    rows: one drafter per row, so that a source with state keeps each row's apart. A single prompt
+    uses the drafter itself; a batch gives each row a copy."""
 
     def __init__(self, drafter, batch: int):
-        self.drafters = [copy.deepcopy(drafter) for _ in range(batch)]
+        if batch == 1:
+            self.drafters = [drafter]
+            return
+        try:
+            self.drafters = [copy.deepcopy(drafter) for _ in range(batch)]
+        except Exception as e:  # noqa: BLE001 - any failure to copy is the same refusal
+            raise ValueError(f"draft: {type(drafter).__name__} cannot be copied for each of the {batch} prompts "
+                             f"({type(e).__name__}: {e}); decode the prompts one at a time") from None
 
-    def draft(self, seq: torch.Tensor, n: list[int], g: int, live: list[int]):
-        made = [self.drafters[b].draft(seq[b], n[b], g) for b in live]
+    def draft(self, seq: torch.Tensor, n: list[int], gs: list[int], live: list[int]):
+        made = [self.drafters[b].draft(seq[b], n[b], g) for b, g in zip(live, gs)]
         return [m for m, _ in made], [q for _, q in made]
 
     def observe(self, n: list[int], accepted: list[int], live: list[int]) -> None:
@@ -225,18 +194,19 @@ class EachRow:
             self.drafters[b].observe(n[b], k)
 
     def select(self, kept: list[int]) -> None:
-        pass
+        pass            # rows are addressed by their index in the whole batch (`live`)
 
     def __len__(self) -> int:
-        return 0
+        return max((len(d) for d in self.drafters), default=0)
 
 
 class EachRunner:
-    """Rows for a model that cannot share a batched cache (see `unbatched`): one Runner per row, on
-    the model's own solo path, fed one row after another. Exact as each row's solo run, and no
-    faster than running the rows in turn; finished rows still leave it."""
+    """Rows as one Runner per row, fed one row after another: a single prompt's runner (any path:
+    spec.runner's, the plain or compiled draft, an encoder-decoder's decoder), and a batch's rows
+    on a model that cannot share a batched cache (`why`, see `unbatched`). Exact as each row's solo
+    run, and no faster than running the rows in turn; finished rows still leave it."""
 
-    def __init__(self, runs: list, why: str):
+    def __init__(self, runs: list, why: str | None = None):
         self.runs, self.why = runs, why
 
     @property
@@ -244,6 +214,8 @@ class EachRunner:
         return [len(run) for run in self.runs]
 
     def __call__(self, feeds: list[torch.Tensor], keep: int) -> torch.Tensor:
+        if len(self.runs) == 1 and feeds[0].numel() >= keep:
+            return self.runs[0](feeds[0], keep=keep)[None]      # one row (a single prompt): no copy
         out = None
         for i, (run, ids) in enumerate(zip(self.runs, feeds)):
             logits = run(ids, keep=min(keep, ids.numel()))

@@ -1,20 +1,26 @@
 """The one place where a model becomes a Runner or a Drafter (spec.protocols).
 
 `runs(roles, input_ids, ...)` takes the models by role, in Hugging Face generate's input
-conventions, and returns the decode loop's prompt and one object per role:
+conventions, and returns one sequence's prompt and one object per role:
 
-  "target", "model"  a Runner. Decoder-only: the path spec.runner's probe found for the model
-                     (kv-cache, state-snapshot, state-stepwise, recompute). Encoder-decoder: the
-                     decoder over its encoder's output (spec.seq2seq.Decoder).
-  "draft"            a Drafter. A model becomes a spec.draft.ModelDraft over a Runner chosen by
-                     draft_impl: "plain" (spec.neox, GPT-NeoX only), "hf" (the probed path; a
-                     draft no cached path reproduces runs by recompute, since a draft cannot
-                     change the output), "compiled" (hf.Cached on a StaticCache), "auto" ("plain"
-                     where it applies, else "hf"). An object that already is a Drafter (no model:
-                     spec.lookup.PromptLookup, or any other source) is used as it is.
+  a model            a Runner. Decoder-only target: the path spec.runner's probe found for the
+                     model (kv-cache, state-snapshot, state-stepwise, recompute). A draft: the
+                     path draft_impl names: "plain" (spec.neox, GPT-NeoX only), "hf" (the probed
+                     path; a draft no cached path reproduces runs by recompute, since a draft
+                     cannot change the output), "compiled" (hf.Cached on a StaticCache), "auto"
+                     ("plain" where it applies, else "hf"). Encoder-decoder: the decoder over its
+                     encoder's output (spec.seq2seq.Decoder).
+  a draft source     an object that is a Drafter and not a model (spec.lookup.PromptLookup, or a
+                     user's) is used as it is.
 
-decode, measure and diagnose all open their models here, so a new runner path is one class
-plus one line below, and a new draft source needs nothing here at all.
+`rows(roles, input_ids, ...)` is what the decode loop runs on, for one prompt or a batch (rows
+are the unit: a single prompt is a batch of one): each row's prompt, a BatchRunner per model
+(spec.batch.Rows, one shared left-padded cache, where the model passes spec.batch's probe;
+else spec.batch.EachRunner, one Runner from `runs` per row), and for the draft a BatchDrafter:
+spec.draft.ModelDraft over the draft model's BatchRunner, or spec.batch.EachRow over a
+model-free Drafter. measure and diagnose take single Runners from `runs`.
+
+A new runner path is one class plus one line below; a new draft source needs nothing here.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import torch
 from transformers import PreTrainedModel
 
 from spec import batch, hf, neox, parallel, runner, seq2seq
-from spec.draft import ModelDraft, Pick
+from spec.draft import ModelDraft, NoDraft, Pick
 from spec.protocols import Drafter
 from spec.validate import as_prompt, check_model, check_pair, model_device
 
@@ -36,8 +42,16 @@ UNCACHED = "recompute (uncached)"   # a draft no cached path reproduces: run by 
 @dataclass
 class Chosen:
     prompt: torch.Tensor    # 1-D LongTensor: the decoder prompt (decoder-only: the input ids)
-    runs: list              # one per role, in the roles' order: a Runner, or a Drafter for "draft"
+    runs: list              # one per role, in the roles' order: a Runner, or the draft source as given
     models: dict            # the roles that are models (not model-free drafters), by role
+
+
+@dataclass
+class ChosenRows:
+    prompts: list           # each row's decoder prompt, 1-D LongTensors
+    runs: list              # one per role, in the roles' order: a BatchRunner, or a BatchDrafter for "draft"
+    models: dict            # the roles that are models, by role
+    batched: bool           # the input was a batch (a list of results is returned), not one prompt
 
 
 def is_drafter(obj) -> bool:
@@ -51,10 +65,10 @@ def models_of(roles: dict) -> dict:
 
 
 def runs(roles: dict, input_ids=None, *, input_features=None, decoder_input_ids=None, share_encoder: bool = False,
-         max_new_tokens: int | None = None, room: int = 0, draft_impl: str = "auto", pick: Pick = Pick()) -> Chosen:
-    """The prompt and a Runner or Drafter for each role (see the module docstring). room: the
-    positions past the prompt the loop may hold (sizes the plain and compiled drafts' buffers);
-    max_new_tokens: where an encoder-decoder's forced EOS goes; pick: how a model draft picks.
+         max_new_tokens: int | None = None, room: int = 0, draft_impl: str = "auto") -> Chosen:
+    """One sequence's prompt and a Runner for each model role (a model-free drafter as it is; see
+    the module docstring). room: the positions past the prompt the loop may hold (sizes the plain
+    and compiled drafts' buffers); max_new_tokens: where an encoder-decoder's forced EOS goes.
     The models are not checked here: callers that take them from a user call `check` first."""
     models = models_of(roles)
     if any(seq2seq.is_encoder_decoder(m) for m in models.values()):
@@ -76,18 +90,40 @@ def runs(roles: dict, input_ids=None, *, input_features=None, decoder_input_ids=
                 made[role] = hf.Cached(model, static_len=prompt.numel() + room)
             else:
                 made[role] = runner.RUNNERS["recompute" if path == UNCACHED else path](model, positions)
-    if "draft" in made:
-        made["draft"] = ModelDraft(made["draft"], pick, **_widths(models))
     return Chosen(prompt, [made.get(role, obj) for role, obj in roles.items()], models)
 
 
-def batch_runs(roles: dict, input_ids, attention_mask=None, *, draft_impl: str = "auto",
-               pick: Pick = Pick()) -> Chosen:
-    """The batched form of `runs` (spec.batch): each row's prompt (a list); for each model a
-    spec.batch.Rows where its solo path can share a left-padded cache, else a spec.batch.EachRunner
-    (its rows run one after another, exact); for the draft, a spec.batch.ModelRows over those, or a
-    spec.batch.EachRow for a model-free drafter. Refuses, with the reason, what cannot be batched."""
-    models = models_of(roles)
+def rows(roles: dict, input_ids, attention_mask=None, *, input_features=None, decoder_input_ids=None,
+         share_encoder: bool = False, max_new_tokens: int | None = None, room: int = 0, draft_impl: str = "auto",
+         pick: Pick = Pick()) -> ChosenRows:
+    """What the decode loop runs on (see the module docstring). A role "draft" of None is NoDraft
+    (plain decoding). Refuses, with the reason, what cannot be batched."""
+    models = models_of({role: m for role, m in roles.items() if m is not None})
+    if not batch.is_batch(input_ids, attention_mask):
+        one = runs(models, input_ids, input_features=input_features, decoder_input_ids=decoder_input_ids,
+                   share_encoder=share_encoder, max_new_tokens=max_new_tokens, room=room, draft_impl=draft_impl)
+        prompts, made = [one.prompt], {role: batch.EachRunner([run]) for role, run in zip(models, one.runs)}
+    else:
+        _refuse_batch(models, draft_impl, input_features=input_features, decoder_input_ids=decoder_input_ids,
+                      share_encoder=share_encoder)
+        prompts = batch.prompts(input_ids, attention_mask, model_device(next(iter(models.values()))), models)
+        made = {role: _rows(model, role, len(prompts)) for role, model in models.items()}
+    if "draft" in made:
+        made["draft"] = ModelDraft(made["draft"], pick, [p.numel() for p in prompts], **_widths(models))
+    elif roles.get("draft", None) is not None:
+        made["draft"] = batch.EachRow(roles["draft"], len(prompts))
+    elif "draft" in roles:
+        made["draft"] = NoDraft()
+    return ChosenRows(prompts, [made[role] for role in roles], models, batch.is_batch(input_ids, attention_mask))
+
+
+def _refuse_batch(models: dict, draft_impl: str, *, share_encoder: bool, **encoder_inputs) -> None:
+    for name, value in encoder_inputs.items():
+        if value is not None:
+            raise ValueError(f"{name}: a batch of prompts is decoded by decoder-only models; encoder-decoder "
+                             f"inputs go one prompt at a time")
+    if share_encoder:
+        raise ValueError("share_encoder=True is for an encoder-decoder pair, which decodes one prompt at a time")
     for role, model in models.items():
         if seq2seq.is_encoder_decoder(model):
             raise runner.UnsupportedModelError(f"{role}: {type(model).__name__} is an encoder-decoder model; spec "
@@ -98,23 +134,16 @@ def batch_runs(roles: dict, input_ids, attention_mask=None, *, draft_impl: str =
     if "draft" in models and draft_impl not in ("auto", "hf"):
         raise ValueError(f"draft_impl={draft_impl!r}: a batch runs the draft on its own forward, over a "
                          f"left-padded cache; use draft_impl='hf' or 'auto'")
-    prompts = batch.prompts(input_ids, attention_mask, model_device(next(iter(models.values()))), models)
-    made = {role: _rows(model, role, len(prompts)) for role, model in models.items()}
-    if "draft" in made:
-        made["draft"] = batch.ModelRows(made["draft"], pick, [p.numel() for p in prompts], **_widths(models))
-    elif "draft" in roles:
-        made["draft"] = batch.EachRow(roles["draft"], len(prompts))
-    return Chosen(prompts, [made[role] for role in roles], models)
 
 
-def _rows(model, role: str, rows: int):
-    """spec.batch.Rows where the model's solo path can share a left-padded cache across rows, else
-    one solo Runner per row (spec.batch.EachRunner, with the reason)."""
+def _rows(model, role: str, count: int):
+    """spec.batch.Rows where the model's solo path can share a left-padded cache across `count`
+    rows, else one solo Runner per row (spec.batch.EachRunner, with the reason)."""
     path, positions = _path(model, role, "hf")
     why = batch.unbatched(model, path, positions)
     if why is None:
-        return batch.Rows(model, rows)
-    return batch.EachRunner([runner.RUNNERS[path](model, positions) for _ in range(rows)], why)
+        return batch.Rows(model, count)
+    return batch.EachRunner([runner.RUNNERS[path](model, positions) for _ in range(count)], why)
 
 
 def check(roles: dict) -> None:

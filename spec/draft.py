@@ -1,5 +1,8 @@
-"""A draft model as a Drafter (spec.protocols): proposals drawn one step at a time from a Runner,
-and a fixed gamma as a GammaPolicy."""
+"""Draft sources over the batch's rows (spec.protocols.BatchDrafter), and a fixed gamma.
+
+A draft model is one ModelDraft, whatever runs it and however many rows it serves; a model-free
+Drafter (spec.lookup.PromptLookup, or a user's) serves each row as spec.batch.EachRow; plain
+decoding is the same loop with NoDraft."""
 
 from __future__ import annotations
 
@@ -23,37 +26,67 @@ class Pick:
     process: Processors = Processors()
     min_p: float | None = None
 
+    def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
+        """The distribution a token is drawn from: logits already processed, then the warpers."""
+        return sampling.probabilities(logits, self.temperature, self.top_k, self.top_p, self.min_p)
+
 
 class ModelDraft:
-    """A draft model (Mq) run by `run`, a Runner over its state. A round feeds the tokens the
-    draft has not seen, then proposes g tokens autoregressively, each from the draft's logits cut
+    """A draft model (Mq) over its rows (a BatchRunner: spec.batch.Rows for a shared cache,
+    spec.batch.EachRunner for one Runner per row, a single prompt included). Each step feeds every
+    live row what the draft has not seen and picks one token per row from the draft's logits, cut
     to the `width` ids both models share. Where the target can emit ids the draft cannot embed
     (`clamp`: pythia-12b's head is wider than pythia-410m's embedding), the draft is fed a
     stand-in, the last id it can embed: that changes only its guesses."""
 
-    def __init__(self, run, pick: Pick, *, width: int, rows: int, clamp: bool):
+    def __init__(self, run, pick: Pick, prompt_lens: list[int], *, width: int, rows: int, clamp: bool):
         self.run, self.pick = run, pick
+        # the target's processors, each row's min_new_tokens counted from its own prompt
+        self.processors = [pick.process.for_prompt(n) if pick.process else None for n in prompt_lens]
         self.width, self.rows, self.clamp = width, rows, clamp
 
-    def draft(self, seq: torch.Tensor, n: int, g: int) -> tuple[int, torch.Tensor | None]:
-        pick, q = self.pick, []
-        for i in range(g):
-            feed = seq[len(self.run):n + i]
-            logits = self.run(feed.clamp(max=self.rows - 1) if self.clamp else feed, keep=1)[-1, :self.width]
-            if pick.process:
-                logits = pick.process(logits[None], seq, n + i)[0]
-            if pick.do_sample:
-                q.append(sampling.probabilities(logits, pick.temperature, pick.top_k, pick.top_p, pick.min_p))
-                seq[n + i] = sampling.sample(q[-1], pick.generator)
-            else:
-                seq[n + i] = logits.argmax()
-        return g, (torch.stack(q) if q else None)
+    def draft(self, seq: torch.Tensor, n: list[int], gs: list[int], live: list[int]):
+        pick, q = self.pick, [[] for _ in live]
+        for i in range(max(gs)):    # every row steps together; a row keeps only its first gs[j]
+            feeds = [seq[b, length:n[b] + i] for b, length in zip(live, self.run.lengths)]
+            if self.clamp:
+                feeds = [f.clamp(max=self.rows - 1) for f in feeds]
+            logits = self.run(feeds, keep=1)[:, -1, :self.width]
+            for j, b in enumerate(live):
+                row = logits[j]
+                if self.processors[b]:
+                    row = self.processors[b](row[None], seq[b], n[b] + i)[0]
+                if pick.do_sample:
+                    q[j].append(pick.probabilities(row))
+                    seq[b, n[b] + i] = sampling.sample(q[j][-1], pick.generator)
+                else:
+                    seq[b, n[b] + i] = row.argmax()
+        return gs, [torch.stack(rows[:g]) if rows and g else None for rows, g in zip(q, gs)]
 
-    def observe(self, n: int, accepted: int) -> None:
-        self.run.crop(n - 1)  # all but the newest token, which the next round feeds
+    def observe(self, n: list[int], accepted: list[int], live: list[int]) -> None:
+        self.run.crop([n[b] - 1 for b in live])    # all but each row's newest token, fed next round
+
+    def select(self, kept: list[int]) -> None:
+        self.run.select(kept)
 
     def __len__(self) -> int:
-        return len(self.run)
+        return max(self.run.lengths, default=0)
+
+
+class NoDraft:
+    """Nothing drafted: every round is one target step. greedy_generate is the loop with this."""
+
+    def draft(self, seq: torch.Tensor, n: list[int], gs: list[int], live: list[int]):
+        return [0] * len(live), [None] * len(live)
+
+    def observe(self, n: list[int], accepted: list[int], live: list[int]) -> None:
+        pass
+
+    def select(self, kept: list[int]) -> None:
+        pass
+
+    def __len__(self) -> int:
+        return 0
 
 
 class FixedGamma:

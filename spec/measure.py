@@ -23,11 +23,9 @@ def step_time(model, input_ids, *, steps: int = 32, warmup: int = 4, draft_impl:
     device = model_device(model)
     if draft_impl is None:
         chosen = choose.runs({"model": model}, input_ids)
-        run = chosen.runs[0]
     else:
         chosen = choose.runs({"draft": model}, input_ids, room=warmup + steps + 1, draft_impl=draft_impl)
-        run = chosen.runs[0].run                   # the draft's Runner, inside its ModelDraft
-    prompt = chosen.prompt
+    prompt, (run,) = chosen.prompt, chosen.runs
     last_id = hf.vocab_rows(model) - 1  # looked up once, outside the timed steps
     logits = run(prompt, keep=1)
     token = logits[-1].argmax().reshape(1).clamp(max=last_id)

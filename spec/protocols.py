@@ -62,17 +62,18 @@ class GammaPolicy(Protocol):
     def observe(self, *, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None: ...
 
 
-# --- The batched forms (spec.batch): several sequences, rows addressed in the batch's order ------
+# --- What the decode loop runs on: rows (one prompt is a batch of one), addressed in the batch's order
 
 @runtime_checkable
 class BatchRunner(Protocol):
-    """A model with its state for several sequences (rows). `rows(feeds, keep)` feeds row i the ids
+    """A model with its state for one or several sequences (rows). `rows(feeds, keep)` feeds row i the ids
     `feeds[i]` (1-D, any lengths >= 1) after the `rows.lengths[i]` positions it holds and returns
     the logits of every row's last `keep` positions, [B, keep, V], right-aligned (a row fed fewer
     than `keep` has NaN on the left). `rows.crop(keeps)` forgets, in row i, every position from
     keeps[i] on (a row may go back further, like a Runner); `rows.select(kept)` keeps only the rows
     at those indices, in that order: a finished row leaves and costs nothing more.
-    Implementations: spec.batch.Rows (one shared left-padded cache), spec.batch.EachRunner."""
+    Implementations: spec.batch.Rows (one shared left-padded cache), spec.batch.EachRunner (one
+    Runner per row: a single prompt's, or a model that cannot share a cache)."""
 
     lengths: list[int]
 
@@ -85,14 +86,15 @@ class BatchRunner(Protocol):
 
 @runtime_checkable
 class BatchDrafter(Protocol):
-    """A Drafter over a batch. `drafter.draft(seq, n, g, live)` proposes, for each row b in `live`
-    (indices into the [B, L] buffer `seq`, in the batch's order), up to g tokens after seq[b, :n[b]],
-    written to seq[b, n[b]:]; returns (the count per live row, q per live row or None), as a
-    Drafter does for one. `observe(n, accepted, live)` hears each live row's final length and kept
-    count; `select(kept)` follows the batch when rows leave. Implementations: spec.batch.ModelRows
-    (a draft model over a BatchRunner), spec.batch.EachRow (one model-free Drafter per row)."""
+    """A draft source over the rows. `drafter.draft(seq, n, gs, live)` proposes, for each row b =
+    live[j] (indices into the [B, L] buffer `seq`, in the batch's order), up to gs[j] tokens after
+    seq[b, :n[b]], written to seq[b, n[b]:]; returns (the count per live row, q per live row or
+    None), as a Drafter does for one. `observe(n, accepted, live)` hears each live row's final
+    length and kept count; `select(kept)` follows the batch when rows leave (kept: indices into
+    live). Implementations: spec.draft.ModelDraft (a draft model over a BatchRunner),
+    spec.batch.EachRow (one model-free Drafter per row), spec.draft.NoDraft (plain decoding)."""
 
-    def draft(self, seq: torch.Tensor, n: list[int], g: int, live: list[int]) -> tuple[list[int], list]: ...
+    def draft(self, seq: torch.Tensor, n: list[int], gs: list[int], live: list[int]) -> tuple[list[int], list]: ...
 
     def observe(self, n: list[int], accepted: list[int], live: list[int]) -> None: ...
 

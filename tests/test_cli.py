@@ -401,4 +401,4 @@ def test_the_runs_as_line_is_the_path_spec_choose_takes(impl, draft_name):
     assert experiment.runner_paths(pair, impl) == ("kv-cache", draft_name)
     if impl == "hf":   # the runner runs builds for that draft is the path named
         made = spec.choose.runs({"draft": draft}, [3, 4, 5], draft_impl=impl).runs[0]
-        assert made.run.path == spec.choose.path(draft, "draft", impl) == "kv-cache"
+        assert made.path == spec.choose.path(draft, "draft", impl) == "kv-cache"

@@ -130,17 +130,17 @@ def test_the_protocols_exist_and_every_runner_and_drafter_keeps_them():
         keep = inspect.signature(getattr(modules[module], name).__call__).parameters["keep"]
         assert keep.default == 0, f"{name}: keep defaults to {keep.default!r}, not 0 (all rows)"
     drafters = _classes_with(DRAFTER_METHODS)
-    assert set(drafters) == {"ModelDraft", "PromptLookup", "ModelRows", "EachRow"}
-    # the batched forms keep the batched protocols (spec.batch)
-    for proto, names in ((protocols.BatchRunner, ("Rows", "EachRunner")),
-                         (protocols.BatchDrafter, ("ModelRows", "EachRow"))):
+    assert set(drafters) == {"ModelDraft", "PromptLookup", "EachRow", "NoDraft"}
+    # the loop's forms keep the batched protocols: one loop runs every prompt count
+    for proto, classes in ((protocols.BatchRunner, (batch.Rows, batch.EachRunner)),
+                           (protocols.BatchDrafter, (draft.ModelDraft, batch.EachRow, draft.NoDraft))):
         assert proto.__doc__ and len(proto.__doc__) > 200
-        for name in names:
+        for cls in classes:
             assert {m for m in vars(proto) if not m.startswith("_") or m in ("__call__", "__len__")} - {"lengths"} \
-                <= set(dir(getattr(batch, name))), name
+                <= set(dir(cls)), cls.__name__
     assert isinstance(lookup.PromptLookup(), protocols.Drafter)
-    assert isinstance(draft.ModelDraft(runner.RecomputeRunner(torch.nn.Linear(1, 1)), draft.Pick(), width=1, rows=1,
-                                       clamp=False), protocols.Drafter)
+    assert isinstance(draft.ModelDraft(batch.EachRunner([runner.RecomputeRunner(torch.nn.Linear(1, 1))]), draft.Pick(),
+                                       [1], width=1, rows=1, clamp=False), protocols.BatchDrafter)
 
 
 def _constructions() -> list[tuple[str, str, str]]:
@@ -164,12 +164,12 @@ def _constructions() -> list[tuple[str, str, str]]:
 
 
 def test_one_function_makes_runners_and_model_drafts():
-    """spec.choose is the one place a model becomes a Runner or a Drafter: `runs` for one sequence,
-    `batch_runs` (with its helper `_rows`) for a batch. (The probe in
+    """spec.choose is the one place a model becomes a Runner or a Drafter: `runs` for one sequence's
+    Runners, `rows` (with its helper `_rows`) for what the loop runs on. (The probe in
     spec.runner builds each candidate path's class from a loop variable to test it against the
     model's own forward: a trial, not a choice, and not a call this check matches by name.)"""
     places = {(module, function) for module, function, _ in _constructions()}
-    assert places == {("choose", "runs"), ("choose", "_rows")}, \
+    assert places == {("choose", "runs"), ("choose", "rows"), ("choose", "_rows")}, \
         f"runners or drafts built outside spec.choose: {sorted(places)}"
 
 
@@ -177,7 +177,7 @@ def test_the_construction_finder_finds_a_construction():
     tree = ast.parse("def elsewhere(model):\n    return KVRunner(model)\n")
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
     assert calls and calls[0].func.id in _classes_with(RUNNER_METHODS)
-    assert ("choose", "runs", "ModelDraft") in _constructions()
+    assert ("choose", "rows", "ModelDraft") in _constructions()
     assert ("choose", "runs", "RUNNERS[...]") in _constructions()
 
 

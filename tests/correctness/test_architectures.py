@@ -216,7 +216,7 @@ def test_a_refusal_says_which_model_and_is_remembered():
     assert again.value is first.value and forwards == []
     with pytest.raises(UnsupportedModelError, match=r"^target: XLNet"):
         choose.runs({"target": model}, [1, 2, 3])
-    assert type(choose.runs({"draft": model}, [1, 2, 3], draft_impl="hf").runs[0].run).__name__ == "RecomputeRunner"
+    assert type(choose.runs({"draft": model}, [1, 2, 3], draft_impl="hf").runs[0]).__name__ == "RecomputeRunner"
     assert UnsupportedModelError("why").runs_uncached is False
     assert path_of(object()) == "custom"
 

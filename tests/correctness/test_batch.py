@@ -26,6 +26,7 @@ from stats import Oracle, goodness_of_fit
 from strategies import batches_of_prompts, gammas
 
 from spec import PromptLookup, batch, choose, greedy_generate, hf, speculative_generate
+from spec.draft import ModelDraft
 from spec.models import build_gpt_neox, perturbed_copy
 
 VOCAB = 500
@@ -91,7 +92,7 @@ def test_families_batch_exactly(family):
     if family not in BY_NAME:
         pytest.skip(f"{family} is not in this transformers' registry")
     target, draft = cached_model(family), draft_model(family)
-    rows = choose.batch_runs({"target": target, "draft": draft}, [[3, 4], [5]]).runs[0]
+    rows = choose.rows({"target": target, "draft": draft}, [[3, 4], [5]]).runs[0]
     if family in IN_TURN:
         assert isinstance(rows, batch.EachRunner) and IN_TURN[family] in rows.why, rows.__dict__.get("why")
     else:
@@ -173,8 +174,6 @@ def test_finished_rows_stop_costing(target, fp64_partial_draft, monkeypatch):
      ValueError, "attention_mask goes with a .B, n. tensor"),
     (lambda t, d: speculative_generate(t, d, [[1, 2], [3, 700]]), ValueError,
      r"input_ids row 1: input_ids holds token id 700, outside the target's vocabulary \[0, 640\)"),
-    (lambda t, d: speculative_generate(t, d, [[1, 2], [3]], gamma="auto"), ValueError,
-     "gamma='auto' prices the rounds of one sequence"),
     (lambda t, d: speculative_generate(t, d, [[1, 2], [3]], draft_impl="plain"), ValueError,
      "draft_impl='plain': a batch runs the draft on its own forward"),
     (lambda t, d: greedy_generate(t, [[1, 2], [3]], decoder_input_ids=[0]), ValueError,
@@ -183,6 +182,16 @@ def test_finished_rows_stop_costing(target, fp64_partial_draft, monkeypatch):
 def test_bad_batches_are_refused_naming_the_argument(target, fp64_partial_draft, call, error, match):
     with pytest.raises(error, match=match):
         call(target, fp64_partial_draft)
+
+
+def test_gamma_auto_gives_each_row_its_own_gamma(target, fp64_partial_draft):
+    """gamma='auto' in a batch: each row runs its own controller (its own alpha, the batch's costs);
+    each row's tokens equal its solo greedy run, and its rounds account for every token."""
+    prompts = [[3, 4, 5, 6, 7, 8, 9, 10, 11], [12], [13, 14, 15], [7, 7, 7, 7]]
+    rows = speculative_generate(target, fp64_partial_draft, prompts, gamma="auto", max_new_tokens=24)
+    for prompt, row in zip(prompts, rows):
+        assert row.tokens == greedy_generate(target, prompt, max_new_tokens=24).tokens
+        assert sum(row.tokens_per_round) == len(row.tokens) == 24
 
 
 def test_the_batch_probe_catches_a_cache_that_is_not_shifted(monkeypatch):
@@ -252,12 +261,12 @@ def test_each_row_samples_its_own_law(options, n):
 def test_row_sampling_check_rejects_rows_given_each_others_draft_laws(monkeypatch):
     """Negative control: q handed to the wrong rows (reversed) must be rejected."""
     target, draft = _neox_pair()
-    real = batch.ModelRows.draft
+    real = ModelDraft.draft
 
     def swapped(self, seq, n, g, live):
         counts, q = real(self, seq, n, g, live)
         return counts, q[::-1]
-    monkeypatch.setattr(batch.ModelRows, "draft", swapped)
+    monkeypatch.setattr(ModelDraft, "draft", swapped)
     rows = _row_samples(target, draft, 300, seed=62)
     oracle = Oracle(target)
     fits = [_joint_fit(oracle, prompt, samples, 6) for prompt, samples in zip(BATCH_PROMPTS, rows)]

@@ -364,11 +364,22 @@ SOURCE_MUTANTS = {
     "accept-every-draft": (accept, "sampled", "passed = u * q[rows, proposed] < p[rows, proposed]",
                            "passed = torch.ones(g, dtype=torch.bool, device=p.device)"),
     # (c) the bonus token drawn from the draft's q instead of the target's p
-    "bonus-from-q": (decode, "speculative_generate", "seq[n + k] = sampling.sample(last, generator)",
-                     "seq[n + k] = sampling.sample(_bonus_from_draft(drafter.run, seq[len(drafter.run):n + g], "
-                     "len(drafter.run), drafter.width, p[g], dict(temperature=temperature, top_k=top_k, top_p=top_p)) "
-                     "if 0 < g == k else last, generator)"),
+    "bonus-from-q": (decode, "_decode", "k = _accept(seq[b], n[b], m, q[j], ",
+                     "k = _accept_bonus_from_q(drafter, seq[b], n[b], m, q[j], "),
 }
+
+
+def _accept_bonus_from_q(drafter, seq, n, m, q, scores, pick):
+    """decode._accept, but when every proposal is kept the bonus token is drawn from the draft's q
+    at that position (one more draft step), not from the target's p."""
+    k = decode._accept(seq, n, m, q, scores, pick)
+    if 0 < m == k:
+        run = drafter.run.runs[0]      # a single prompt's draft Runner
+        options = dict(temperature=pick.temperature, top_k=pick.top_k, top_p=pick.top_p)
+        q_bonus = _bonus_from_draft(run, seq[len(run):n + m], len(run), drafter.width, pick.probabilities(scores[m]),
+                                    options)
+        seq[n + k] = sampling.sample(q_bonus, pick.generator)
+    return k
 
 
 def mutant(name: str, monkeypatch):
@@ -378,10 +389,8 @@ def mutant(name: str, monkeypatch):
     module, function, old, new = SOURCE_MUTANTS[name]
     source = textwrap.dedent(inspect.getsource(getattr(module, function)))
     assert source.count(old) == 1, f"mutation site for {name!r} not found in {module.__name__}: update SOURCE_MUTANTS"
-    namespace = dict(vars(module), _bonus_from_draft=_bonus_from_draft)
+    namespace = dict(vars(module), _accept_bonus_from_q=_accept_bonus_from_q)
     exec(compile(source.replace(old, new), f"<{name} mutant of {module.__name__}>", "exec"), namespace)
-    if module is decode:
-        return namespace["speculative_generate"]
     monkeypatch.setattr(module, function, namespace[function])
     return speculative_generate
 
