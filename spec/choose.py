@@ -55,8 +55,9 @@ class ChosenRows:
 
 
 def is_drafter(obj) -> bool:
-    """A draft source that is not a model (spec.lookup.PromptLookup and the like)."""
-    return isinstance(obj, Drafter) and not isinstance(obj, torch.nn.Module)
+    """A draft source that keeps the Drafter protocol (spec.lookup.PromptLookup, or a user's,
+    a torch module included); anything else in the draft role is a draft model."""
+    return isinstance(obj, Drafter)
 
 
 def models_of(roles: dict) -> dict:

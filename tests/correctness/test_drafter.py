@@ -96,3 +96,30 @@ def test_choose_hands_a_model_free_drafter_back_as_it_is_and_counts_only_models(
     assert list(chosen.models) == ["target", "draft"]
     # the ids both can use: the narrower head of the two (512), the target's 640 wider than the draft embeds
     assert (chosen.runs[1].width, chosen.runs[1].clamp) == (512, True)
+
+
+def test_a_torch_module_that_keeps_the_drafter_protocol_is_a_drafter(target):
+    """What is a drafter is decided by the protocol: a torch module with draft/observe/len (a learned
+    draft head, say) is served as a Drafter, not probed as a draft model; the output stays exact."""
+    from spec import PromptLookup, choose
+
+    class ModuleDrafter(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lookup, self.calls = PromptLookup(min_ngram=1), 0
+
+        def draft(self, seq, n, g):
+            self.calls += 1
+            return self.lookup.draft(seq, n, g)
+
+        def observe(self, n, accepted):
+            pass
+
+        def __len__(self):
+            return 0
+
+    source = ModuleDrafter()
+    assert choose.is_drafter(source) and not choose.is_drafter(target)
+    ids = [5, 6, 7, 5, 6, 7, 5, 6]
+    run = speculative_generate(target, source, ids, gamma=3, max_new_tokens=20)
+    assert run.tokens == greedy_generate(target, ids, max_new_tokens=20).tokens and source.calls == len(run.rounds)
