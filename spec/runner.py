@@ -182,7 +182,7 @@ def _dtype(model) -> torch.dtype:
 # Config fields past which a model's attention changes what it looks at: sliding windows,
 # and the key budget of indexer-selected sparse attention (DeepSeek's DSA: index_topk). The
 # probe must run longer than these to see a rollback or a block pass cross them.
-_REACH = re.compile(r"(window|topk)", re.I)
+_REACH = re.compile(r"(window|topk|chunk_length)", re.I)
 PROBE_MAX = 64
 
 
@@ -193,7 +193,8 @@ def _reach_fields(cfg) -> dict[str, int]:
 
 
 def probe_length(model) -> int:
-    """Past every window-like reach of the model (sliding window, sparse top-k), at most PROBE_MAX."""
+    """Past every window-like reach of the model (sliding window, sparse top-k, the chunks a
+    chunked attention pads its input to), at most PROBE_MAX."""
     cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
     reach = max(_reach_fields(cfg).values(), default=0)
     length = max(12, reach + 6) if reach + 6 <= PROBE_MAX else 12
@@ -311,7 +312,7 @@ def _probe(model) -> tuple[str, str]:
         full = hf.authors_forward(model, ids)
     except Exception as e:  # noqa: BLE001 - any failure of the model is a reason to refuse it
         raise _refusal(model, f"its cache-free forward fails ({type(e).__name__}: {e})", runs_uncached=False) from None
-    reason = causal_check(model, ids, full, tol)
+    reason = nondeterministic(model, tol) or causal_check(model, ids, full, tol)
     if reason is None:
         positions = choose_positions(model, ids, full, lambda a, b: _close(a, b, tol))
         for path, cls in RUNNERS.items():
@@ -327,6 +328,21 @@ def _probe(model) -> tuple[str, str]:
             reasons.append(f"{path}: {reason}")
         reason = "no way of running it reproduces its own cache-free forward (" + "; ".join(reasons) + ")"
     raise _refusal(model, reason, runs_uncached=True)
+
+
+def nondeterministic(model, tol: float) -> str | None:
+    """A forward whose logits change between two calls on the same ids (Reformer's LSH attention
+    with random hashing, dropout left on in training mode) cannot be reproduced by any decoder.
+    Checked on PROBE_MAX tokens (within the model's position limit): some randomness shows only
+    on sequences longer than what one query attends to (LSH buckets over chunks)."""
+    cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+    limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+    length = min(PROBE_MAX, limit) if isinstance(limit, int) and limit >= 4 else PROBE_MAX
+    ids = _probe_ids(model, length, next(model.parameters()).device)
+    if not _close(hf.authors_forward(model, ids), hf.authors_forward(model, ids), tol):
+        return ("its forward is not deterministic: two calls on the same ids give different logits (random "
+                "hashing, or dropout in training mode: call model.eval()), so no decoder can reproduce it")
+    return None
 
 
 def unsupported_head(model) -> str | None:
