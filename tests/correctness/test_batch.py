@@ -287,3 +287,45 @@ def test_processors_count_from_each_rows_own_prompt(target, fp64_partial_draft):
         assert got.accepted_per_round == alone.accepted_per_round    # the draft masks as its solo run does
     for got, prompt in zip(greedy_generate(target, prompts, **options), prompts):
         assert got.tokens == greedy_generate(target, prompt, **options).tokens
+
+
+class _Remembers:
+    """A stateful model-free drafter: proposes nothing, remembers the final lengths it was told."""
+
+    def __init__(self):
+        self.seen = 0
+
+    def draft(self, seq, n, g):
+        return 0, None
+
+    def observe(self, n, accepted):
+        self.seen = n
+
+    def __len__(self):
+        return self.seen
+
+
+def test_each_row_serves_a_single_prompt_with_the_drafter_itself_and_a_batch_with_copies(target):
+    """One prompt: the drafter given is the one that drafts (no copy, so its state is the caller's).
+    A batch: one copy a row, each told its own row's lengths; len is the longest row's."""
+    mine = _Remembers()
+    speculative_generate(target, mine, [3, 4, 5], gamma=2, max_new_tokens=5)
+    assert mine.seen == 3 + 5                # told the final length after the last round
+    rows = choose.rows({"target": target, "draft": mine}, [[3, 4, 5], [6]])
+    each = rows.runs[1]
+    assert len(each.drafters) == 2 and all(d is not mine for d in each.drafters)
+    each.observe([9, 4], [0, 0], [0, 1])
+    assert [d.seen for d in each.drafters] == [9, 4] and len(each) == 9
+
+
+def test_a_drafter_that_cannot_be_copied_is_refused_for_a_batch_naming_it(target):
+    import threading
+
+    class Locked(_Remembers):
+        def __init__(self):
+            super().__init__()
+            self.lock = threading.Lock()     # deepcopy cannot copy a lock
+    with pytest.raises(ValueError, match=r"draft: Locked cannot be copied for each of the 2 prompts .*one at a time"):
+        speculative_generate(target, Locked(), [[3, 4, 5], [6]], gamma=2, max_new_tokens=3)
+    assert speculative_generate(target, Locked(), [3, 4, 5], gamma=2, max_new_tokens=3).tokens == \
+        greedy_generate(target, [3, 4, 5], max_new_tokens=3).tokens
