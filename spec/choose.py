@@ -32,7 +32,7 @@ from transformers import PreTrainedModel
 
 from spec import batch, hf, neox, parallel, runner, seq2seq
 from spec.draft import ModelDraft, NoDraft, Pick
-from spec.protocols import Drafter
+from spec.protocols import BatchDrafter, BatchRunner, Drafter, Runner
 from spec.validate import as_prompt, check_model, check_pair, model_device
 
 DRAFT_IMPLS = ("auto", "plain", "hf", "compiled")
@@ -48,10 +48,11 @@ class Chosen:
 
 @dataclass
 class ChosenRows:
-    prompts: list           # each row's decoder prompt, 1-D LongTensors
-    runs: list              # one per role, in the roles' order: a BatchRunner, or a BatchDrafter for "draft"
-    models: dict            # the roles that are models, by role
-    batched: bool           # the input was a batch (a list of results is returned), not one prompt
+    prompts: list[torch.Tensor]     # each row's decoder prompt, 1-D LongTensors
+    target: BatchRunner             # the model that decides every token ("target", or greedy's "model")
+    drafter: BatchDrafter           # ModelDraft, EachRow over a model-free Drafter, or NoDraft
+    models: dict                    # the roles that are models, by role
+    batched: bool                   # the input was a batch (a list of results is returned), not one prompt
 
 
 def is_drafter(obj) -> bool:
@@ -78,7 +79,8 @@ def runs(roles: dict, input_ids=None, *, input_features=None, decoder_input_ids=
         prompt, encoded, masks = seq2seq.prepare(models, input_ids, input_features=input_features,
                                                  decoder_input_ids=decoder_input_ids, share_encoder=share_encoder,
                                                  max_new_tokens=max_new_tokens)
-        made = {role: seq2seq.Decoder(m, out, masks) for (role, m), out in zip(models.items(), encoded)}
+        made: dict[str, Runner] = {role: seq2seq.Decoder(m, out, masks)
+                                   for (role, m), out in zip(models.items(), encoded)}
     else:
         seq2seq.refuse_inputs(input_features, decoder_input_ids, share_encoder)
         prompt = as_prompt(input_ids, model_device(next(iter(models.values()))), models)
@@ -97,10 +99,13 @@ def runs(roles: dict, input_ids=None, *, input_features=None, decoder_input_ids=
 def rows(roles: dict, input_ids, attention_mask=None, *, input_features=None, decoder_input_ids=None,
          share_encoder: bool = False, max_new_tokens: int | None = None, room: int = 0, draft_impl: str = "auto",
          pick: Pick = Pick()) -> ChosenRows:
-    """What the decode loop runs on (see the module docstring). A role "draft" of None is NoDraft
-    (plain decoding). Refuses, with the reason, what cannot be batched."""
+    """What the decode loop runs on (see the module docstring): roles are the deciding model's
+    ("target", or greedy's "model") and "draft", a model, a model-free Drafter, or None for plain
+    decoding (NoDraft). Refuses, with the reason, what cannot be batched."""
     models = models_of({role: m for role, m in roles.items() if m is not None})
-    if not batch.is_batch(input_ids, attention_mask):
+    batched = batch.is_batch(input_ids, attention_mask)
+    made: dict[str, BatchRunner]
+    if not batched:
         one = runs(models, input_ids, input_features=input_features, decoder_input_ids=decoder_input_ids,
                    share_encoder=share_encoder, max_new_tokens=max_new_tokens, room=room, draft_impl=draft_impl)
         prompts, made = [one.prompt], {role: batch.EachRunner([run]) for role, run in zip(models, one.runs)}
@@ -109,13 +114,14 @@ def rows(roles: dict, input_ids, attention_mask=None, *, input_features=None, de
                       share_encoder=share_encoder)
         prompts = batch.prompts(input_ids, attention_mask, model_device(next(iter(models.values()))), models)
         made = {role: _rows(model, role, len(prompts)) for role, model in models.items()}
+    drafter: BatchDrafter
     if "draft" in made:
-        made["draft"] = ModelDraft(made["draft"], pick, [p.numel() for p in prompts], **_widths(models))
-    elif roles.get("draft", None) is not None:
-        made["draft"] = batch.EachRow(roles["draft"], len(prompts))
-    elif "draft" in roles:
-        made["draft"] = NoDraft()
-    return ChosenRows(prompts, [made[role] for role in roles], models, batch.is_batch(input_ids, attention_mask))
+        drafter = ModelDraft(made["draft"], pick, [p.numel() for p in prompts], **_widths(models))
+    elif roles.get("draft") is not None:
+        drafter = batch.EachRow(roles["draft"], len(prompts))
+    else:
+        drafter = NoDraft()
+    return ChosenRows(prompts, made[next(iter(roles))], drafter, models, batched)
 
 
 def _refuse_batch(models: dict, draft_impl: str, *, share_encoder: bool, **encoder_inputs) -> None:

@@ -194,7 +194,7 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
     process = processors_for(dict(repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
                                   sequence_bias=sequence_bias, bad_words_ids=bad_words_ids,
                                   min_new_tokens=min_new_tokens), stops, target)
-    policy = AutoGamma if gamma == "auto" else (lambda: FixedGamma(gamma))      # one a row: each its own gamma
+    policy = _policy(gamma)                 # makes one a row: each row its own gamma
     pick = Pick(do_sample, temperature, top_k, top_p, generator, process, min_p)
     chosen = choose.rows(roles, input_ids, attention_mask, input_features=input_features,
                          decoder_input_ids=decoder_input_ids, share_encoder=share_encoder,
@@ -210,10 +210,17 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
     return results if chosen.batched else results[0]
 
 
+def _policy(gamma: int | str):
+    """What makes each row's GammaPolicy: AutoGamma for gamma="auto", else a fixed gamma."""
+    if isinstance(gamma, str):
+        return AutoGamma
+    return lambda: FixedGamma(gamma)
+
+
 def _decode(chosen: choose.ChosenRows, policies: list, *, max_new_tokens: int, stops: frozenset[int],
             process: Processors, pick: Pick, trace: bool) -> list[Result]:
     """Algorithm 1 over every row of the batch, each row with its own gamma policy."""
-    (target_run, drafter), prompts = chosen.runs, chosen.prompts
+    target_run, drafter, prompts = chosen.target, chosen.drafter, chosen.prompts
     seq, P = _start(prompts, max_new_tokens + max(policy.max_gamma for policy in policies) + 1, max_new_tokens,
                     chosen.models)
     n = list(P)
@@ -240,8 +247,8 @@ def _decode(chosen: choose.ChosenRows, policies: list, *, max_new_tokens: int, s
             # 3. Accept the longest prefix that passes, then append one token from Mp.
             m = drafted[j]
             scores = logits[j, logits.shape[1] - m - 1:]       # right-aligned: row i predicts seq[b, n[b] + i]
-            k = _accept(seq[b], n[b], m, q[j], processors[b](scores, seq[b], n[b]) if processors[b] else scores,
-                        pick)
+            process_row = processors[b]
+            k = _accept(seq[b], n[b], m, q[j], process_row(scores, seq[b], n[b]) if process_row else scores, pick)
             # 4. Cut at EOS.
             out = k + 1
             if stops:
@@ -259,8 +266,8 @@ def _decode(chosen: choose.ChosenRows, policies: list, *, max_new_tokens: int, s
 
         for j, b in enumerate(live):
             policies[b].observe(drafted=drafted[j], accepted=accepted[j], draft_s=t1 - t0, verify_s=t2 - t1)
-            timings = dict(draft_s=t1 - t0, verify_s=t2 - t1, target_cache=target_run.lengths[j],
-                           draft_cache=len(drafter)) if trace else {}
+            timings: dict = dict(draft_s=t1 - t0, verify_s=t2 - t1, target_cache=target_run.lengths[j],
+                                 draft_cache=len(drafter)) if trace else {}
             # draft tokens that reached the output (an EOS may cut a block)
             results[b].rounds.append(Round(drafted[j], min(accepted[j], emitted[j]), emitted[j], **timings))
         live = _retire(live, [j for j, b in enumerate(live)

@@ -46,16 +46,17 @@ class ModelDraft:
         self.width, self.rows, self.clamp = width, rows, clamp
 
     def draft(self, seq: torch.Tensor, n: list[int], gs: list[int], live: list[int]):
-        pick, q = self.pick, [[] for _ in live]
+        pick = self.pick
+        q: list[list[torch.Tensor]] = [[] for _ in live]
         for i in range(max(gs)):    # every row steps together; a row keeps only its first gs[j]
             feeds = [seq[b, length:n[b] + i] for b, length in zip(live, self.run.lengths)]
             if self.clamp:
                 feeds = [f.clamp(max=self.rows - 1) for f in feeds]
             logits = self.run(feeds, keep=1)[:, -1, :self.width]
             for j, b in enumerate(live):
-                row = logits[j]
-                if self.processors[b]:
-                    row = self.processors[b](row[None], seq[b], n[b] + i)[0]
+                row, process = logits[j], self.processors[b]
+                if process:
+                    row = process(row[None], seq[b], n[b] + i)[0]
                 if pick.do_sample:
                     q[j].append(pick.probabilities(row))
                     seq[b, n[b] + i] = sampling.sample(q[j][-1], pick.generator)

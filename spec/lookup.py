@@ -67,7 +67,7 @@ class PromptLookup:
             if hits.numel():
                 start = int(hits[-1]) + k          # first token after the most recent match
                 known = history[start:].tolist()   # its continuation, up to the end of history
-                out = []
+                out: list[int] = []
                 for j in range(limit):
                     out.append(known[j] if j < len(known) else out[j - len(known)])
                 return out

@@ -75,7 +75,8 @@ class BatchRunner(Protocol):
     Implementations: spec.batch.Rows (one shared left-padded cache), spec.batch.EachRunner (one
     Runner per row: a single prompt's, or a model that cannot share a cache)."""
 
-    lengths: list[int]
+    @property
+    def lengths(self) -> list[int]: ...
 
     def __call__(self, feeds: list[torch.Tensor], keep: int) -> torch.Tensor: ...
 

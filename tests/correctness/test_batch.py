@@ -92,7 +92,7 @@ def test_families_batch_exactly(family):
     if family not in BY_NAME:
         pytest.skip(f"{family} is not in this transformers' registry")
     target, draft = cached_model(family), draft_model(family)
-    rows = choose.rows({"target": target, "draft": draft}, [[3, 4], [5]]).runs[0]
+    rows = choose.rows({"target": target, "draft": draft}, [[3, 4], [5]]).target
     if family in IN_TURN:
         assert isinstance(rows, batch.EachRunner) and IN_TURN[family] in rows.why, rows.__dict__.get("why")
     else:
@@ -312,7 +312,7 @@ def test_each_row_serves_a_single_prompt_with_the_drafter_itself_and_a_batch_wit
     speculative_generate(target, mine, [3, 4, 5], gamma=2, max_new_tokens=5)
     assert mine.seen == 3 + 5                # told the final length after the last round
     rows = choose.rows({"target": target, "draft": mine}, [[3, 4, 5], [6]])
-    each = rows.runs[1]
+    each = rows.drafter
     assert len(each.drafters) == 2 and all(d is not mine for d in each.drafters)
     each.observe([9, 4], [0, 0], [0, 1])
     assert [d.seen for d in each.drafters] == [9, 4] and len(each) == 9

@@ -90,12 +90,12 @@ def test_choose_hands_a_model_free_drafter_back_as_it_is_and_counts_only_models(
     assert chosen.runs[1] is lookup and list(chosen.models) == ["target"] and isinstance(chosen.runs[0], Runner)
     assert chosen.prompt.tolist() == [1, 2, 3]
     rows = choose.rows({"target": target, "draft": lookup}, [1, 2, 3])
-    assert rows.runs[1].drafters == [lookup] and rows.prompts[0].tolist() == [1, 2, 3] and not rows.batched
+    assert rows.drafter.drafters == [lookup] and rows.prompts[0].tolist() == [1, 2, 3] and not rows.batched
     chosen = choose.rows({"target": target, "draft": random_draft}, [1, 2, 3], room=8)
-    assert isinstance(chosen.runs[1], ModelDraft) and isinstance(chosen.runs[1].run.runs[0], Runner)
+    assert isinstance(chosen.drafter, ModelDraft) and isinstance(chosen.drafter.run.runs[0], Runner)
     assert list(chosen.models) == ["target", "draft"]
     # the ids both can use: the narrower head of the two (512), the target's 640 wider than the draft embeds
-    assert (chosen.runs[1].width, chosen.runs[1].clamp) == (512, True)
+    assert (chosen.drafter.width, chosen.drafter.clamp) == (512, True)
 
 
 def test_a_torch_module_that_keeps_the_drafter_protocol_is_a_drafter(target):
