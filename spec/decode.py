@@ -158,7 +158,7 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
     Greedy (do_sample=False): the output equals greedy_generate(target, ...) token
     for token. Sampling: the output is distributed exactly as the target's processed
     distribution. gamma="auto" picks Theorem 3.8's optimal gamma from alpha and c
-    measured as the run goes.
+    measured as the run goes (in a batch, each row from its own alpha).
 
     draft_impl says how the draft runs; none changes the output, since the target
     decides every emitted token: "plain" (spec.neox: the draft's forward in plain
@@ -167,7 +167,7 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
     one-token step compiled: CUDA graphs on GPU), "auto" ("plain" where it applies,
     else "hf").
 
-    draft may also be any Drafter (spec.protocols) that is not a model, such as
+    draft may also be any object that keeps the Drafter protocol (spec.protocols), such as
     spec.PromptLookup: each round it proposes at most gamma tokens copied from an earlier
     occurrence in the prompt and output, and none where nothing matches (that round is one
     target step); draft_impl does not apply.
