@@ -136,8 +136,8 @@ def table(cases: list[dict]) -> str:
         shown = " ".join(f"{k}={numbers[k]}" for k in SHOWN if numbers.get(k) is not None)
         if "sweep" in numbers:
             shown = " ".join(f"B{row['batch']}:{row['speedup']}x" for row in numbers["sweep"])
-        if case["outcome"] != "passed":
-            shown = (case.get("reason") or "").strip().splitlines()[-1][:100] if case.get("reason") else ""
+        if case["outcome"] != "passed" and case.get("reason"):
+            shown = " | ".join(filter(None, [case["reason"].strip().splitlines()[-1][:100], shown]))
         name = case["case"].rsplit("/", 1)[-1].replace(".py::", "::")
         lines.append(f"{name:<66} {case['outcome'] or '?':<8} {case['seconds']:>7.1f}  {shown}")
     return "\n".join(lines)
