@@ -61,3 +61,16 @@ def test_a_case_that_would_start_past_the_budget_is_skipped_with_the_reason():
     recorder = _recipe().Recorder(rehearse=True, budget_s=-1.0, write=lambda: None)
     with pytest.raises(pytest.skip.Exception, match=r"gpu_check: .* past the --budget of -1 s"):
         recorder.pytest_runtest_setup(item=None)
+
+
+def test_the_table_gives_a_skipped_or_failed_case_its_reason_beside_its_numbers():
+    rows = _recipe().table([
+        {"case": "tests/perf/test_gpu_speed.py::test_seed_experiment_speedup[gpu]", "outcome": "skipped",
+         "seconds": 1.0, "reason": "no local weights for the real pair: pythia-12b"},
+        {"case": "tests/perf/test_gpu_speed.py::test_pythia_shapes_synthetic_draft_speedup[gpu]", "outcome": "failed",
+         "seconds": 90.0, "reason": "Traceback ...\nAssertionError: speedup 0.70x below the floor 0.8x",
+         "reported": {"measured_speedup": 0.7, "alpha": 0.8}},
+    ]).splitlines()
+    assert rows[1].startswith("test_gpu_speed::test_seed_experiment_speedup[gpu]") and "skipped" in rows[1]
+    assert rows[1].endswith("no local weights for the real pair: pythia-12b")
+    assert rows[2].endswith("AssertionError: speedup 0.70x below the floor 0.8x | measured_speedup=0.7 alpha=0.8")
