@@ -133,6 +133,26 @@ def pytest_addoption(parser):
                     help="draft model: local folder or cached hub id (env SPEC_DRAFT)")
 
 
+# --- the GPU cases and their rehearsal on CPU ---------------------------------------------
+# No GPU has run these cases yet, and GPU time comes in minutes: a typo in a fixture or a wrong
+# key in a report would spend it. So every GPU case takes `gpu_device` and runs twice: on CUDA
+# (marked gpu: `pytest -m gpu`, skipped where there is no CUDA) and as a rehearsal on CPU in the
+# default run: the same test body and fixtures with tiny shapes and a few tokens, thresholds and
+# Theorem 3.8's band computed and reported but not asserted. What a rehearsal cannot run is the
+# CUDA calls themselves (docs/BENCHMARKS.md, "GPU", lists those lines).
+
+@pytest.fixture(params=[pytest.param("cuda", marks=pytest.mark.gpu, id="gpu"), pytest.param("cpu", id="rehearsal")])
+def gpu_device(request) -> torch.device:
+    """cuda for the real run, cpu for its rehearsal."""
+    return torch.device(request.param)
+
+
+@pytest.fixture
+def rehearsal(gpu_device) -> bool:
+    """True on the CPU rehearsal of a GPU case: shapes tiny, timing thresholds reported, not asserted."""
+    return gpu_device.type != "cuda"
+
+
 # --- model pairs ------------------------------------------------------------------------
 # The target runs in fp64 on CPU: logit noise between a one-token step and a block
 # verify is ~1e-15 there (docs/FACTS.md), so any divergence from greedy is a bug, not a tie.

@@ -5,7 +5,9 @@ offloaded parts, fetch the weights for each pass. On this CPU the split that can
 offload: a layer whose weights live on disk (its parameters are on the meta device until a hook
 loads them), which puts accelerate's hooks in every forward, as a split across GPUs does. The GPU
 cases (`pytest -m gpu`) split a target's layers over two GPUs (skipped with fewer), and offload a
-layer to the CPU on one GPU.
+layer to the CPU on one GPU; in the default run they are rehearsed on CPU (conftest's gpu_device),
+a disk offload standing in for the second GPU and for the CPU offload. device_map needs accelerate
+(the gguf extra brings it): without it the module skips with that reason.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
+
+pytest.importorskip("accelerate", reason="device_map needs accelerate (pip install accelerate, or the gguf extra)")
 
 import architectures
 from spec import greedy_generate, speculative_generate
@@ -66,19 +70,23 @@ def test_a_split_draft_is_refused_on_forwards_that_read_its_weights(tmp_path):
     assert speculative_generate(target, draft, PROMPT, gamma=3, max_new_tokens=8).tokens == expected
 
 
-@pytest.mark.gpu
 @pytest.mark.parametrize("where", ["two-gpus", "cpu-offload"])
-def test_a_target_split_on_gpus_decodes_exactly(saved, where):
+def test_a_target_split_on_gpus_decodes_exactly(saved, where, gpu_device, rehearsal, tmp_path):
     """two-gpus: the second layer, the norm and the head on cuda:1 (needs 2 GPUs); cpu-offload: the
-    second layer's weights on the CPU, brought to cuda:0 for each pass."""
-    if where == "two-gpus" and torch.cuda.device_count() < 2:
+    second layer's weights on the CPU, brought to cuda:0 for each pass. Rehearsed on CPU with the
+    disk standing in for cuda:1 and for the CPU offload (a split that puts accelerate's hooks in)."""
+    if where == "two-gpus" and not rehearsal and torch.cuda.device_count() < 2:
         pytest.skip(f"needs 2 CUDA devices, this machine has {torch.cuda.device_count()}")
+    first, second, offload = (0, 1, "cpu") if not rehearsal else ("cpu", "disk", "disk")
     root, expected = saved
-    placement = _map("cpu", 0) if where == "cpu-offload" else {**_map(1, 0), "model.norm": 1, "lm_head": 1}
-    target = AutoModelForCausalLM.from_pretrained(root / "target", dtype=torch.float64, device_map=placement).eval()
-    draft = AutoModelForCausalLM.from_pretrained(root / "draft", dtype=torch.float32).to("cuda:0").eval()
+    placement = _map(offload, first) if where == "cpu-offload" else {**_map(second, first), "model.norm": second,
+                                                                      "lm_head": second}
+    on_first = torch.device("cuda", 0) if not rehearsal else gpu_device
+    target = AutoModelForCausalLM.from_pretrained(root / "target", dtype=torch.float64, device_map=placement,
+                                                  offload_folder=tmp_path).eval()
+    draft = AutoModelForCausalLM.from_pretrained(root / "draft", dtype=torch.float32).to(on_first).eval()
     assert is_split(target)
-    whole = AutoModelForCausalLM.from_pretrained(root / "target", dtype=torch.float64).to("cuda:0").eval()
+    whole = AutoModelForCausalLM.from_pretrained(root / "target", dtype=torch.float64).to(on_first).eval()
     on_gpu = greedy_generate(whole, PROMPT, max_new_tokens=NEW_TOKENS).tokens
     assert on_gpu == expected, "fp64 greedy on the GPU should equal the CPU's"
     for gamma in (1, 4):

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from perfkit import NEW_TOKENS, seeded_pair, shipped_pair
+from perfkit import GPU_SCALE, NEW_TOKENS, REHEARSAL_SCALE, GpuScale, seeded_pair, shipped_pair
 from spec import greedy_generate
 from spec.measure import cost_ratio, verify_cost
 from spec.models import SHIPPED_PAIR
@@ -51,3 +51,9 @@ def cpu_costs(cpu_pair, cpu_greedy):
 def cpu_verify(cpu_pair, cpu_greedy):
     """A 6-token target pass in units of a 1-token step, for the verify-costed prediction."""
     return verify_cost(cpu_pair.target, cpu_pair.prompts[0], 5)
+
+
+@pytest.fixture
+def gpu_scale(rehearsal) -> GpuScale:
+    """The GPU cases' sizes: the seed experiment's on CUDA, tiny ones in the CPU rehearsal."""
+    return REHEARSAL_SCALE if rehearsal else GPU_SCALE

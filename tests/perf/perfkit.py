@@ -22,7 +22,7 @@ from serial_timing import timed_alone
 from spec import theory
 from spec.clock import timed
 from spec.diagnose import diagnose
-from spec.models import SHIPPED_PAIR, build_gpt_neox, truncated_copy
+from spec.models import SHAPES, SHIPPED_PAIR, TINY_TOKENIZER_SIZE, build_gpt_neox, truncated_copy
 from spec.prompts import CODE_PROMPTS, SEED_PROMPTS
 
 # Kept short: the whole default perf run must stay within about two minutes on 2 shared cores.
@@ -34,6 +34,32 @@ CODE_PROMPTS = CODE_PROMPTS[:3]
 
 DAMPED_SHAPE = dict(hidden_size=256, num_hidden_layers=12, num_attention_heads=4, intermediate_size=1024,
                     vocab_size=4096)
+
+
+@dataclass(frozen=True)
+class GpuScale:
+    """The sizes of the GPU cases (tests/perf/test_gpu_speed.py): the seed experiment's on CUDA,
+    tiny ones for their CPU rehearsal (conftest's gpu_device), which runs the same code in seconds."""
+    new_tokens: int
+    repeats: int
+    batch_sizes: tuple[int, ...]
+    target_shape: str | dict          # the synthetic target (pythia-12b's shapes on CUDA)
+    draft_shape: str | dict           # the synthetic draft base (pythia-410m's)
+    tp_target_shape: dict             # the tensor-parallel case's target
+    tp_new_tokens: int
+    prompt_vocab: int                 # prompts' ids are drawn below this (the shared tokenizer's size)
+
+
+GPU_SCALE = GpuScale(new_tokens=256, repeats=2, batch_sizes=(1, 2, 4, 8, 16), target_shape="pythia-12b",
+                     draft_shape="pythia-410m",
+                     # pythia-12b's width, 8 of its 36 layers: 2.9B params, 11.5 GB in fp32
+                     tp_target_shape=dict(hidden_size=5120, num_hidden_layers=8, num_attention_heads=40,
+                                          intermediate_size=20480, vocab_size=50688),
+                     tp_new_tokens=128, prompt_vocab=50277)
+# The suite's tiny pair: two logit widths, as in the pythia pair (the target's head the wider).
+REHEARSAL_SCALE = GpuScale(new_tokens=8, repeats=1, batch_sizes=(1, 2), target_shape="tiny-target",
+                           draft_shape="tiny-draft", tp_target_shape=SHAPES["tiny-target"],
+                           tp_new_tokens=8, prompt_vocab=TINY_TOKENIZER_SIZE)
 
 
 @dataclass

@@ -26,13 +26,13 @@ from spec.parallel import describe
 
 def main(job_path: str, out_dir: str) -> None:
     job = json.loads(Path(job_path).read_text())
-    pair = load_pair(job["target"], job["draft"], device="cuda", target_dtype=getattr(torch, job["target_dtype"]),
+    pair = load_pair(job["target"], job["draft"], device=job.get("device", "cuda"), target_dtype=getattr(torch, job["target_dtype"]),
                      draft_dtype=getattr(torch, job["draft_dtype"]), tp_size=int(os.environ["WORLD_SIZE"]))
     target, draft, n, gamma = pair.target, pair.draft, job["new_tokens"], job["gamma"]
     device = next(target.parameters()).device
     speculative_generate(target, draft, job["prompts"][0], gamma=gamma, max_new_tokens=16)  # warm-up
     costs = cost_ratio(target, draft, job["prompts"][0])
-    out = {"split": describe(target), "device": torch.cuda.get_device_name(device), "c": costs.c,
+    out = {"split": describe(target), "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type, "c": costs.c,
            "outputs": [], "greedy_s": [], "spec_s": [], "accepted": [], "drafted": []}
     for _ in range(job["repeats"]):
         g_row, s_row = [], []
