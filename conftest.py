@@ -200,3 +200,19 @@ def draft_run():
     def make(model, max_len: int, impl: str = "auto"):
         return choose.runs({"draft": model}, [1], room=max_len - 1, draft_impl=impl).runs[0].run
     return make
+
+
+@pytest.fixture(scope="session")
+def endpoint_server():
+    """endpoint_server(speculative, bug=None, pair="llama"): an in-process OpenAI-compatible server over spec
+    (tests/endpoint_server.py) on 127.0.0.1, one per (speculative, bug, pair), stopped at the session's end."""
+    from endpoint_server import Server
+    servers: dict = {}
+
+    def make(speculative: bool, bug: str | None = None, pair: str = "llama") -> Server:
+        if (speculative, bug, pair) not in servers:
+            servers[speculative, bug, pair] = Server(speculative, bug, pair)
+        return servers[speculative, bug, pair]
+    yield make
+    for server in servers.values():
+        server.stop()

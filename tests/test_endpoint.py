@@ -1,0 +1,139 @@
+"""The endpoint adapter (spec/endpoint.py) and the endpoint properties (spec/conformance/endpoints.py)
+against in-process OpenAI-compatible servers over spec (tests/endpoint_server.py): the speculative
+server passes every property against the plain one, and each broken server (one bug class each) is
+rejected by the property that guards that class."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from spec import impls
+from spec.conformance import endpoints, kit
+from spec.endpoint import Endpoint, EndpointError, base_url
+
+N = 12
+PROMPTS = [[5, 9, 90, 260, 260, 5, 9, 90], [3, 141, 59, 26], [7] * 6, [300, 12, 7, 7, 100, 300, 12]]
+
+
+def pair(endpoint_server, bug=None, models="llama"):
+    return Endpoint(endpoint_server(True, bug, models).url), Endpoint(endpoint_server(False, None, models).url)
+
+
+@pytest.fixture(scope="module")
+def good(endpoint_server):
+    return pair(endpoint_server)
+
+
+def test_only_loopback_urls_are_taken():
+    for url in ("http://10.0.0.1:8000/v1", "http://localhost:8000/v1", "ftp://127.0.0.1:1/v1", "http://127.0.0.1/v1"):
+        with pytest.raises(ValueError):
+            base_url(url)
+    assert base_url("http://127.0.0.1:8000/v1/") == "http://127.0.0.1:8000/v1"
+
+
+def test_load_needs_a_reference_and_refuses_one_elsewhere():
+    with pytest.raises(ValueError, match="--reference"):
+        impls.load("openai:http://127.0.0.1:1/v1")
+    with pytest.raises(ValueError, match="only an openai:URL"):
+        impls.load("spec", reference="openai:http://127.0.0.1:1/v1")
+    impl = impls.load("openai:http://127.0.0.1:1/v1", reference="openai:http://127.0.0.1:2/v1", model="m")
+    assert (impl.engine, impl.url, impl.reference, impl.model) == ("openai", "http://127.0.0.1:1/v1",
+                                                                    "http://127.0.0.1:2/v1", "m")
+
+
+def test_a_server_that_is_down_is_a_clear_error():
+    with pytest.raises(EndpointError, match="cannot connect"):
+        Endpoint("http://127.0.0.1:9/v1", retries=1, pause=0.01)
+
+
+def test_the_adapter_reads_ids_logprobs_and_the_listed_model(good):
+    spec, ref = good
+    assert spec.model == "kit-tiny-llama"
+    out = ref.complete(PROMPTS[0], 5, logprobs=2)
+    assert out.ids == kit.greedy("llama", tuple(PROMPTS[0]), 5) and len(out.logprobs) == 5
+    assert all(max(top, key=top.get) == t for top, t in zip(out.top, out.ids))
+
+
+def test_a_server_that_gives_no_token_ids_is_refused(endpoint_server):
+    spec, _ = pair(endpoint_server, "no-token-ids")
+    with pytest.raises(EndpointError, match="neither `token_ids`"):
+        spec.complete(PROMPTS[0], 3)
+
+
+def test_a_server_answering_an_error_is_a_clear_error(good):
+    with pytest.raises(EndpointError, match="answered 400"):
+        good[0].complete([10 ** 6], 3)
+
+
+@pytest.fixture(scope="module")
+def noise(good):
+    return endpoints.measure_noise(good[1], PROMPTS[:2], N)
+
+
+def test_greedy_exact_on_prompts_and_its_control(good, noise, endpoint_server):
+    assert "4 of 4 identical" in endpoints.greedy_exact(*good, PROMPTS, N, noise)
+    with pytest.raises(endpoints.Violation, match="BUG"):
+        endpoints.greedy_exact(*pair(endpoint_server, "greedy-unverified"), PROMPTS, N, noise)
+
+
+def test_greedy_exact_on_generated_token_id_prompts(good, noise):
+    @kit.kit_settings(1.0, 8)
+    @given(prompt=kit.prompts(), n=st.integers(1, 16))
+    def prop(prompt, n):
+        endpoints.greedy_exact(*good, [prompt], n, noise)
+    prop()
+
+
+@pytest.mark.parametrize("bug", [None, "max-tokens+1", "eos-ignored", "stop-ids-ignored", "min-tokens-ignored"])
+def test_stops_and_their_controls(endpoint_server, bug):
+    spec, ref = pair(endpoint_server, bug)
+    run = lambda: endpoints.stops(spec, ref, PROMPTS[0], N, eos_prompts=[kit.EOS_PROMPT])  # noqa: E731
+    if bug is None:
+        assert "max_tokens" in run()
+    else:
+        with pytest.raises(endpoints.Violation):
+            run()
+
+
+@pytest.mark.parametrize("bug", [None, "batch-shape"])
+def test_concurrency_and_its_control(endpoint_server, noise, bug):
+    spec, ref = pair(endpoint_server, bug)
+    if bug is None:
+        assert "equal each alone" in endpoints.concurrency(spec, ref, PROMPTS, N, noise)
+    else:
+        with pytest.raises(endpoints.Violation, match="in flight"):
+            endpoints.concurrency(spec, ref, PROMPTS, N, noise)
+
+
+@pytest.mark.parametrize("bug", [None, "draft-logprobs"])
+def test_logprobs_and_its_control(endpoint_server, noise, bug):
+    spec, ref = pair(endpoint_server, bug)
+    if bug is None:
+        assert "equal the reference's" in endpoints.logprobs(spec, ref, PROMPTS, N, noise)
+    else:
+        with pytest.raises(endpoints.Violation, match="reported logprob"):
+            endpoints.logprobs(spec, ref, PROMPTS, N, noise)
+
+
+SAMPLES = 300
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("bug", [None, "sampler-law"])
+def test_sampling_law_and_its_control(endpoint_server, bug, temperature):
+    """On the kit's 4-token pair (SMALL_PROMPT repeats, so speculation runs over the next tokens)."""
+    spec, ref = pair(endpoint_server, bug, "small")
+    run = lambda: endpoints.sampling_law(spec, ref, list(kit.SMALL_PROMPT), temperature, SAMPLES,  # noqa: E731
+                                         kit.SMALL_VOCAB, 1e-3)
+    if bug is None:
+        assert "p = " in run()
+    else:
+        with pytest.raises(endpoints.Violation):
+            run()
+
+
+def test_a_logprob_limit_leaves_other_temperatures_untested(endpoint_server):
+    good_small = pair(endpoint_server, None, "small")
+    assert "untested" in endpoints.sampling_law(*good_small, list(kit.SMALL_PROMPT), 0.7, 10, 2, 1e-3)
