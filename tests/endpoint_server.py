@@ -145,15 +145,15 @@ def _handler(server: Server):
                 return
             with server.lock:
                 server.in_flight += 1
-            try:
                 crowded = server.in_flight > 1
+            try:
                 with server.lock:
-                    out = server.complete(body, crowded)
-                self._send(200, out)
+                    status, out = 200, server.complete(body, crowded)
             except (ValueError, KeyError, TypeError) as err:
-                self._send(400, {"error": {"message": str(err)}})
-            finally:
+                status, out = 400, {"error": {"message": str(err)}}
+            finally:   # before the answer goes out: the client's next request must not count this one
                 with server.lock:
                     server.in_flight -= 1
+            self._send(status, out)
 
     return Handler

@@ -5,6 +5,8 @@ rejected by the property that guards that class."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -137,3 +139,22 @@ def test_sampling_law_and_its_control(endpoint_server, bug, temperature):
 def test_a_logprob_limit_leaves_other_temperatures_untested(endpoint_server):
     good_small = pair(endpoint_server, None, "small")
     assert "untested" in endpoints.sampling_law(*good_small, list(kit.SMALL_PROMPT), 0.7, 10, 2, 1e-3)
+
+
+@pytest.mark.parametrize("bug, keyword, expected_exit", [(None, "endpoint", 0),
+                                                         ("greedy-unverified", "endpoint_greedy_exact", 1),
+                                                         ("stop-ids-ignored", "endpoint_stops", 1)])
+def test_conform_cli_on_endpoints(endpoint_server, tmp_path, capsys, bug, keyword, expected_exit):
+    """`python -m spec conform --impl openai:URL --reference openai:URL` (in-process): the speculative
+    server passes every endpoint property; a broken one exits 1."""
+    from spec import conform
+    out = tmp_path / "conformance.json"
+    argv = ["--impl", f"openai:{endpoint_server(True, bug).url}", "--reference",
+            f"openai:{endpoint_server(False).url}", "--budget", "0.25", "-k", keyword, "--out", str(out)]
+    assert conform.main(argv) == expected_exit, capsys.readouterr().out[-3000:]
+    rows = {r["property"]: r["outcome"] for r in json.loads(out.read_text())["results"]}
+    if expected_exit == 0:
+        assert {"endpoint_greedy_exact", "endpoint_stops", "endpoint_concurrency", "endpoint_logprobs"} <= \
+            {p for p, o in rows.items() if o == "passed"}
+    else:
+        assert rows[keyword] == "failed"
