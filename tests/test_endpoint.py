@@ -158,3 +158,47 @@ def test_conform_cli_on_endpoints(endpoint_server, tmp_path, capsys, bug, keywor
             {p for p, o in rows.items() if o == "passed"}
     else:
         assert rows[keyword] == "failed"
+
+
+def scripted(answers: list):
+    """An Endpoint whose server answers from `answers` in turn: a status code (a JSON error body), a
+    dict (200 with that body) or an exception class (raised as the transport's); and the calls made."""
+    import httpx2
+    calls = []
+
+    def handle(request):
+        calls.append(request)
+        answer = answers[min(len(calls), len(answers)) - 1]
+        if isinstance(answer, type):
+            raise answer("scripted", request=request)
+        if isinstance(answer, int):
+            return httpx2.Response(answer, json={"error": {"message": f"status {answer}"}})
+        return httpx2.Response(200, json=answer)
+    ep = Endpoint("http://127.0.0.1:1/v1", model="m", retries=2, pause=0.0)
+    ep.client = httpx2.Client(transport=httpx2.MockTransport(handle))
+    return ep, calls
+
+
+ONE = {"choices": [{"token_ids": [7], "finish_reason": "length"}]}
+
+
+def test_retries_only_what_nothing_answered():
+    import httpx2
+    ep, calls = scripted([httpx2.ConnectError, 503, ONE])      # refused, then still starting: retried
+    assert ep.complete([1], 1).ids == [7] and len(calls) == 3
+    for answer in (500, 400, httpx2.ReadTimeout):                # answered, or working on it: never retried
+        ep, calls = scripted([answer, ONE])
+        with pytest.raises(EndpointError):
+            ep.complete([1], 1)
+        assert len(calls) == 1
+    ep, calls = scripted([503])                                   # a bounded number of tries
+    with pytest.raises(EndpointError, match="503"):
+        ep.complete([1], 1)
+    assert len(calls) == 3
+
+
+def test_a_server_listing_no_model_or_several_is_a_clear_error():
+    for data, match in (([], "lists no model"), ([{"id": "a"}, {"id": "b"}], "name one with --model")):
+        ep, _ = scripted([{"data": data}])
+        with pytest.raises(EndpointError, match=match):
+            ep._only_model()
