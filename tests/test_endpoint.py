@@ -88,14 +88,18 @@ def test_greedy_exact_on_generated_token_id_prompts(good, noise):
     prop()
 
 
-@pytest.mark.parametrize("bug", [None, "max-tokens+1", "eos-ignored", "stop-ids-ignored", "min-tokens-ignored"])
+STOP_BUGS = {"max-tokens+1": r"max_tokens=\d+ \(ignore_eos\)", "eos-ignored": "EOS",
+             "stop-ids-ignored": r"stop_token_ids=\[\d+\] \(first", "min-tokens-ignored": r"min_tokens=\d+:"}
+
+
+@pytest.mark.parametrize("bug", [None, *STOP_BUGS])
 def test_stops_and_their_controls(endpoint_server, bug):
     spec, ref = pair(endpoint_server, bug)
     run = lambda: endpoints.stops(spec, ref, PROMPTS[0], N, eos_prompts=[kit.EOS_PROMPT])  # noqa: E731
     if bug is None:
         assert "max_tokens" in run()
     else:
-        with pytest.raises(endpoints.Violation):
+        with pytest.raises(endpoints.Violation, match=STOP_BUGS[bug]):
             run()
 
 
