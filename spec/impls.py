@@ -173,26 +173,20 @@ def hf_prompt_lookup_generate(target, draft, input_ids, *, gamma, max_new_tokens
 
 hf_prompt_lookup_generate.conformance_draft = "none"
 
-def llama_cpp_generate(target, draft, input_ids, **options):
-    """llama.cpp runs GGUF models, not the kit's Hugging Face ones: its properties are the engine
-    properties (spec/conformance/test_engine.py, spec/llamacpp.py)."""
-    raise NotImplementedError("llama-cpp runs its own GGUF models, not the kit's Hugging Face models; "
-                              "its properties are engine_* (spec/conformance/test_engine.py)")
+def _engine(engine: str, runs: str, properties: str):
+    """The --impl entry of an engine that runs its own models, not the kit's Hugging Face ones: every
+    property of the kit's models skips with that reason; its own properties are in `properties`."""
+    def generate(target, draft, input_ids, **options):
+        raise NotImplementedError(f"{runs}, not the kit's Hugging Face models; its properties are {properties}")
+    generate.conformance_draft = "any"
+    generate.conformance_engine = engine
+    return generate
 
 
-llama_cpp_generate.conformance_draft = "any"
-llama_cpp_generate.conformance_engine = "llama-cpp"
-
-
-def endpoint_generate(target, draft, input_ids, **options):
-    """A server runs its own model, not the kit's Hugging Face ones: its properties are the endpoint
-    properties (spec/conformance/test_endpoint.py, spec/endpoint.py)."""
-    raise NotImplementedError("an openai:URL server runs its own model, not the kit's Hugging Face models; "
-                              "its properties are endpoint_* (spec/conformance/test_endpoint.py)")
-
-
-endpoint_generate.conformance_draft = "any"
-endpoint_generate.conformance_engine = "openai"
+llama_cpp_generate = _engine("llama-cpp", "llama-cpp runs its own GGUF models",
+                             "engine_* (spec/conformance/test_engine.py, spec/llamacpp.py)")
+endpoint_generate = _engine("openai", "an openai:URL server runs its own model",
+                            "endpoint_* (spec/conformance/test_endpoint.py, spec/endpoint.py)")
 
 BUILTIN = {
     "spec": spec_generate,

@@ -103,24 +103,17 @@ def test_stops_and_their_controls(endpoint_server, bug):
             run()
 
 
-@pytest.mark.parametrize("bug", [None, "batch-shape"])
-def test_concurrency_and_its_control(endpoint_server, noise, bug):
-    spec, ref = pair(endpoint_server, bug)
-    if bug is None:
-        assert "equal each alone" in endpoints.concurrency(spec, ref, PROMPTS, N, noise)
+@pytest.mark.parametrize("check, bug, passes, fails", [
+    (endpoints.concurrency, "batch-shape", "equal each alone", "in flight"),
+    (endpoints.logprobs, "draft-logprobs", "equal the reference's", "reported logprob")], ids=["concurrency", "logprobs"])
+@pytest.mark.parametrize("broken", [False, True])
+def test_concurrency_logprobs_and_their_controls(endpoint_server, noise, check, bug, passes, fails, broken):
+    spec, ref = pair(endpoint_server, bug if broken else None)
+    if not broken:
+        assert passes in check(spec, ref, PROMPTS, N, noise)
     else:
-        with pytest.raises(endpoints.Violation, match="in flight"):
-            endpoints.concurrency(spec, ref, PROMPTS, N, noise)
-
-
-@pytest.mark.parametrize("bug", [None, "draft-logprobs"])
-def test_logprobs_and_its_control(endpoint_server, noise, bug):
-    spec, ref = pair(endpoint_server, bug)
-    if bug is None:
-        assert "equal the reference's" in endpoints.logprobs(spec, ref, PROMPTS, N, noise)
-    else:
-        with pytest.raises(endpoints.Violation, match="reported logprob"):
-            endpoints.logprobs(spec, ref, PROMPTS, N, noise)
+        with pytest.raises(endpoints.Violation, match=fails):
+            check(spec, ref, PROMPTS, N, noise)
 
 
 SAMPLES = 300
