@@ -199,3 +199,15 @@ def test_a_server_listing_no_model_or_several_is_a_clear_error():
         ep, _ = scripted([{"data": data}])
         with pytest.raises(EndpointError, match=match):
             ep._only_model()
+
+
+@pytest.mark.slow
+def test_conform_cli_on_vllm_ngram(vllm_servers, tmp_path, capsys):
+    """vLLM CPU with ngram speculation against its own plain server passes every endpoint property
+    (skipped without SPEC_VLLM_PYTHON; minutes: two servers start)."""
+    from spec import conform
+    spec_server, plain = vllm_servers
+    out = tmp_path / "conformance.json"
+    argv = ["--impl", f"openai:{spec_server.url}", "--reference", f"openai:{plain.url}", "--budget", "0.25",
+            "-k", "endpoint", "--out", str(out)]
+    assert conform.main(argv) == 0, capsys.readouterr().out[-3000:]
