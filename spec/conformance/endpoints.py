@@ -13,7 +13,7 @@ is named a tie and anything else is a bug.
                  within the measured noise (not the draft's, not a processed one)
   sampling_law   the law of the first new token at T > 0 with per-request seeds (speculation running
                  over the next ones) against the law from the reference's own top logprobs, chi-square;
-                 at T != 1 only when the server's logprob limit covers the whole distribution
+                 at T < 1 only where the unreported tail is bounded below TAIL_TOLERANCE
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from spec.conformance.stats import goodness_of_fit
 
 LOGPROB_FLOOR = 1e-6     # JSON round trip and float32 printing: below this two logprobs are equal
+TAIL_TOLERANCE = 1e-4    # a law known to within this (the unreported tail at T < 1) is tested: at n = 400
+                         # it moves an expected count by 0.04
 
 
 class Violation(AssertionError):
@@ -186,11 +188,17 @@ def first_token_law(ref, prompt: list[int], temperature: float, k: int) -> tuple
     rest = max(0.0, 1.0 - sum(known.values()))
     if temperature == 1.0:
         return {**known, None: rest}, None
-    if rest > 1e-9:
+    power = 1 / temperature
+    tempered = {t: v ** power for t, v in known.items()}
+    # every unreported token has p <= the smallest reported one, so below T=1 the rest's tempered mass
+    # is at most rest * p_min^(1/T - 1); where that is negligible the law is known to within it
+    bound = rest * min(known.values()) ** (power - 1) if power > 1 and known else (0.0 if rest <= 1e-12 else math.inf)
+    z = sum(tempered.values()) + bound / 2
+    if bound / z > TAIL_TOLERANCE:
         return {}, (f"the server gives {len(top)} top logprobs covering {1 - rest:.4f} of the mass: the law at "
-                    f"T={temperature} depends on the rest (only T=1 is testable at this logprob limit)")
-    z = sum(v ** (1 / temperature) for v in known.values())
-    return {t: v ** (1 / temperature) / z for t, v in known.items()}, None
+                    f"T={temperature} depends on the rest by up to {bound / z:.2g} (only T=1, or T < 1 where the "
+                    f"rest is bounded below {TAIL_TOLERANCE:g}, is testable at this logprob limit)")
+    return {**{t: v / z for t, v in tempered.items()}, None: bound / 2 / z}, None
 
 
 def sampling_law(spec, ref, prompt: list[int], temperature: float, samples: int, k: int, alpha: float,
