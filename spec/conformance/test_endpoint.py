@@ -61,11 +61,19 @@ def noise(servers, seed_ids, budget):
     return endpoints.measure_noise(servers[1], seed_ids[:2], tokens(budget))
 
 
-def _check(name, impl, record_property, check, *args):
+def _violated(name, impl, check, *args) -> tuple[str | None, str | None]:
+    """(evidence, None), or (None, the failure message): failed outside the except block, so the
+    report shows the violation, not a chain of exceptions."""
     try:
-        evidence = check(*args)
+        return check(*args), None
     except endpoints.Violation as err:
-        pytest.fail(f"property {name} violated by {impl.name}: {err}", pytrace=False)
+        return None, f"property {name} violated by {impl.name}: {err}"
+
+
+def _check(name, impl, record_property, check, *args):
+    evidence, failure = _violated(name, impl, check, *args)
+    if failure:
+        pytest.fail(failure, pytrace=False)
     record_property("evidence", evidence)
     return evidence
 
@@ -86,10 +94,9 @@ def test_endpoint_greedy_search(impl, servers, seed_ids, noise, budget):
     @kit.kit_settings(budget, 12)
     @given(prompt=prompts, n=st.integers(1, 24))
     def prop(prompt, n):
-        try:
-            endpoints.greedy_exact(spec, ref, [prompt], n, noise)
-        except endpoints.Violation as err:
-            pytest.fail(f"property endpoint_greedy_search violated by {impl.name}: {err}", pytrace=False)
+        _, failure = _violated("endpoint_greedy_search", impl, endpoints.greedy_exact, spec, ref, [prompt], n, noise)
+        if failure:
+            pytest.fail(failure, pytrace=False)
     prop()
 
 
