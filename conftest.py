@@ -220,3 +220,42 @@ def draft_run():
     def make(model, max_len: int, impl: str = "auto"):
         return choose.runs({"draft": model}, [1], room=max_len - 1, draft_impl=impl).runs[0]
     return make
+
+
+@pytest.fixture(scope="session")
+def endpoint_server():
+    """endpoint_server(speculative, bug=None, pair="llama"): an in-process OpenAI-compatible server over spec
+    (tests/endpoint_server.py) on 127.0.0.1, one per (speculative, bug, pair), stopped at the session's end."""
+    from endpoint_server import Server
+    servers: dict = {}
+
+    def make(speculative: bool, bug: str | None = None, pair: str = "llama") -> Server:
+        if (speculative, bug, pair) not in servers:
+            servers[speculative, bug, pair] = Server(speculative, bug, pair)
+        return servers[speculative, bug, pair]
+    yield make
+    for server in servers.values():
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_servers(tmp_path_factory):
+    """(speculative ngram server, plain server) of vLLM on SmolLM2-135M-Instruct fp32, started from the
+    venv SPEC_VLLM_PYTHON names (tests/vllm_servers.py); skipped with the reason without it or without
+    the model (python -m spec.realmodel); both stopped at the session's end."""
+    from spec import realmodel
+    from vllm_servers import VllmServer, model_folder, vllm_python
+    python, why = vllm_python()
+    if why:
+        pytest.skip(why)
+    fp32 = realmodel.fp32_dir()
+    if not realmodel.converted():
+        pytest.skip(f"no SmolLM2 fp32 folder at {fp32} (python -m spec.realmodel)")
+    folder = model_folder(fp32, tmp_path_factory.mktemp("vllm-model"))
+    logs = tmp_path_factory.mktemp("vllm-logs")
+    servers = [VllmServer(python, folder, kind, logs / f"{kind or 'plain'}.log") for kind in ("ngram", None)]
+    try:
+        yield tuple(s.wait() for s in servers)
+    finally:
+        for s in servers:
+            s.stop()

@@ -2,7 +2,8 @@
 
 Runs the property tests of spec/conformance (shipped with the package; pytest, in-process, with the
 kit's own configuration, spec/conformance/kit.ini) against the decoder named by --impl
-(spec/impls.py: spec, hf-assisted, hf-prompt-lookup, llama-cpp, module:function or
+(spec/impls.py: spec, hf-assisted, hf-prompt-lookup, llama-cpp, openai:URL with --reference openai:URL,
+module:function or
 path/to/file.py:function), prints one row per property and case (pass / FAIL / skipped / xfail,
 with the evidence: hypothesis's smallest counterexample and the diagnosis, or the p-value and the
 observed-vs-expected table) and writes conformance.json. Exit status: 0 when properties ran and
@@ -88,7 +89,11 @@ def parse_args(argv):
                    help="report hypothesis's first counterexample unshrunk (faster when many properties fail)")
     p.add_argument("-k", dest="keyword", help="only the properties matching this pytest -k expression")
     p.add_argument("--model", default=None, help="a model file for the engine adapters that take one "
-                                                 "(llama-cpp: a .gguf, run on its own vocabulary)")
+                                                 "(llama-cpp: a .gguf, run on its own vocabulary); for "
+                                                 "openai:URL the served model's name (default: the one "
+                                                 "/v1/models lists)")
+    p.add_argument("--reference", default=None,
+                   help="for --impl openai:URL: openai:URL of the same model served without speculation")
     return p.parse_args(argv)
 
 
@@ -105,7 +110,7 @@ def _usage_error(args) -> str | None:
         return f"the conformance kit needs pytest and hypothesis ({err}): pip install 'spec[conform]'"
     from spec import impls
     try:
-        impls.load(args.impl, model=args.model)
+        impls.load(args.impl, model=args.model, reference=args.reference)
     except Exception as err:
         return f"--impl {args.impl!r}: {err}"
     return None
@@ -117,6 +122,8 @@ def _pytest_args(args) -> list[str]:
            f"--conform-budget={args.budget}", "-q", "-p", "no:cacheprovider", "--no-header", "-rN"]
     if args.model:
         out.append(f"--conform-model={args.model}")
+    if args.reference:
+        out.append(f"--conform-reference={args.reference}")
     if args.keyword:
         out += ["-k", args.keyword]
     if args.no_shrink:
@@ -140,7 +147,7 @@ def _report(args, collector, wall) -> tuple[list[dict], dict]:
         result = {"passed": "pass", "failed": "FAIL", "error": "ERROR"}.get(r["outcome"], r["outcome"])
         print(f"{r['property']:<22} {r['case'][:44]:<44} {result:<8} {_summary(r['evidence'], 160)}")
     print("  ".join(f"{k} {v}" for k, v in counts.items() if v))
-    report = {"impl": args.impl, "model": args.model, "budget": args.budget,
+    report = {"impl": args.impl, "model": args.model, "reference": args.reference, "budget": args.budget,
               "transformers": transformers.__version__, "torch": torch.__version__,
               "python": platform.python_version(), "seconds": round(wall, 1), "counts": counts, "results": rows}
     args.out.write_text(json.dumps(report, indent=2) + "\n")

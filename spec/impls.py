@@ -25,7 +25,8 @@ What a callable can take part in is read from optional attributes on it:
 A callable may also raise NotImplementedError("why") for an option it does not support: the test
 is then skipped with that reason, not failed.
 
-Adapters: `llama-cpp` (an engine: its own GGUF models, its own greedy reference and logits; see
+Adapters: `openai:URL` (a served model: an OpenAI-compatible server with speculation, compared with
+`--reference openai:URL`, the same model served without; see spec/endpoint.py), `llama-cpp` (an engine: its own GGUF models, its own greedy reference and logits; see
 spec/llamacpp.py), `spec` (spec.speculative_generate; spec.PromptLookup when draft is None), `hf-assisted`
 (HF assisted generation with the draft as assistant model), `hf-prompt-lookup` (HF prompt lookup
 decoding, no draft model), and any callable named `module:function` or `path/to/file.py:function`.
@@ -62,6 +63,8 @@ class Impl:
     engine: str | None = None      # an engine adapter (llama-cpp): runs its own models, see test_engine.py
     model: str | None = None       # --model: the engine's model file
     batch: bool = False            # takes a list of prompts (conformance_batch)
+    url: str | None = None         # openai:URL: the server under test (spec/endpoint.py)
+    reference: str | None = None   # openai:URL: the same model served without speculation
 
     def takes_draft(self, draft) -> str | None:
         """None if this decoder can run with `draft` (a model or None), else why not."""
@@ -170,15 +173,20 @@ def hf_prompt_lookup_generate(target, draft, input_ids, *, gamma, max_new_tokens
 
 hf_prompt_lookup_generate.conformance_draft = "none"
 
-def llama_cpp_generate(target, draft, input_ids, **options):
-    """llama.cpp runs GGUF models, not the kit's Hugging Face ones: its properties are the engine
-    properties (spec/conformance/test_engine.py, spec/llamacpp.py)."""
-    raise NotImplementedError("llama-cpp runs its own GGUF models, not the kit's Hugging Face models; "
-                              "its properties are engine_* (spec/conformance/test_engine.py)")
+def _engine(engine: str, runs: str, properties: str):
+    """The --impl entry of an engine that runs its own models, not the kit's Hugging Face ones: every
+    property of the kit's models skips with that reason; its own properties are in `properties`."""
+    def generate(target, draft, input_ids, **options):
+        raise NotImplementedError(f"{runs}, not the kit's Hugging Face models; its properties are {properties}")
+    generate.conformance_draft = "any"
+    generate.conformance_engine = engine
+    return generate
 
 
-llama_cpp_generate.conformance_draft = "any"
-llama_cpp_generate.conformance_engine = "llama-cpp"
+llama_cpp_generate = _engine("llama-cpp", "llama-cpp runs its own GGUF models",
+                             "engine_* (spec/conformance/test_engine.py, spec/llamacpp.py)")
+endpoint_generate = _engine("openai", "an openai:URL server runs its own model",
+                            "endpoint_* (spec/conformance/test_endpoint.py, spec/endpoint.py)")
 
 BUILTIN = {
     "spec": spec_generate,
@@ -223,9 +231,23 @@ def _options_taken(fn) -> frozenset:
     return frozenset(k for k in OPTION_KWARGS if k in params)
 
 
-def load(name: str, model: str | None = None) -> Impl:
-    """The decoder under test named `name`: a built-in adapter or module:function / file.py:function.
+def load(name: str, model: str | None = None, reference: str | None = None) -> Impl:
+    """The decoder under test named `name`: a built-in adapter, openai:URL (a served model, compared
+    with the server at `reference`, openai:URL; `model` the served model's name, default the one the
+    server lists) or module:function / file.py:function.
     `model`: a model file for the engine adapters that take one (llama-cpp); refused for the others."""
+    from spec import endpoint
+    url = endpoint.parse_name(name)
+    if url is not None:
+        if reference is None:
+            raise ValueError(f"{name} needs --reference openai:URL, the same model served without speculation")
+        ref = endpoint.parse_name(reference)
+        if ref is None:
+            raise ValueError(f"--reference must be openai:URL, got {reference!r}")
+        return Impl(name=name, generate=endpoint_generate, draft="any", engine="openai", model=model, url=url,
+                    reference=ref)
+    if reference is not None:
+        raise ValueError(f"--reference: only an openai:URL decoder takes a reference server, not {name}")
     fn = BUILTIN.get(name) or _load_callable(name)
     engine = getattr(fn, "conformance_engine", None)
     if model is not None and engine is None:

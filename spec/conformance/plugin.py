@@ -6,7 +6,8 @@ pytest run these options; the kit itself only runs where its tests are collected
 (`pytest --pyargs spec.conformance`, `python -m spec conform`, or this project's own suite).
 Nothing heavy is imported until a test asks for `impl`.
 
-`--impl A,B,...`: spec, hf-assisted, hf-prompt-lookup, llama-cpp, module:function or
+`--impl A,B,...`: spec, hf-assisted, hf-prompt-lookup, llama-cpp, openai:URL (with --conform-reference
+openai:URL), module:function or
 path/to/file.py:function (see spec/impls.py for the interface); every property that takes `impl`
 runs once per decoder named. `--conform-budget B` scales every example count and sample size by B
 (default 1: the kit against spec fits in about a minute of a CPU).
@@ -46,7 +47,10 @@ def pytest_addoption(parser):
                   help="report the first counterexample hypothesis finds, without shrinking it (faster)")
     kit.addoption("--conform-model", default=None,
                   help="a model file for the engine adapters that take one (llama-cpp: a .gguf); "
-                       "default: the adapter's own models")
+                       "default: the adapter's own models; openai:URL: the served model's name")
+    kit.addoption("--conform-reference", default=os.environ.get("SPEC_REFERENCE"),
+                  help="for --impl openai:URL: openai:URL of the same model served without speculation "
+                       "(env SPEC_REFERENCE)")
 
 
 def impl_names(config) -> list[str]:
@@ -62,7 +66,8 @@ def loaded(config, name: str):
     if name not in cache:
         from spec import impls
         try:
-            cache[name] = impls.load(name, model=config.getoption("--conform-model"))
+            cache[name] = impls.load(name, model=config.getoption("--conform-model"),
+                                     reference=config.getoption("--conform-reference"))
         except Exception as err:  # a bad --impl is a usage error, not 60 failing tests
             raise pytest.UsageError(f"--impl {name!r}: {type(err).__name__}: {err}") from None
     return cache[name]

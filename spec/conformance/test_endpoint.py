@@ -1,0 +1,130 @@
+"""Endpoint properties: a served model (`--impl openai:URL`, a server with speculation) against the same
+model served without it (`--reference openai:URL`; pytest: --conform-reference). The reference is the
+engine's own plain decoding, the evidence its own logprobs, the noise measured on it (alone vs among
+concurrent requests). The checks are spec/conformance/endpoints.py; the adapter spec/endpoint.py.
+
+  endpoint_greedy_exact            the seed prompts (tokenized by the reference's /tokenize)
+  endpoint_greedy_search           hypothesis: token-id prompts (ids the server has emitted or tokenized;
+                                   heads and repeated units, which prompt lookup feeds on), 1..24 tokens
+  endpoint_stops                   max_tokens exact, stop_token_ids and min_tokens inside accepted blocks,
+                                   EOS and ignore_eos on the seed prompts
+  endpoint_concurrency             each request alone == among concurrent requests
+  endpoint_logprobs                reported logprobs of emitted tokens == the reference's, within noise
+  endpoint_sampling_law            the first new token's law at T=1 and T=0.7 with per-request seeds, on
+                                   the seed prompt whose first token is least certain (T < 1 only where
+                                   the top-20 logprobs bound the unreported tail below 1e-4)
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from spec.conformance import endpoints, kit
+from spec.conformance.test_sampling_law import ALPHA, sample_size
+from spec.prompts import SEED_PROMPTS
+
+TOP_LOGPROBS = 20     # what vLLM gives by default (--max-logprobs 20)
+
+
+@pytest.fixture(scope="module")
+def servers(impl):
+    if impl.engine != "openai":
+        pytest.skip(f"{impl.name} is not a served model (endpoint properties run for --impl openai:URL)")
+    from spec import endpoint
+    try:
+        spec, ref = endpoint.pair(impl)
+    except endpoint.EndpointError as err:
+        pytest.fail(str(err), pytrace=False)
+    yield spec, ref
+    spec.close()
+    ref.close()
+
+
+@pytest.fixture(scope="module")
+def seed_ids(servers):
+    ids = [servers[1].tokenize(text) for text in SEED_PROMPTS]
+    if any(not i for i in ids):
+        pytest.skip("the reference server has no /tokenize: the seed prompts cannot be sent as its token ids")
+    return ids
+
+
+def tokens(budget) -> int:
+    return max(16, round(64 * budget))
+
+
+@pytest.fixture(scope="module")
+def noise(servers, seed_ids, budget):
+    return endpoints.measure_noise(servers[1], seed_ids[:2], tokens(budget))
+
+
+def _violated(name, impl, check, *args) -> tuple[str | None, str | None]:
+    """(evidence, None), or (None, the failure message): failed outside the except block, so the
+    report shows the violation, not a chain of exceptions."""
+    try:
+        return check(*args), None
+    except endpoints.Violation as err:
+        return None, f"property {name} violated by {impl.name}: {err}"
+
+
+def _check(name, impl, record_property, check, *args):
+    evidence, failure = _violated(name, impl, check, *args)
+    if failure:
+        pytest.fail(failure, pytrace=False)
+    record_property("evidence", evidence)
+    return evidence
+
+
+def test_endpoint_greedy_exact(impl, servers, seed_ids, noise, budget, record_property):
+    _check("endpoint_greedy_exact", impl, record_property, endpoints.greedy_exact, *servers, seed_ids,
+           tokens(budget), noise)
+
+
+def test_endpoint_greedy_search(impl, servers, seed_ids, noise, budget):
+    spec, ref = servers
+    pool = sorted({t for ids in seed_ids for t in ids} | set(ref.complete(seed_ids[0], 16).ids))
+    some = st.sampled_from(pool)
+    prompts = st.one_of(st.lists(some, min_size=1, max_size=24),
+                        st.builds(lambda head, unit, reps: head + unit * reps, st.lists(some, max_size=4),
+                                  st.lists(some, min_size=1, max_size=5), st.integers(2, 5)))
+
+    @kit.kit_settings(budget, 12)
+    @given(prompt=prompts, n=st.integers(1, 24))
+    def prop(prompt, n):
+        _, failure = _violated("endpoint_greedy_search", impl, endpoints.greedy_exact, spec, ref, [prompt], n, noise)
+        if failure:
+            pytest.fail(failure, pytrace=False)
+    prop()
+
+
+def test_endpoint_stops(impl, servers, seed_ids, budget, record_property):
+    _check("endpoint_stops", impl, record_property, endpoints.stops, *servers, seed_ids[0], tokens(budget),
+           seed_ids)
+
+
+def test_endpoint_concurrency(impl, servers, seed_ids, noise, budget, record_property):
+    _check("endpoint_concurrency", impl, record_property, endpoints.concurrency, *servers, seed_ids,
+           tokens(budget), noise)
+
+
+def test_endpoint_logprobs(impl, servers, seed_ids, noise, budget, record_property):
+    _check("endpoint_logprobs", impl, record_property, endpoints.logprobs, *servers, seed_ids, tokens(budget), noise)
+
+
+def widest(ref, prompts: list[list[int]]) -> list[int]:
+    """The prompt whose first new token is least certain (the most entropy in the reference's top
+    logprobs): where a wrong law shows at the fewest samples."""
+    def entropy(p):
+        return -sum(math.exp(v) * v for v in ref.complete(p, 1, logprobs=TOP_LOGPROBS).top[0].values())
+    return max(prompts, key=entropy)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_endpoint_sampling_law(impl, servers, seed_ids, budget, temperature, record_property):
+    evidence = _check("endpoint_sampling_law", impl, record_property, endpoints.sampling_law, *servers,
+                      widest(servers[1], seed_ids), temperature, sample_size(budget), TOP_LOGPROBS, ALPHA)
+    if evidence.startswith("untested"):
+        pytest.skip(evidence)

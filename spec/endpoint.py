@@ -1,0 +1,189 @@
+"""An OpenAI-compatible completions server (vLLM, llama.cpp's server, ...) as a decoder under test:
+an engine that brings its own model, its own plain decoding as the reference (the same model served
+without speculation) and its own logprobs as the evidence (`--impl openai:URL --reference openai:URL`).
+
+- Prompts go to `/v1/completions` as token ids, so both servers see the same input whatever their
+  tokenizer does with text.
+- The new ids are read from the choice's `token_ids` (vLLM's `return_token_ids: true`) or from the
+  logprobs tokens given as ids (`return_tokens_as_token_ids: true`: "token_id:123"); a server that
+  gives neither is refused with that reason, since text cannot be compared token for token.
+- Only loopback servers (127.0.0.1) are contacted: the kit sends many requests and trusts what comes back.
+- Retries: a refused connection, or a 502/503/504 status before any body was read, is retried a few
+  times with a pause (a server still starting, a busy one). Nothing else is retried: a request that
+  was answered, or timed out while the server was working on it, is an error, so a retry can never
+  replace one answer with another.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+PREFIX = "openai:"
+LOOPBACK = "127.0.0.1"
+RETRY_STATUS = (502, 503, 504)
+
+
+class EndpointError(RuntimeError):
+    """The server is down, lists no model, answered with an error, or cannot give what the kit needs."""
+
+
+def base_url(url: str) -> str:
+    """`http://127.0.0.1:PORT/v1` checked: http(s), host 127.0.0.1, a port; no trailing slash."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"expected a server's base URL such as http://127.0.0.1:8000/v1, got {url!r}")
+    if parts.hostname != LOOPBACK:
+        raise ValueError(f"only loopback servers ({LOOPBACK}) are contacted, got host {parts.hostname!r} in {url!r}")
+    if parts.port is None:
+        raise ValueError(f"the URL must name the port, got {url!r}")
+    return url.rstrip("/")
+
+
+def parse_name(name: str) -> str | None:
+    """The base URL of an `openai:URL` decoder name, or None for other names."""
+    return base_url(name[len(PREFIX):]) if name.startswith(PREFIX) else None
+
+
+@dataclass
+class Completion:
+    ids: list[int]                                   # the new token ids
+    finish_reason: str | None = None
+    logprobs: list[float] | None = None              # the reported logprob of each new token
+    top: list[dict[int, float]] | None = None        # per new token: {id: logprob} of the top ones
+    raw: dict = field(default_factory=dict, repr=False)
+
+
+def _token_id(key) -> int | None:
+    """'token_id:123' (return_tokens_as_token_ids) -> 123; anything else (text) -> None."""
+    if isinstance(key, str) and key.startswith("token_id:") and key[9:].lstrip("-").isdigit():
+        return int(key[9:])
+    return None
+
+
+class Endpoint:
+    """One server: `complete` sends token ids and reads token ids (and logprobs) back."""
+
+    def __init__(self, url: str, model: str | None = None, *, timeout: float = 120.0, retries: int = 3,
+                 pause: float = 1.0):
+        import httpx2
+
+        self.url = base_url(url)
+        self._http = httpx2
+        self.retries, self.pause = retries, pause
+        self.client = httpx2.Client(timeout=httpx2.Timeout(timeout, connect=5.0), trust_env=False)
+        self.model = model if model is not None else self._only_model()
+
+    def close(self):
+        self.client.close()
+
+    def _request(self, method: str, path: str, body: dict | None = None) -> dict:
+        where = f"{self.url}{path}"
+        for attempt in range(self.retries + 1):
+            try:
+                response = self.client.request(method, where, json=body)
+            except self._http.ConnectError as err:   # nothing reached the server: safe to retry
+                if attempt == self.retries:
+                    raise EndpointError(f"cannot connect to {where} (is the server running?): {err}") from None
+                time.sleep(self.pause)
+                continue
+            except self._http.TimeoutException as err:   # it may have been working on it: never retried
+                raise EndpointError(f"{method} {where} timed out: {type(err).__name__}") from None
+            except self._http.HTTPError as err:
+                raise EndpointError(f"{method} {where} failed: {type(err).__name__}: {err}") from None
+            if response.status_code in RETRY_STATUS and attempt < self.retries:
+                time.sleep(self.pause)
+                continue
+            if response.status_code != 200:
+                raise EndpointError(f"{method} {where} answered {response.status_code}: {response.text[:500]}")
+            try:
+                return response.json()
+            except ValueError:
+                raise EndpointError(f"{method} {where} answered with no JSON: {response.text[:200]!r}") from None
+        raise AssertionError("unreachable")
+
+    def models(self) -> list[str]:
+        data = self._request("GET", "/models").get("data")
+        if not isinstance(data, list):
+            raise EndpointError(f"{self.url}/models has no 'data' list")
+        return [m.get("id") for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+
+    def _only_model(self) -> str:
+        names = self.models()
+        if not names:
+            raise EndpointError(f"{self.url}/models lists no model")
+        if len(names) > 1:
+            raise EndpointError(f"{self.url}/models lists {len(names)} models ({', '.join(names[:5])}); "
+                                f"name one with --model")
+        return names[0]
+
+    def tokenize(self, text: str) -> list[int] | None:
+        """The server's own token ids for `text` (vLLM, llama.cpp: POST /tokenize beside /v1), or None
+        when it has no such route."""
+        root = self.url.removesuffix("/v1")
+        try:
+            response = self.client.post(f"{root}/tokenize", json={"model": self.model, "prompt": text,
+                                                                  "add_special_tokens": False})
+        except self._http.HTTPError as err:
+            raise EndpointError(f"POST {root}/tokenize failed: {err}") from None
+        if response.status_code != 200:
+            return None
+        tokens = response.json().get("tokens")
+        return tokens if isinstance(tokens, list) and all(isinstance(t, int) for t in tokens) else None
+
+    def complete(self, prompt: list[int], max_tokens: int, *, temperature: float = 0.0, seed: int | None = None,
+                 logprobs: int | None = None, ignore_eos: bool = True, stop_token_ids: list[int] | None = None,
+                 min_tokens: int | None = None) -> Completion:
+        if not prompt or not all(isinstance(t, int) for t in prompt):
+            raise ValueError(f"prompt must be a non-empty list of token ids, got {prompt!r}")
+        body = {"model": self.model, "prompt": list(prompt), "max_tokens": max_tokens, "temperature": temperature,
+                "ignore_eos": ignore_eos, "return_token_ids": True, "return_tokens_as_token_ids": True,
+                "echo": False, "n": 1, "stream": False}
+        if logprobs is not None:
+            body["logprobs"] = logprobs
+        if seed is not None:
+            body["seed"] = seed
+        if stop_token_ids:
+            body["stop_token_ids"] = list(stop_token_ids)
+        if min_tokens:
+            body["min_tokens"] = min_tokens
+        data = self._request("POST", "/completions", body)
+        choices = data.get("choices")
+        if not isinstance(choices, list) or len(choices) != 1:
+            raise EndpointError(f"{self.url}/completions: expected one choice, got {str(data)[:300]}")
+        return self._completion(choices[0], logprobs)
+
+    def _completion(self, choice: dict, asked_logprobs: int | None) -> Completion:
+        lp = choice.get("logprobs") or {}
+        tokens = lp.get("tokens") if isinstance(lp, dict) else None
+        ids = choice.get("token_ids")
+        if not (isinstance(ids, list) and all(isinstance(t, int) for t in ids)):
+            from_tokens = [_token_id(t) for t in tokens] if isinstance(tokens, list) else [None]
+            if None in from_tokens:
+                raise EndpointError(f"{self.url} returns neither `token_ids` (return_token_ids) nor logprobs tokens "
+                                    f"as ids (return_tokens_as_token_ids): its output cannot be compared token "
+                                    f"for token")
+            ids = from_tokens
+        out = Completion(ids=list(ids), finish_reason=choice.get("finish_reason"), raw=choice)
+        if asked_logprobs is not None:
+            chosen, tops = lp.get("token_logprobs"), lp.get("top_logprobs")
+            if not isinstance(chosen, list) or len(chosen) != len(ids):
+                raise EndpointError(f"{self.url} returned no token_logprobs for the {len(ids)} new tokens")
+            out.logprobs = [float(v) for v in chosen]
+            if isinstance(tops, list) and len(tops) == len(ids):
+                out.top = []
+                for row in tops:
+                    parsed = {_token_id(k): float(v) for k, v in (row or {}).items()}
+                    if None in parsed:
+                        raise EndpointError(f"{self.url}: top_logprobs keyed by text, not ids "
+                                            f"(return_tokens_as_token_ids not honoured)")
+                    out.top.append(parsed)
+        return out
+
+
+def pair(impl) -> tuple[Endpoint, Endpoint]:
+    """(the server under test, the reference server) of an `openai:URL` Impl."""
+    spec = Endpoint(impl.url, impl.model)
+    ref = Endpoint(impl.reference, impl.model if impl.model is not None else spec.model)
+    return spec, ref

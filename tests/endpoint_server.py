@@ -1,0 +1,159 @@
+"""A small OpenAI-compatible completions server over spec itself, in a thread of the test process, so the
+endpoint adapter (spec/endpoint.py) and every endpoint property (spec/conformance/endpoints.py) run in
+the default pytest without vLLM.
+
+It serves the kit's seeded tiny Llama (kit.zoo("llama"): fp64 target, its 10%-noise copy as the draft;
+or pair="small", the kit's 4-token pair, for sampling laws):
+`speculative=False` decodes with spec.greedy_generate (the reference: plain greedy, or ancestral
+sampling), `speculative=True` with spec.speculative_generate (gamma 4, the draft model). `bug=` makes it
+a broken endpoint with one class of bug a serving engine has shipped (BUGS), the negative controls.
+Routes: GET /v1/models, POST /v1/completions (token-id prompts; vLLM's fields: return_token_ids,
+return_tokens_as_token_ids, ignore_eos, stop_token_ids, min_tokens, seed, logprobs), POST /tokenize.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import torch
+
+from spec.conformance import kit
+from spec.decode import greedy_generate, speculative_generate
+
+MODEL = "kit-tiny-llama"
+GAMMA = 4
+BUGS = {
+    "greedy-unverified": "emits the draft's greedy tokens after the first 3, unverified",
+    "max-tokens+1": "returns one token more than max_tokens",
+    "eos-ignored": "does not stop at the model's EOS (ignore_eos false)",
+    "stop-ids-ignored": "ignores stop_token_ids",
+    "min-tokens-ignored": "stops at a stop id before min_tokens",
+    "batch-shape": "changes the last token when other requests are in flight",
+    "draft-logprobs": "reports the draft model's logprobs, not the target's",
+    "sampler-law": "samples at 1.5x the requested temperature",
+    "no-token-ids": "returns text only: neither token_ids nor ids as logprobs tokens",
+}
+
+
+class Server:
+    def __init__(self, speculative: bool, bug: str | None = None, pair: str = "llama", max_logprobs: int = 640):
+        if bug is not None and bug not in BUGS:
+            raise ValueError(f"bug must be one of {sorted(BUGS)}, got {bug!r}")
+        if pair == "llama":
+            models = kit.zoo("llama")
+            self.target, self.draft, self.eos = models["target"], models["partial"], models["eos"]
+        elif pair == "small":   # the kit's 4-token pair: a first-token law a few hundred samples can see
+            (self.target, self.draft), self.eos = kit.small_pair(), None
+        else:
+            raise ValueError(f"pair must be 'llama' or 'small', got {pair!r}")
+        self.speculative, self.bug, self.max_logprobs = speculative, bug, max_logprobs
+        self.lock = threading.Lock()          # one decode at a time (torch runs one thread here)
+        self.in_flight = 0
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def stop(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    # --- decoding -------------------------------------------------------------------------
+
+    def complete(self, body: dict, crowded: bool) -> dict:
+        prompt, n = body["prompt"], int(body.get("max_tokens", 16))
+        vocab = self.target.config.vocab_size
+        if not (isinstance(prompt, list) and prompt and all(isinstance(t, int) and 0 <= t < vocab for t in prompt)):
+            raise ValueError(f"prompt must be a list of token ids in [0, {vocab})")
+        temperature = float(body.get("temperature", 1.0))
+        stops = [] if body.get("ignore_eos") or self.bug == "eos-ignored" or self.eos is None else [self.eos]
+        if self.bug != "stop-ids-ignored":
+            stops += list(body.get("stop_token_ids") or [])
+        min_tokens = None if self.bug == "min-tokens-ignored" else body.get("min_tokens")
+        if self.bug == "max-tokens+1":
+            n += 1
+        options = dict(max_new_tokens=n, eos_token_id=stops or None, min_new_tokens=min_tokens or None)
+        if temperature > 0:
+            seed = body.get("seed")
+            generator = torch.Generator().manual_seed(int(seed) if seed is not None else 0)
+            t = temperature * 1.5 if self.bug == "sampler-law" else temperature
+            options.update(do_sample=True, temperature=t, generator=generator)
+        if self.speculative:
+            tokens = speculative_generate(self.target, self.draft, prompt, gamma=GAMMA, **options).tokens
+        else:
+            tokens = greedy_generate(self.target, prompt, **options).tokens
+        if self.bug == "greedy-unverified" and len(tokens) > 3:
+            tokens = tokens[:3] + greedy_generate(self.draft, prompt + tokens[:3], max_new_tokens=len(tokens) - 3).tokens
+        if self.bug == "batch-shape" and crowded and tokens:
+            tokens[-1] = (tokens[-1] + 1) % self.target.config.vocab_size
+        choice = {"index": 0, "text": " ".join(map(str, tokens)),
+                  "finish_reason": "length" if len(tokens) >= n else "stop"}
+        if self.bug != "no-token-ids":
+            choice["token_ids"] = tokens
+        k = body.get("logprobs")
+        if k is not None:
+            choice["logprobs"] = self._logprobs(prompt, tokens, min(int(k), self.max_logprobs),
+                                                as_ids=self.bug != "no-token-ids")
+        return {"id": "cmpl-0", "object": "text_completion", "model": MODEL, "choices": [choice]}
+
+    def _logprobs(self, prompt, tokens, k, as_ids: bool) -> dict:
+        """The raw (unprocessed) log-softmax of each new position, as vLLM reports by default."""
+        model = self.draft if self.bug == "draft-logprobs" else self.target
+        if not tokens:
+            return {"tokens": [], "token_logprobs": [], "top_logprobs": []}
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].double()
+        logp = torch.log_softmax(logits, -1)
+        name = (lambda t: f"token_id:{t}") if as_ids else str
+        chosen = [float(logp[i, t]) for i, t in enumerate(tokens)]
+        top = []
+        for i in range(len(tokens)):
+            values, ids = logp[i].topk(k) if k > 0 else (torch.empty(0), torch.empty(0, dtype=torch.long))
+            top.append({name(int(t)): float(v) for v, t in zip(values, ids)})
+        return {"tokens": [name(t) for t in tokens], "token_logprobs": chosen, "top_logprobs": top}
+
+
+def _handler(server: Server):
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):   # quiet
+            pass
+
+        def _send(self, status: int, payload: dict):
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            if self.path == "/v1/models":
+                self._send(200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+            else:
+                self._send(404, {"error": {"message": f"no route {self.path}"}})
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+            if self.path == "/tokenize":   # a stand-in tokenizer: bytes folded into the tiny vocabulary
+                self._send(200, {"tokens": [b % kit.TOKENS for b in str(body.get("prompt", "")).encode()][:48]})
+                return
+            if self.path != "/v1/completions":
+                self._send(404, {"error": {"message": f"no route {self.path}"}})
+                return
+            with server.lock:
+                server.in_flight += 1
+                crowded = server.in_flight > 1
+            try:
+                with server.lock:
+                    status, out = 200, server.complete(body, crowded)
+            except (ValueError, KeyError, TypeError) as err:
+                status, out = 400, {"error": {"message": str(err)}}
+            finally:   # before the answer goes out: the client's next request must not count this one
+                with server.lock:
+                    server.in_flight -= 1
+            self._send(status, out)
+
+    return Handler

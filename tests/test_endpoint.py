@@ -1,0 +1,214 @@
+"""The endpoint adapter (spec/endpoint.py) and the endpoint properties (spec/conformance/endpoints.py)
+against in-process OpenAI-compatible servers over spec (tests/endpoint_server.py): the speculative
+server passes every property against the plain one, and each broken server (one bug class each) is
+rejected by the property that guards that class."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from spec import impls
+from spec.conformance import endpoints, kit
+from spec.endpoint import Endpoint, EndpointError, base_url
+
+N = 12
+PROMPTS = [[5, 9, 90, 260, 260, 5, 9, 90], [3, 141, 59, 26], [7] * 6, [300, 12, 7, 7, 100, 300, 12]]
+
+
+def pair(endpoint_server, bug=None, models="llama"):
+    return Endpoint(endpoint_server(True, bug, models).url), Endpoint(endpoint_server(False, None, models).url)
+
+
+@pytest.fixture(scope="module")
+def good(endpoint_server):
+    return pair(endpoint_server)
+
+
+def test_only_loopback_urls_are_taken():
+    for url in ("http://10.0.0.1:8000/v1", "http://localhost:8000/v1", "ftp://127.0.0.1:1/v1", "http://127.0.0.1/v1"):
+        with pytest.raises(ValueError):
+            base_url(url)
+    assert base_url("http://127.0.0.1:8000/v1/") == "http://127.0.0.1:8000/v1"
+
+
+def test_load_needs_a_reference_and_refuses_one_elsewhere():
+    with pytest.raises(ValueError, match="--reference"):
+        impls.load("openai:http://127.0.0.1:1/v1")
+    with pytest.raises(ValueError, match="only an openai:URL"):
+        impls.load("spec", reference="openai:http://127.0.0.1:1/v1")
+    impl = impls.load("openai:http://127.0.0.1:1/v1", reference="openai:http://127.0.0.1:2/v1", model="m")
+    assert (impl.engine, impl.url, impl.reference, impl.model) == ("openai", "http://127.0.0.1:1/v1",
+                                                                    "http://127.0.0.1:2/v1", "m")
+
+
+def test_a_server_that_is_down_is_a_clear_error():
+    with pytest.raises(EndpointError, match="cannot connect"):
+        Endpoint("http://127.0.0.1:9/v1", retries=1, pause=0.01)
+
+
+def test_the_adapter_reads_ids_logprobs_and_the_listed_model(good):
+    spec, ref = good
+    assert spec.model == "kit-tiny-llama"
+    out = ref.complete(PROMPTS[0], 5, logprobs=2)
+    assert out.ids == kit.greedy("llama", tuple(PROMPTS[0]), 5) and len(out.logprobs) == 5
+    assert all(max(top, key=top.get) == t for top, t in zip(out.top, out.ids))
+
+
+def test_a_server_that_gives_no_token_ids_is_refused(endpoint_server):
+    spec, _ = pair(endpoint_server, "no-token-ids")
+    with pytest.raises(EndpointError, match="neither `token_ids`"):
+        spec.complete(PROMPTS[0], 3)
+
+
+def test_a_server_answering_an_error_is_a_clear_error(good):
+    with pytest.raises(EndpointError, match="answered 400"):
+        good[0].complete([10 ** 6], 3)
+
+
+@pytest.fixture(scope="module")
+def noise(good):
+    return endpoints.measure_noise(good[1], PROMPTS[:2], N)
+
+
+def test_greedy_exact_on_prompts_and_its_control(good, noise, endpoint_server):
+    assert "4 of 4 identical" in endpoints.greedy_exact(*good, PROMPTS, N, noise)
+    with pytest.raises(endpoints.Violation, match="BUG"):
+        endpoints.greedy_exact(*pair(endpoint_server, "greedy-unverified"), PROMPTS, N, noise)
+
+
+def test_greedy_exact_on_generated_token_id_prompts(good, noise):
+    @kit.kit_settings(1.0, 8)
+    @given(prompt=kit.prompts(), n=st.integers(1, 16))
+    def prop(prompt, n):
+        endpoints.greedy_exact(*good, [prompt], n, noise)
+    prop()
+
+
+STOP_BUGS = {"max-tokens+1": r"max_tokens=\d+ \(ignore_eos\)", "eos-ignored": "EOS",
+             "stop-ids-ignored": r"stop_token_ids=\[\d+\] \(first", "min-tokens-ignored": r"min_tokens=\d+:"}
+
+
+@pytest.mark.parametrize("bug", [None, *STOP_BUGS])
+def test_stops_and_their_controls(endpoint_server, bug):
+    spec, ref = pair(endpoint_server, bug)
+    run = lambda: endpoints.stops(spec, ref, PROMPTS[0], N, eos_prompts=[kit.EOS_PROMPT])  # noqa: E731
+    if bug is None:
+        assert "max_tokens" in run()
+    else:
+        with pytest.raises(endpoints.Violation, match=STOP_BUGS[bug]):
+            run()
+
+
+@pytest.mark.parametrize("check, bug, passes, fails", [
+    (endpoints.concurrency, "batch-shape", "equal each alone", "in flight"),
+    (endpoints.logprobs, "draft-logprobs", "equal the reference's", "reported logprob")], ids=["concurrency", "logprobs"])
+@pytest.mark.parametrize("broken", [False, True])
+def test_concurrency_logprobs_and_their_controls(endpoint_server, noise, check, bug, passes, fails, broken):
+    spec, ref = pair(endpoint_server, bug if broken else None)
+    if not broken:
+        assert passes in check(spec, ref, PROMPTS, N, noise)
+    else:
+        with pytest.raises(endpoints.Violation, match=fails):
+            check(spec, ref, PROMPTS, N, noise)
+
+
+SAMPLES = 300
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("bug", [None, "sampler-law"])
+def test_sampling_law_and_its_control(endpoint_server, bug, temperature):
+    """On the kit's 4-token pair (SMALL_PROMPT repeats, so speculation runs over the next tokens)."""
+    spec, ref = pair(endpoint_server, bug, "small")
+    run = lambda: endpoints.sampling_law(spec, ref, list(kit.SMALL_PROMPT), temperature, SAMPLES,  # noqa: E731
+                                         kit.SMALL_VOCAB, 1e-3)
+    if bug is None:
+        assert "p = " in run()
+    else:
+        with pytest.raises(endpoints.Violation):
+            run()
+
+
+def test_a_logprob_limit_leaves_other_temperatures_untested(endpoint_server):
+    good_small = pair(endpoint_server, None, "small")
+    assert "untested" in endpoints.sampling_law(*good_small, list(kit.SMALL_PROMPT), 0.7, 10, 2, 1e-3)
+
+
+# (the sampling laws, 400 requests each, are checked above, directly)
+@pytest.mark.parametrize("bug, keyword, expected_exit", [(None, "endpoint and not sampling", 0),
+                                                         ("greedy-unverified", "endpoint_greedy_exact", 1),
+                                                         ("stop-ids-ignored", "endpoint_stops", 1)])
+def test_conform_cli_on_endpoints(endpoint_server, tmp_path, capsys, bug, keyword, expected_exit):
+    """`python -m spec conform --impl openai:URL --reference openai:URL` (in-process): the speculative
+    server passes every endpoint property; a broken one exits 1."""
+    from spec import conform
+    out = tmp_path / "conformance.json"
+    argv = ["--impl", f"openai:{endpoint_server(True, bug).url}", "--reference",
+            f"openai:{endpoint_server(False).url}", "--budget", "0.25", "-k", keyword, "--out", str(out)]
+    assert conform.main(argv) == expected_exit, capsys.readouterr().out[-3000:]
+    rows = {r["property"]: r["outcome"] for r in json.loads(out.read_text())["results"]}
+    if expected_exit == 0:
+        assert {"endpoint_greedy_exact", "endpoint_stops", "endpoint_concurrency", "endpoint_logprobs"} <= \
+            {p for p, o in rows.items() if o == "passed"}
+    else:
+        assert rows[keyword] == "failed"
+
+
+def scripted(answers: list):
+    """An Endpoint whose server answers from `answers` in turn: a status code (a JSON error body), a
+    dict (200 with that body) or an exception class (raised as the transport's); and the calls made."""
+    import httpx2
+    calls = []
+
+    def handle(request):
+        calls.append(request)
+        answer = answers[min(len(calls), len(answers)) - 1]
+        if isinstance(answer, type):
+            raise answer("scripted", request=request)
+        if isinstance(answer, int):
+            return httpx2.Response(answer, json={"error": {"message": f"status {answer}"}})
+        return httpx2.Response(200, json=answer)
+    ep = Endpoint("http://127.0.0.1:1/v1", model="m", retries=2, pause=0.0)
+    ep.client = httpx2.Client(transport=httpx2.MockTransport(handle))
+    return ep, calls
+
+
+ONE = {"choices": [{"token_ids": [7], "finish_reason": "length"}]}
+
+
+def test_retries_only_what_nothing_answered():
+    import httpx2
+    ep, calls = scripted([httpx2.ConnectError, 503, ONE])      # refused, then still starting: retried
+    assert ep.complete([1], 1).ids == [7] and len(calls) == 3
+    for answer in (500, 400, httpx2.ReadTimeout):                # answered, or working on it: never retried
+        ep, calls = scripted([answer, ONE])
+        with pytest.raises(EndpointError):
+            ep.complete([1], 1)
+        assert len(calls) == 1
+    ep, calls = scripted([503])                                   # a bounded number of tries
+    with pytest.raises(EndpointError, match="503"):
+        ep.complete([1], 1)
+    assert len(calls) == 3
+
+
+def test_a_server_listing_no_model_or_several_is_a_clear_error():
+    for data, match in (([], "lists no model"), ([{"id": "a"}, {"id": "b"}], "name one with --model")):
+        ep, _ = scripted([{"data": data}])
+        with pytest.raises(EndpointError, match=match):
+            ep._only_model()
+
+
+@pytest.mark.slow
+def test_conform_cli_on_vllm_ngram(vllm_servers, tmp_path, capsys):
+    """vLLM CPU with ngram speculation against its own plain server passes every endpoint property
+    (skipped without SPEC_VLLM_PYTHON; minutes: two servers start)."""
+    from spec import conform
+    spec_server, plain = vllm_servers
+    out = tmp_path / "conformance.json"
+    argv = ["--impl", f"openai:{spec_server.url}", "--reference", f"openai:{plain.url}", "--budget", "0.25",
+            "-k", "endpoint", "--out", str(out)]
+    assert conform.main(argv) == 0, capsys.readouterr().out[-3000:]
