@@ -35,6 +35,7 @@ Properties:
 from __future__ import annotations
 
 import pytest
+import torch
 
 from spec.conformance import kit
 from spec.conformance.kit import SMALL_PROMPT, ExactLaw, check_against_hf, greedy, joint_fit, small_pair, zoo
@@ -48,7 +49,7 @@ BAD_WORDS = [[3, 0], [2, 0], [1, 1]]   # the draft's favourite continuations (0 
 ONE_SIDED = {
     "min_p=0.3": ("min_p", dict(min_p=0.3)),
     "bad_words_ids": ("bad_words_ids", dict(bad_words_ids=BAD_WORDS)),
-    "T=0.4": ("temperature", dict(temperature=0.4)),
+    "temperature=0.4": ("temperature", dict(temperature=0.4)),
     "T=1.5,top_k=2": ("top_k", dict(temperature=1.5, top_k=2)),
     "T=2,top_p=0.6": ("top_p", dict(temperature=2.0, top_p=0.6)),
     "T=1.5,repetition_penalty=4": ("repetition_penalty", dict(temperature=1.5, repetition_penalty=4.0)),
@@ -58,8 +59,16 @@ ONE_SIDED = {
 SMALL_BUDGET_ONE_SIDED = ("min_p=0.3", "bad_words_ids")
 VARIANTS = ("target_only", "draft_only", "q_raw", "q_processed", "residual_raw", "bonus_raw")
 EXACT_VARIANTS = ("target_only",)
-# Below the check's power at n = 400 (one seed; p between 1e-3 and 0.05): raise --budget for these.
+# min-p's q-processed variant moves the law little (df 5 on the pair): its scenario takes 4 x the
+# sample size at budget >= 1 (1600 at budget 1: rejected at p ~ 1e-6), N below budget 1.
+SIZE_FACTOR = {"min_p=0.3": 4}
+# Below the check's power at the sample size (p between 1e-3 and 0.05 at seed 99): raise --budget.
 UNDERPOWERED = {("T=2,no_repeat_ngram_size=2", "q_raw")}
+UNDERPOWERED_BELOW_BUDGET_1 = {("min_p=0.3", "q_processed")}
+
+
+def one_sided_size(budget: float, scenario: str) -> int:
+    return sample_size(budget) * (SIZE_FACTOR.get(scenario, 1) if budget >= 1 else 1)
 
 
 def _small_budget_skip(budget, scenario):
@@ -74,7 +83,7 @@ def test_one_sided_law(impl, budget, scenario, record_property):
         pytest.skip(f"{impl.name} drafts without a model: one side is a model's law (run at budget >= 1)")
     target, draft = small_pair()
     check_law("one_sided_law", impl, budget, scenario, target, None if impl.draft == "none" else draft,
-              ONE_SIDED[scenario][1], record_property)
+              ONE_SIDED[scenario][1], record_property, n=one_sided_size(budget, scenario))
 
 
 def variant_laws(scenario: str, variant: str) -> dict:
@@ -95,18 +104,18 @@ def variant_laws(scenario: str, variant: str) -> dict:
 def test_one_sided_power(budget, scenario, variant, record_property):
     """At one_sided_law's sample size, each wrong variant is rejected, the exact one passes."""
     _small_budget_skip(budget, scenario)
-    import torch
     laws = variant_laws(scenario, variant)
     P, Q = laws.pop("P"), laws.pop("Q")
     gen = torch.Generator().manual_seed(99)
-    samples = [law_sampler(P, Q, SMALL_PROMPT, gen, **laws) for _ in range(sample_size(budget))]
+    samples = [law_sampler(P, Q, SMALL_PROMPT, gen, **laws) for _ in range(one_sided_size(budget, scenario))]
     fit, table = joint_fit(f"joint law of the first {JOINT} tokens", samples,
                            ExactLaw(small_pair()[0], **ONE_SIDED[scenario][1]).joint(SMALL_PROMPT, JOINT))
     record_property("evidence", f"p = {fit.pvalue:.3g} (chi2 {fit.stat:.1f}, df {fit.df}, n {fit.n})")
     assert fit.df > 0
     if variant in EXACT_VARIANTS:
         assert not fit.rejects(ALPHA), f"{variant} is exact (Algorithm 1 with an honest q) but was rejected: {fit}"
-    elif (scenario, variant) in UNDERPOWERED:
+    elif not fit.rejects(ALPHA) and ((scenario, variant) in UNDERPOWERED or
+                                     (budget < 1 and (scenario, variant) in UNDERPOWERED_BELOW_BUDGET_1)):
         pytest.xfail(f"{variant} in {scenario}: below the check's power at n = {fit.n} ({fit})")
     else:
         assert fit.rejects(ALPHA), (f"property one_sided_power: {variant} ({ONE_SIDED[scenario][0]}) not rejected "

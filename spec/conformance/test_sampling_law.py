@@ -82,11 +82,11 @@ def test_sampling_law(impl, budget, scenario, record_property):
               SCENARIOS[scenario], record_property)
 
 
-def check_law(prop, impl, budget, scenario, target, draft, options, record_property):
+def check_law(prop, impl, budget, scenario, target, draft, options, record_property, n=None):
     """Fail property `prop` unless the decoder's first JOINT tokens after SMALL_PROMPT (gamma GAMMA,
-    sample_size(budget) runs) fit the target's exact processed joint law under `options`."""
+    n runs, default sample_size(budget)) fit the target's exact processed joint law under `options`."""
     gen = torch.Generator().manual_seed(1234)
-    n = sample_size(budget)
+    n = n or sample_size(budget)
     samples = [tuple(run(impl, target, draft, SMALL_PROMPT, gamma=GAMMA, max_new_tokens=JOINT, do_sample=True,
                          generator=gen, **options)[:JOINT]) for _ in range(n)]
     short = [s for s in samples if len(s) != JOINT]
