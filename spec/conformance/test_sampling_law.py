@@ -77,34 +77,42 @@ def test_sampling_law(impl, budget, scenario, record_property):
         pytest.skip(f"budget {budget:g} < 1 runs the sampling law in {', '.join(SMALL_BUDGET_SCENARIOS)} only")
     if budget < 1 and scenario == BF16 and impl.draft == "none":
         pytest.skip(f"{impl.name} drafts without a model: the bf16 draft takes no part (run at budget >= 1)")
-    options = SCENARIOS[scenario]
     target, draft = pair_for(scenario)
-    draft = None if impl.draft == "none" else draft
+    check_law("sampling_law", impl, budget, scenario, target, None if impl.draft == "none" else draft,
+              SCENARIOS[scenario], record_property)
+
+
+def check_law(prop, impl, budget, scenario, target, draft, options, record_property, n=None):
+    """Fail property `prop` unless the decoder's first JOINT tokens after SMALL_PROMPT (gamma GAMMA,
+    n runs, default sample_size(budget)) fit the target's exact processed joint law under `options`."""
     gen = torch.Generator().manual_seed(1234)
-    n = sample_size(budget)
+    n = n or sample_size(budget)
     samples = [tuple(run(impl, target, draft, SMALL_PROMPT, gamma=GAMMA, max_new_tokens=JOINT, do_sample=True,
                          generator=gen, **options)[:JOINT]) for _ in range(n)]
     short = [s for s in samples if len(s) != JOINT]
-    assert not short, f"property sampling_law: {impl.name} returned fewer than {JOINT} tokens: {short[:3]}"
+    assert not short, f"property {prop}: {impl.name} returned fewer than {JOINT} tokens: {short[:3]}"
     fit, table = joint_fit(f"joint law of the first {JOINT} tokens", samples,
                            ExactLaw(target, **options).joint(SMALL_PROMPT, JOINT))
     assert fit.df > 0
     record_property("evidence", f"p = {fit.pvalue:.3g} (chi2 {fit.stat:.1f}, df {fit.df}, n {fit.n}, level {ALPHA})")
     if fit.rejects(ALPHA):
         why = "outcomes of exact probability 0 were sampled" if fit.impossible else f"p = {fit.pvalue:.3g} < {ALPHA}"
-        pytest.fail(f"property sampling_law violated by {impl.name} ({scenario}, gamma={GAMMA}, "
+        pytest.fail(f"property {prop} violated by {impl.name} ({scenario}, gamma={GAMMA}, "
                     f"draft={'model' if draft is not None else 'none'}): {why}\n"
                     f"  {fit}\n{table}", pytrace=False)
 
 
 # --- negative controls: the check's power at this sample size -----------------------------------
 
-def law_sampler(P, Q, prompt, gen, *, bug=None, Q_sampled=None, gamma=GAMMA, max_new_tokens=JOINT):
+def law_sampler(P, Q, prompt, gen, *, bug=None, Q_sampled=None, P_residual=None, P_bonus=None, gamma=GAMMA,
+                max_new_tokens=JOINT):
     """Algorithm 1 on exact laws: P, Q map a context to the processed p, q. Bugs:
     resample-from-p   on rejection draw from p instead of norm(max(0, p - q))
     bonus-from-q      the bonus token after all gamma accepted is drawn from q
     q-mismatch        the draft samples from Q_sampled, the ratio uses Q (another temperature; the
                       raw logits; fp32 where the draft sampled in bf16)
+    P_residual, P_bonus   the p the residual / the bonus token is taken from, when not P (a processor
+                          left out there)
     penalty-per-round the processors of every row of a round (target and draft) see the sequence as
                       it was when the round began: a penalty counted once a round, not once a token"""
     draw = lambda probs: int(torch.multinomial(probs, 1, generator=gen))  # noqa: E731
@@ -127,11 +135,11 @@ def law_sampler(P, Q, prompt, gen, *, bug=None, Q_sampled=None, gamma=GAMMA, max
             else:
                 break
         if k < g:
-            r = (p - q).clamp(min=0)
+            r = ((P_residual or P)(c, seen(c)) - q).clamp(min=0)
             last = draw(p if bug == "resample-from-p" else r / r.sum())
         else:
             last_ctx = ctx + tuple(drafts)
-            last = draw(Q(last_ctx) if bug == "bonus-from-q" and g else P(last_ctx, seen(last_ctx)))
+            last = draw(Q(last_ctx) if bug == "bonus-from-q" and g else (P_bonus or P)(last_ctx, seen(last_ctx)))
         out += drafts[:k] + [last]
     return tuple(out[:max_new_tokens])
 
