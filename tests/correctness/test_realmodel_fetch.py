@@ -64,4 +64,6 @@ def test_cli_real_without_network_exits_2_and_says_why(cache, monkeypatch, tmp_p
 def test_cli_real_refuses_target_and_draft(tmp_path, capsys):
     import spec.__main__ as cli
     assert cli.main(["--real", "--target", "a", "--draft", "b", "--out", str(tmp_path)]) == 2
-    assert "--real: not with --target/--draft" in capsys.readouterr().err
+    assert "--real: not with --target" in capsys.readouterr().err
+    assert cli.main(["--real", "--draft", "b", "--out", str(tmp_path)]) == 2   # --real's drafts are named
+    assert "argument --draft: with --real, 'lookup' (prompt lookup, the default) or 'q4'" in capsys.readouterr().err
