@@ -171,7 +171,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "its own gamma (use a number or 'calibrated', which rank 0 chooses for all)")
         if args.peer:
             parser.error("argument --tp: not with --peer (HF assisted generation on a split target is not tested)")
-    if args.gamma is None and not args.real:   # --real: its draft's own default (spec.realmodel.DEFAULT_GAMMA)
+    gguf_draft = args.draft is not None and args.draft.lower().endswith(".gguf")
+    if args.gamma is None and not args.real and not gguf_draft:   # else spec.realmodel.DEFAULT_GAMMA
         args.gamma = 5
     args.max_new_tokens_default = args.max_new_tokens is None
     if args.max_new_tokens is None:
@@ -217,6 +218,15 @@ def run(args, experiment) -> int:
                                  chat=args.chat, ignore_eos=args.ignore_eos, device=args.device,
                                  threads=args.threads, out=args.out, options=vars(args),
                                  draft=args.draft or "lookup", say=say)
+    if args.draft is not None and args.draft.lower().endswith(".gguf") and not args.real:
+        from spec import realmodel   # a GGUF draft runs in llama.cpp: the --real comparison, on this target
+        if args.tp > 1 or args.device != "cpu":
+            raise experiment.UsageError("--draft FILE.gguf: runs on the CPU, unsplit (llama.cpp drafts, the "
+                                        "PyTorch target verifies)")
+        experiment.check_paths(args.target, args.draft)
+        return realmodel.run_cli(gamma=args.gamma, max_new_tokens=args.max_new_tokens, prompt_file=args.prompts,
+                                 chat=args.chat, ignore_eos=args.ignore_eos, threads=args.threads, out=args.out,
+                                 options=vars(args), draft=args.draft, target_path=args.target, say=say)
     results = run_experiment(args, experiment, say)
     if not getattr(args, "no_write", False):
         write_outputs(args, results, say)

@@ -205,8 +205,9 @@ def predicted_speedup(records: list[dict], fixed: float, slope: float) -> float:
     return sum(r["greedy_s"] for r in records) / spec
 
 
-def _setup(*, device: str, threads: int | None, prompt_file: Path | None, chat: bool, say):
-    """(target, tokenizer, prompt texts, prompt ids), or None after an error message."""
+def _setup(*, device: str, threads: int | None, prompt_file: Path | None, chat: bool, say, target_path=None):
+    """(target, tokenizer, prompt texts, prompt ids), or None after an error message. target_path:
+    another target (a folder, cached hub id or .gguf, loaded fp32 by spec.models) instead of SmolLM2."""
     from spec.experiment import read_prompts
     from spec.models import encode_prompt
     from spec.prompts import SEED_PROMPTS
@@ -215,10 +216,15 @@ def _setup(*, device: str, threads: int | None, prompt_file: Path | None, chat: 
         say("--real: runs on the CPU (the comparison this example makes is a 1-thread CPU one)")
     torch.set_num_threads(threads or 1)
     try:
-        # fetching and converting are said on screen even with --quiet: a one-time download
-        target, tok = load(lambda msg: print(f"spec: {msg}", file=sys.stderr, flush=True))
+        if target_path is not None:
+            from spec.models import load_model
+            target, tok = load_model(target_path, dtype=torch.float32, role="target")
+            if tok is None:
+                raise ValueError(f"{target_path} has no tokenizer; a GGUF draft is checked against the target's")
+        else:   # fetching and converting are said on screen even with --quiet: a one-time download
+            target, tok = load(lambda msg: print(f"spec: {msg}", file=sys.stderr, flush=True))
     except (RuntimeError, ImportError, OSError, ValueError) as err:
-        print(f"spec: error: --real: {err}", file=sys.stderr)
+        print(f"spec: error: {'--target' if target_path is not None else '--real'}: {err}", file=sys.stderr)
         return None
     prompts = SEED_PROMPTS if prompt_file is None else read_prompts(prompt_file)
     return target, tok, prompts, [encode_prompt(tok, p, chat=chat) for p in prompts]
@@ -297,14 +303,14 @@ def _summary_lines(summary: dict, recs: list[PromptRecord], line) -> list[str]:
     return lines
 
 
-def _write(out: Path, options: dict, recs: list[PromptRecord], summary: dict) -> None:
+def _write(out: Path, options: dict, recs: list[PromptRecord], summary: dict, model: str = NAME) -> None:
     import time
 
     from spec import report
     try:
         out.mkdir(parents=True, exist_ok=True)
         path = out / "results.json"
-        report.write_json(path, {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "model": NAME,
+        report.write_json(path, {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "model": model,
                                  "options": {k: str(v) for k, v in options.items()},
                                  "machine": report.machine_info("cpu"), "records": [record_json(r) for r in recs],
                                  "summary": summary})
@@ -319,13 +325,13 @@ LOOKUP_PEER = "spec prompt lookup"
 
 
 def _draft(kind: str, target, tok, threads: int):
-    """Our draft source for --draft `kind`: a spec.PromptLookup, or the model's own Q4_1 GGUF run by
-    llama.cpp at the target's thread count (spec.gguf_draft.GGUFDraft)."""
+    """Our draft source for --draft `kind`: a spec.PromptLookup, the model's own Q4_1 GGUF ("q4"), or a
+    .gguf path, run by llama.cpp at the target's thread count (spec.gguf_draft.GGUFDraft)."""
     from spec.lookup import PromptLookup
     if kind == "lookup":
         return PromptLookup()
     from spec.gguf_draft import GGUFDraft
-    return GGUFDraft(fetch(), target, tok, threads=threads)
+    return GGUFDraft(fetch() if kind == "q4" else Path(kind), target, tok, threads=threads)
 
 
 def _hf_settings(gamma, draft_kind: str, max_ngram: int) -> list[tuple[int, int]]:
@@ -337,31 +343,33 @@ def _hf_settings(gamma, draft_kind: str, max_ngram: int) -> list[tuple[int, int]
 
 def run_cli(*, gamma, max_new_tokens: int, prompt_file: Path | None = None, chat: bool = False,
             ignore_eos: bool = False, device: str = "cpu", threads: int | None = None, out: Path,
-            options: dict, draft: str = "lookup", say=lambda msg: None) -> int:
+            options: dict, draft: str = "lookup", target_path=None, say=lambda msg: None) -> int:
     """`python -m spec --real`: the seed experiment on SmolLM2-135M-Instruct with the prompt-lookup
     draft (draft="lookup") or the model's own Q4_1 GGUF run by llama.cpp (draft="q4"; then our prompt
     lookup is timed too, as a peer), against plain greedy and HF prompt lookup, side by side per
-    prompt. gamma None: DEFAULT_GAMMA. options: the command line's, written to results.json."""
+    prompt. gamma None: DEFAULT_GAMMA. options: the command line's, written to results.json.
+    `python -m spec --target DIR --draft FILE.gguf` is the same run with target_path=DIR and draft=FILE."""
     from spec import decode, hf, measure
     from spec.lookup import PromptLookup
 
-    if draft not in DRAFTS:
+    if draft not in DRAFTS and target_path is None:
         print(f"spec: error: --draft with --real: one of {', '.join(DRAFTS)}, got {draft!r}", file=sys.stderr)
         return 2
-    gamma = DEFAULT_GAMMA[draft] if gamma is None else gamma
-    ready = _setup(device=device, threads=threads, prompt_file=prompt_file, chat=chat, say=say)
+    gamma = DEFAULT_GAMMA.get(draft, DEFAULT_GAMMA["q4"]) if gamma is None else gamma
+    ready = _setup(device=device, threads=threads, prompt_file=prompt_file, chat=chat, say=say, target_path=target_path)
     if ready is None:
         return 2
     target, tok, prompts, prompt_ids = ready
     try:
         ours = _draft(draft, target, tok, torch.get_num_threads())
     except (RuntimeError, ImportError, OSError, ValueError) as err:
-        print(f"spec: error: --real --draft {draft}: {err}", file=sys.stderr)
+        print(f"spec: error: --draft {draft}: {err}", file=sys.stderr)
         return 2
     eos = None if ignore_eos else tok.eos_token_id
     N, lookup = max_new_tokens, PromptLookup()
-    print(f"target: {NAME} ({sum(p.numel() for p in target.parameters()) / 1e6:.1f}M params, fp32, from {fp32_dir()})"
-          f" | draft: {ours!r} ({'model-free' if draft == 'lookup' else 'Q4_1, llama.cpp'})"
+    name, where = (NAME, fp32_dir()) if target_path is None else (Path(target_path).name, target_path)
+    print(f"target: {name} ({sum(p.numel() for p in target.parameters()) / 1e6:.1f}M params, fp32, from {where})"
+          f" | draft: {ours!r} ({'model-free' if draft == 'lookup' else 'llama.cpp'})"
           f" | CPU threads: {torch.get_num_threads()}")
     print(f"prompts: {len(prompts)} ({'seed' if prompt_file is None else prompt_file}"
           f"{', chat template' if chat else ''}) | max new tokens: {N} | EOS: {eos if eos is not None else 'none'}"
@@ -380,7 +388,7 @@ def run_cli(*, gamma, max_new_tokens: int, prompt_file: Path | None = None, chat
     summary = _summary(recs, line)
     print()
     print("\n".join(_summary_lines(summary, recs, line)))
-    _write(out, options, recs, summary)
+    _write(out, options, recs, summary, name)
     if not summary["all_identical"]:
         bad = [r.index for r in recs if not r.identical]
         print(f"spec: FAIL: speculative output differs from greedy on prompt(s) {bad}", file=sys.stderr)
