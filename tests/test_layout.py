@@ -113,7 +113,7 @@ def test_the_protocols_exist_and_every_runner_and_drafter_keeps_them():
 
     import torch
 
-    from spec import batch, choose, draft, hf, lookup, neox, protocols, runner, seq2seq
+    from spec import batch, choose, draft, gguf_draft, hf, lookup, neox, protocols, runner, seq2seq
     for proto, methods in ((protocols.Runner, RUNNER_METHODS), (protocols.Drafter, DRAFTER_METHODS)):
         assert typing.Protocol in proto.__mro__ and proto.__doc__ and len(proto.__doc__) > 200
         assert methods <= set(vars(proto))
@@ -121,7 +121,7 @@ def test_the_protocols_exist_and_every_runner_and_drafter_keeps_them():
     assert {"KVRunner", "SnapshotRunner", "StepwiseSnapshotRunner", "RecomputeRunner", "NeoXDraft", "Cached",
             "Decoder"} <= set(runners)
     modules = dict(runner=runner, neox=neox, hf=hf, seq2seq=seq2seq, draft=draft, lookup=lookup, choose=choose,
-                   batch=batch)
+                   batch=batch, gguf_draft=gguf_draft)
     for name, module in runners.items():
         assert RUNNER_METHODS <= set(dir(getattr(modules[module], name))), name
     # keep means one thing: every runner's keep defaults to 0 (every row fed)
@@ -130,7 +130,7 @@ def test_the_protocols_exist_and_every_runner_and_drafter_keeps_them():
         keep = inspect.signature(getattr(modules[module], name).__call__).parameters["keep"]
         assert keep.default == 0, f"{name}: keep defaults to {keep.default!r}, not 0 (all rows)"
     drafters = _classes_with(DRAFTER_METHODS)
-    assert set(drafters) == {"ModelDraft", "PromptLookup", "EachRow", "NoDraft"}
+    assert set(drafters) == {"ModelDraft", "PromptLookup", "EachRow", "NoDraft", "GGUFDraft"}
     # the loop's forms keep the batched protocols: one loop runs every prompt count
     for proto, classes in ((protocols.BatchRunner, (batch.Rows, batch.EachRunner)),
                            (protocols.BatchDrafter, (draft.ModelDraft, batch.EachRow, draft.NoDraft))):
@@ -167,9 +167,11 @@ def test_one_function_makes_runners_and_model_drafts():
     """spec.choose is the one place a model becomes a Runner or a Drafter: `runs` for one sequence's
     Runners, `rows` (with its helper `_rows`) for what the loop runs on. (The probe in
     spec.runner builds each candidate path's class from a loop variable to test it against the
-    model's own forward: a trial, not a choice, and not a call this check matches by name.)"""
+    model's own forward: a trial, not a choice, and not a call this check matches by name. A
+    spec.gguf_draft.GGUFDraft is a Drafter its caller makes from a GGUF file, not from a model, like
+    spec.PromptLookup; spec.choose uses it as it is, and its llama.cpp context is its own.)"""
     places = {(module, function) for module, function, _ in _constructions()}
-    assert places == {("choose", "runs"), ("choose", "rows"), ("choose", "_rows")}, \
+    assert places == {("choose", "runs"), ("choose", "rows"), ("choose", "_rows"), ("gguf_draft", "__init__")}, \
         f"runners or drafts built outside spec.choose: {sorted(places)}"
 
 

@@ -64,4 +64,14 @@ def test_cli_real_without_network_exits_2_and_says_why(cache, monkeypatch, tmp_p
 def test_cli_real_refuses_target_and_draft(tmp_path, capsys):
     import spec.__main__ as cli
     assert cli.main(["--real", "--target", "a", "--draft", "b", "--out", str(tmp_path)]) == 2
-    assert "--real: not with --target/--draft" in capsys.readouterr().err
+    assert "--real: not with --target" in capsys.readouterr().err
+    assert cli.main(["--real", "--draft", "b", "--out", str(tmp_path)]) == 2   # --real's drafts are named
+    assert "argument --draft: with --real, 'lookup' (prompt lookup, the default) or 'q4'" in capsys.readouterr().err
+
+
+def test_cli_gguf_draft_names_a_missing_file(tmp_path, capsys):
+    """--draft FILE.gguf (llama.cpp drafting for --target): a missing file is named before anything loads."""
+    import spec.__main__ as cli
+    assert cli.main(["--target", str(tmp_path), "--draft", str(tmp_path / "absent.gguf"), "--out", str(tmp_path),
+                     "--quiet"]) == 2
+    assert "--draft: no such GGUF file" in capsys.readouterr().err

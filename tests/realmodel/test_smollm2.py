@@ -1,11 +1,14 @@
 """SmolLM2-135M-Instruct (spec.realmodel), a real pretrained model: exactness of greedy,
-speculative decoding with the prompt-lookup draft, and the HF peers, through its chat template.
+speculative decoding with the prompt-lookup draft and with its own Q4_1 GGUF run by llama.cpp
+(spec.gguf_draft), and the HF peers, through its chat template.
 
 Needs the model in the cache (`python -m spec.realmodel`; .ci/run does it); skipped with the
 reason otherwise. Loaded once per session (fp32, under a second from the converted folder), one
 thread, a few short prompts: about 10 s on a quiet core."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
@@ -80,3 +83,57 @@ def test_hf_prompt_lookup_equals_greedy(smollm2, chat_prompts, greedy_outputs):
     model, _ = smollm2
     assert hf.hf_prompt_lookup(model, torch.tensor(chat_prompts[1]), NEW, num_tokens=8, max_ngram=3) == \
         greedy_outputs[1]
+
+
+@pytest.fixture(scope="session")
+def q4_draft(smollm2):
+    """SmolLM2's own Q4_1 GGUF (the file the fp32 folder was made from) in llama.cpp."""
+    from spec import llamacpp
+    if llamacpp.available() is not None:
+        pytest.skip(llamacpp.available())
+    from spec.gguf_draft import GGUFDraft
+    model, tok = smollm2
+    drafter = GGUFDraft(realmodel.gguf_path(), model, tok)   # the tokenizer checks pass on the real vocabulary
+    yield drafter
+    drafter.close()
+
+
+@pytest.mark.parametrize("gamma", [3, "auto"])
+def test_q4_gguf_draft_equals_greedy_and_is_mostly_accepted(smollm2, chat_prompts, greedy_outputs, q4_draft, gamma):
+    """The Q4_1 GGUF drafting for the fp32 model: greedy's output, and most proposals kept (96% of
+    its argmaxes are the fp32 model's next token on the seed prompts)."""
+    model, _ = smollm2
+    for ids, expected in zip(chat_prompts, greedy_outputs):
+        out = speculative_generate(model, q4_draft, ids, gamma=gamma, max_new_tokens=NEW, trace=True)
+        assert out.tokens == expected
+        assert out.accepted >= 0.6 * out.drafted
+
+
+def test_q4_gguf_draft_samples(smollm2, chat_prompts, q4_draft):
+    """Sampling with the GGUF draft drawing from its own softmax: a seeded run is reproducible."""
+    from spec.draft import Pick
+    from spec.gguf_draft import GGUFDraft
+    model, tok = smollm2
+    runs = []
+    for _ in range(2):
+        gen = torch.Generator().manual_seed(3)
+        drafter = GGUFDraft(realmodel.gguf_path(), model, tok, pick=Pick(do_sample=True, temperature=0.7, generator=gen))
+        try:
+            runs.append(speculative_generate(model, drafter, chat_prompts[0], gamma=4, max_new_tokens=NEW,
+                                             do_sample=True, temperature=0.7, generator=gen).tokens)
+        finally:
+            drafter.close()
+    assert runs[0] == runs[1] and len(runs[0]) == NEW
+
+
+def test_a_gguf_of_another_model_is_refused(smollm2, tmp_path):
+    """A GGUF with another vocabulary (the kit's tiny Llama, 640 tokens) cannot draft for SmolLM2."""
+    from spec import llamacpp
+    if llamacpp.available() is not None:
+        pytest.skip(llamacpp.available())
+    from spec.conformance import kit
+    from spec.gguf_draft import GGUFDraft
+    model, tok = smollm2
+    path = llamacpp.llama_gguf(copy.deepcopy(kit.zoo("llama")["target"]).float(), tmp_path / "tiny.gguf")
+    with pytest.raises(ValueError, match="its vocabulary has 640 tokens but the target's logits are 49152 wide"):
+        GGUFDraft(path, model, tok)

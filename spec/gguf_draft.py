@@ -1,0 +1,169 @@
+"""A GGUF file run by llama.cpp (llama-cpp-python, the `llama` extra) as the draft for a PyTorch
+target: the target's own weights quantized (SmolLM2's Q4_1 GGUF drafting for its fp32 model) run
+several times faster than the target, and the acceptance rule keeps the output exactly the
+target's whatever the draft's engine, precision or kernels.
+
+- `LlamaRun`: one llama.cpp context as a Runner (spec.protocols): `run(ids)` feeds ids after the
+  positions its KV cache holds and returns the last position's logits; `crop(keep)` removes every
+  position from `keep` on from llama.cpp's KV cache, so a round after a rejection feeds only what
+  the cache has not seen (nothing is re-evaluated from scratch).
+- `GGUFDraft(path, target, tokenizer)`: a Drafter driving a spec.draft.ModelDraft over a LlamaRun
+  (one row), so it proposes
+  exactly as a PyTorch draft model does: greedy, its argmax; sampling, a draw from its own
+  softmax by `pick` (spec.draft.Pick: temperature / top-k / top-p / min-p and spec.processors,
+  with pick's torch generator), q over the target's vocabulary. A GGUF whose vocabulary is not
+  the target's is refused when it is opened (`check_vocab`).
+
+It is a Drafter that is not a model, so spec.choose uses it as it is. Pass the same sampling
+options as `pick` that the run uses (and the run's generator): the output is exact whatever pick
+says (q is what the draft drew from), but a draft picking by another rule is accepted less often.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from spec import batch, hf
+from spec.draft import ModelDraft, Pick
+
+INSTALL = 'pip install "spec[llama]"'
+N_CTX = 4096      # positions a draft may hold: prompt + new tokens + gamma
+N_BATCH = 64      # a prompt is fed in blocks of this many; llama.cpp keeps an [n_batch, vocab] float buffer
+PROBE_TEXT = "Hello, world! The quick brown fox: 12345 \u00e9t\u00e9\n  def f(x):"
+
+
+def _llama_class():
+    try:
+        from llama_cpp import Llama
+    except ImportError as err:
+        raise ImportError(f"a GGUF draft runs in llama.cpp through llama-cpp-python, which is not installed: "
+                          f"{INSTALL} ({err})") from None
+    return Llama
+
+
+class LlamaRun:
+    """A Runner over one llama.cpp context (see the module docstring). threads: llama.cpp's CPU
+    threads (1 matches a 1-thread target: the two never run at once)."""
+
+    def __init__(self, path, *, threads: int = 1, n_ctx: int = N_CTX, n_batch: int = N_BATCH):
+        Llama = _llama_class()
+        self.path, self.n_ctx = Path(path), n_ctx
+        self.llm = Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_batch, n_threads=threads,
+                         n_threads_batch=threads, verbose=False)
+        self.vocab = self.llm.n_vocab()
+
+    def __call__(self, ids: torch.Tensor, keep: int = 0) -> torch.Tensor:
+        if len(ids) == 0:
+            raise ValueError("ids: nothing to feed (a draft step needs at least one new token)")
+        if (keep or len(ids)) != 1:   # llama.cpp computes the last position's logits only (a draft needs no more)
+            raise ValueError(f"keep: a llama.cpp draft returns the last position's logits only (keep=1), got {keep} "
+                             f"for {len(ids)} ids")
+        if len(self) + len(ids) > self.n_ctx:
+            raise ValueError(f"the GGUF draft's context holds {self.n_ctx} positions; {len(self)} + {len(ids)} "
+                             f"do not fit (GGUFDraft(n_ctx=...))")
+        self.llm.eval([int(t) for t in ids.tolist()])
+        row = np.ctypeslib.as_array(self.llm._ctx.get_logits_ith(-1), shape=(self.vocab,))
+        return torch.from_numpy(row.copy())[None]
+
+    def crop(self, keep: int) -> None:
+        if keep < self.llm.n_tokens:
+            # the positions themselves leave llama.cpp's KV cache; n_tokens is where the next eval writes
+            self.llm._ctx.kv_cache_seq_rm(-1, keep, -1)
+            self.llm.n_tokens = keep
+
+    def __len__(self) -> int:
+        return self.llm.n_tokens
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+class GGUFDraft:
+    """A GGUF file as the draft for `target` (a Hugging Face causal LM with the same vocabulary).
+    tokenizer: the target's, to check the GGUF's tokens against (without one only the sizes are
+    compared). pick: how the draft picks (spec.draft.Pick; greedy by default). threads, n_ctx,
+    n_batch: llama.cpp's. Refuses a GGUF whose vocabulary does not match with a ValueError.
+    A Drafter (spec.protocols) for one sequence; the loop serves it each row through
+    spec.batch.EachRow (a llama.cpp context cannot be copied, so a batch of prompts refuses it)."""
+
+    def __init__(self, path, target, tokenizer=None, *, pick: Pick = Pick(), threads: int = 1, n_ctx: int = N_CTX,
+                 n_batch: int = N_BATCH):
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"draft: no GGUF file at {str(path)!r}")
+        run = LlamaRun(path, threads=threads, n_ctx=n_ctx, n_batch=n_batch)
+        try:
+            check_vocab(run.llm, target, tokenizer, path)
+        except ValueError:
+            run.close()
+            raise
+        self.run, self.pick = run, pick
+        # the draft model's proposals, q and processors exactly as a PyTorch draft's: one ModelDraft
+        self.model = ModelDraft(batch.EachRunner([run]), pick, [pick.process.prompt_len], width=run.vocab,
+                                rows=run.vocab, clamp=False)
+
+    def draft(self, seq: torch.Tensor, n: int, g: int) -> tuple[int, torch.Tensor | None]:
+        # One GGUFDraft serves many runs (it is a Drafter the caller made, not one spec.choose makes
+        # per run): keep the cached prefix the new sequence shares, cut the rest out of the cache.
+        held = min(len(self.run), n - 1)
+        cached = torch.from_numpy(self.run.llm.input_ids[:held].astype(np.int64))
+        differs = (cached != seq[:held].cpu()).nonzero()
+        self.run.crop(int(differs[0]) if len(differs) else held)
+        counts, q = self.model.draft(seq[None], [n], [g], [0])
+        return counts[0], q[0]
+
+    def observe(self, n: int, accepted: int) -> None:
+        self.model.observe([n], [accepted], [0])
+
+    def __len__(self) -> int:
+        return len(self.run)
+
+    def __repr__(self) -> str:
+        return f"GGUFDraft({self.run.path.name}, llama.cpp)"
+
+    def close(self) -> None:
+        self.run.close()
+
+
+def _pieces(tokenizer, llm, ids) -> list[tuple[int, str, str]]:
+    """(id, the tokenizer's text, llama.cpp's text) where the two differ, among `ids`."""
+    bad = []
+    for i in ids:
+        ours = tokenizer.decode([i])
+        if "\ufffd" in ours:   # a byte token: HF shows U+FFFD for a partial character, llama.cpp the byte
+            continue
+        theirs = llm.detokenize([i], special=True).decode("utf-8", errors="replace")
+        if ours != theirs:
+            bad.append((i, ours, theirs))
+    return bad
+
+
+def check_vocab(llm, target, tokenizer, path: Path) -> None:
+    """The GGUF's vocabulary is the target's: as many tokens as the target's logits are wide and,
+    with the target's tokenizer, the same special ids, the same text for a spread of ids, and the
+    same ids for a probe text. Raises ValueError naming what differs."""
+    n, width = llm.n_vocab(), hf.logit_width(target)
+    where = f"draft {path.name}"
+    if n != width:
+        raise ValueError(f"{where}: its vocabulary has {n} tokens but the target's logits are {width} wide; a GGUF "
+                         f"draft must use the target's tokenizer (e.g. a quantized copy of the target)")
+    if tokenizer is None:
+        return
+    for name, theirs in (("bos", llm.token_bos()), ("eos", llm.token_eos())):
+        ours = getattr(tokenizer, f"{name}_token_id", None)
+        if ours is not None and theirs >= 0 and ours != theirs:
+            raise ValueError(f"{where}: its {name.upper()} token is id {theirs}, the target tokenizer's is {ours}: "
+                             f"not the target's vocabulary")
+    bad = _pieces(tokenizer, llm, sorted({0, 1, 2, n // 7, n // 5, n // 3, n // 2, 2 * n // 3, n - 1}))
+    if bad:
+        i, ours, theirs = bad[0]
+        raise ValueError(f"{where}: token {i} is {theirs!r} in the GGUF but {ours!r} in the target's tokenizer "
+                         f"({len(bad)} of the ids compared differ): not the target's vocabulary")
+    ours = tokenizer.encode(PROBE_TEXT, add_special_tokens=False)
+    theirs = llm.tokenize(PROBE_TEXT.encode("utf-8"), add_bos=False, special=False)
+    if list(ours) != list(theirs):
+        raise ValueError(f"{where}: tokenizes {PROBE_TEXT!r} as {list(theirs)}, the target's tokenizer as "
+                         f"{list(ours)}: not the target's tokenizer")
