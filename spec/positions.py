@@ -85,11 +85,12 @@ def mask_len(mode: str, length: int) -> int | None:
     return length if mode == "counted" else None
 
 
-# A second, longer check length: prime, so no chunk length from 2 to 60 divides it. Models that
+# A second, longer check length: prime, so no chunk length from 2 to 130 divides it, and past twice
+# the longest default chunk (Reformer LSH: 64). Models that
 # pad the input to a multiple of a chunk length (Reformer) take another path once the sequence is
 # longer than a chunk and no multiple of it, and that path may not take positions; the probe's own
 # length can fall short of a chunk, or on a multiple of one.
-CROSS_LENGTH = 61
+CROSS_LENGTH = 131
 
 
 def _primes_upto(n: int) -> list[int]:
