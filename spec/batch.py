@@ -290,6 +290,8 @@ def _why_not(model, path: str, positions: str) -> str | None:
     if not hf.takes_batch_masks(model):
         return "its forward takes no 2-D attention mask and position ids, which a left-padded batch needs"
     return probe(model)
+
+
 # Each row's plan in the probe, as tokens short of its own end: (prefill, feed, crop, feed, crop);
 # rows are fed different counts and cut back unevenly, some not at all. The rows still there at
 # the end are fed to their ends.

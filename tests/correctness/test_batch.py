@@ -229,7 +229,7 @@ def test_the_batch_probe_catches_row_order_and_uneven_crop_bugs(monkeypatch, nam
     row leaving from the middle and from the front): the probe itself rejects a cache that
     mixes rows up, not only the decode loop."""
     model = cached_model("llama")
-    batch.probe(model) is None or pytest.fail("the probe rejects a correct batch")
+    assert batch.probe(model) is None             # a correct batch passes
     monkeypatch.setattr(hf, name, bug(getattr(hf, name)))
     assert batch.probe(model) is not None
 
