@@ -262,35 +262,61 @@ def _why_not(model, path: str, positions: str) -> str | None:
     if not hf.takes_batch_masks(model):
         return "its forward takes no 2-D attention mask and position ids, which a left-padded batch needs"
     return probe(model)
+
+
+# Each row's plan in the probe, as tokens short of its own end: (prefill, feed, crop, feed, crop);
+# rows are fed different counts and cut back unevenly, some not at all. The rows still there at
+# the end are fed to their ends.
+_PROBE_PLANS = [(4, 2, 4, 0, 2), (6, 5, 6, 3, 4), (5, 3, 3, 1, 2), (7, 4, 5, 2, 3)]
+
+
 def probe(model) -> str | None:
-    """Feed and cut back a ragged two-row batch the way the loop does (ragged prompts, rows fed
-    different counts, different crops, a row leaving); every row's logits must match its own
-    cache-free forward's (the tolerance of spec.runner's probe). The first mismatch, or None."""
+    """Feed and cut back ragged batches of three and four rows the way the loop does (ragged
+    prompts, rows fed different counts, uneven crops, a row leaving from the middle or the
+    front, the rest kept in another order), in several orders: short rows first and last, the
+    widest first, last and inside. (Short rows join the batch in a cyclic order: a two-row batch
+    only ever swaps, which is its own inverse.)
+    Every row's logits must match its own cache-free forward's (the tolerance of spec.runner's
+    probe). The first mismatch, or None."""
     tol = runner.PROBE_TOLERANCE.get(next(model.parameters()).dtype, 5e-2)
-    long_len = max(runner.probe_length(model), 12)
-    ids = runner._probe_ids(model, long_len, model_device(model))
-    seqs = [ids[long_len // 3:long_len // 3 + long_len // 2 + 1], ids]
-    La, Lb = seqs[0].numel(), seqs[1].numel()
-    full = [hf.authors_forward(model, s) for s in seqs]
-    schedule = [("feed", [La - 3, Lb - 6]), ("feed", [La - 1, Lb - 5]), ("crop", [La - 2, Lb - 5]),
-                ("feed", [La, Lb - 2]), ("crop", [La - 1, Lb - 4]), ("select", [1]), ("feed", [None, Lb])]
-    rows, live = Rows(model, 2), [0, 1]
+    L = max(runner.probe_length(model), 16)
+    ids = runner._probe_ids(model, L, model_device(model))
+    short, mid, other = ids[:L // 2 + 1], ids[2:2 + 3 * L // 4], ids[L // 3:L // 3 + L // 2 + 2]
+    full = {}
+    # (rows in batch order, the rows kept when one leaves, in their new order)
+    for seqs, kept in (([short, ids, mid, other], [0, 2, 3]), ([ids, other, mid], [2, 0]), ([mid, short, ids], [1, 2])):
+        for s in seqs:
+            if id(s) not in full:
+                full[id(s)] = hf.authors_forward(model, s)
+        why = _probe_batch(model, seqs, [full[id(s)] for s in seqs], kept, tol)
+        if why is not None:
+            return why
+    return None
+
+
+def _probe_batch(model, seqs, full, kept: list[int], tol: float) -> str | None:
+    lengths = [s.numel() for s in seqs]
+    plans = [_PROBE_PLANS[b % len(_PROBE_PLANS)] for b in range(len(seqs))]
+    ends = [[n - plan[i] for n, plan in zip(lengths, plans)] for i in range(5)]
+    schedule = [("feed", ends[0]), ("feed", ends[1]), ("crop", ends[2]), ("feed", ends[3]), ("crop", ends[4]),
+                ("select", kept), ("feed", lengths)]
+    rows, live = Rows(model, len(seqs)), list(range(len(seqs)))
     try:
         for op, arg in schedule:
             if op == "crop":
-                rows.crop(arg)
+                rows.crop([arg[b] for b in live])
             elif op == "select":
                 rows.select(arg)
-                live = [live[i] for i in arg]
+                live = [live[j] for j in arg]
             else:
-                ends = [arg[b] for b in live]
-                feeds = [seqs[b][n:end] for b, n, end in zip(live, rows.lengths, ends)]
+                stops = [arg[b] for b in live]
+                feeds = [seqs[b][n:end] for b, n, end in zip(live, rows.lengths, stops)]
                 keep = min(f.numel() for f in feeds)
                 got = rows(feeds, keep)
-                for j, (b, end) in enumerate(zip(live, ends)):
+                for j, (b, end) in enumerate(zip(live, stops)):
                     if not runner._close(got[j], full[b][end - keep:end], tol):
-                        return (f"in a left-padded batch, row {j}'s logits at positions {end - keep}..{end - 1} "
-                                f"differ from its own forward's")
+                        return (f"in a left-padded batch of {len(live)} rows, row {j}'s logits at positions "
+                                f"{end - keep}..{end - 1} differ from its own forward's")
                 if not hf.regatherable(rows.cache):
                     return "its cache is not made of full attention layers that rows can be cut back in"
     except Exception as e:  # noqa: BLE001 - a forward that fails on a batch is a reason to refuse batching it

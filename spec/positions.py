@@ -85,19 +85,55 @@ def mask_len(mode: str, length: int) -> int | None:
     return length if mode == "counted" else None
 
 
+# A second, longer check length: prime, so no chunk length from 2 to 130 divides it, and past twice
+# the longest default chunk (Reformer LSH: 64). Models that
+# pad the input to a multiple of a chunk length (Reformer) take another path once the sequence is
+# longer than a chunk and no multiple of it, and that path may not take positions; the probe's own
+# length can fall short of a chunk, or on a multiple of one.
+CROSS_LENGTH = 131
+
+
+def _primes_upto(n: int) -> list[int]:
+    return [k for k in range(2, n + 1) if all(k % d for d in range(2, int(k ** 0.5) + 1))]
+
+
+def cross_length(model) -> int:
+    """The longest prime length <= CROSS_LENGTH the model's position table holds."""
+    cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+    limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+    cap = min(CROSS_LENGTH, limit) if isinstance(limit, int) and limit >= 2 else CROSS_LENGTH
+    return max(_primes_upto(cap), default=cap)
+
+
+def _reproduces(mode: str, model, ids: torch.Tensor, full: torch.Tensor, close) -> bool:
+    try:
+        logits, _ = hf.step(model, ids, position_ids=position_ids(mode, model, ids, 0), use_cache=False,
+                            mask_len=mask_len(mode, ids.numel()))
+    except Exception:  # noqa: BLE001 - a forward that fails given positions must not be given them
+        return False
+    return close(logits, full)
+
+
 def choose(model, ids: torch.Tensor, full: torch.Tensor, close) -> str:
-    """The first mode whose cache-free forward over `ids` reproduces `full`, the model's
-    forward with no position_ids; "own" where none does (or the forward takes none)."""
+    """The first mode whose cache-free forward reproduces the model's forward with no
+    position_ids, over `ids` (whose forward is `full`) and over a longer sequence of prime
+    length (`cross_length`); "own" where none does (or the forward takes none)."""
     if not takes_positions(model):
         return "own"
+    longer = ids.repeat(-(-cross_length(model) // ids.numel()))[:cross_length(model)]
+    longer_full = None
     for mode in ("explicit", "counted"):
         if mode == "counted" and _counter(model) is None:
             continue
-        try:
-            logits, _ = hf.step(model, ids, position_ids=position_ids(mode, model, ids, 0), use_cache=False,
-                                mask_len=mask_len(mode, ids.numel()))
-        except Exception:  # noqa: BLE001 - a forward that fails given positions must not be given them
+        if not _reproduces(mode, model, ids, full, close):
             continue
-        if close(logits, full):
-            return mode
+        if longer.numel() > ids.numel():
+            if longer_full is None:
+                try:
+                    longer_full = hf.authors_forward(model, longer)
+                except Exception:  # noqa: BLE001 - the model's own forward stops short of this length
+                    return mode
+            if not _reproduces(mode, model, longer, longer_full, close):
+                continue
+        return mode
     return "own"

@@ -39,7 +39,7 @@ import torch
 from transformers import PreTrainedModel
 
 from spec import hf
-from spec.positions import choose as choose_positions, counted_pad, mask_len, position_ids
+from spec.positions import choose as choose_positions, counted_pad, cross_length, mask_len, position_ids
 
 
 class UnsupportedModelError(ValueError):
@@ -265,6 +265,30 @@ def causal_check(model, ids: torch.Tensor, full: torch.Tensor, tol: float) -> st
     return None
 
 
+def _causal_past_chunks(model, ids: torch.Tensor, tol: float) -> str | None:
+    """The causal check again over a longer, prime length (spec.positions.cross_length): attention
+    that sorts or chunks the sequence (Reformer's LSH layers) can be causal within one chunk and
+    not across several."""
+    longer = _probe_ids(model, cross_length(model), ids.device)
+    if longer.numel() <= ids.numel():
+        return None
+    try:
+        full = hf.authors_forward(model, longer)
+    except Exception:  # noqa: BLE001 - the model's own forward stops short of this length
+        return None
+    reason = causal_check(model, longer, full, tol)
+    if reason is not None:
+        return reason
+    # A verify pass scores a block on top of a prefix: the prefix's logits must not depend on
+    # how long the whole is (Reformer pads to a multiple of its chunk length, and its LSH layers
+    # then chunk the padded sequence).
+    for n in sorted({ids.numel(), longer.numel() // 2, longer.numel() - 3}):
+        if not _close(hf.authors_forward(model, longer[:n]), full[:n], tol):
+            return (f"its forward is not prefix-stable: logits of the first {n} positions change when "
+                    f"{longer.numel() - n} more tokens follow")
+    return None
+
+
 # Each model's verdict, keyed weakly (nothing is stored on the user's model): ((dtype, device),
 # (path, positions)) or ((dtype, device), the UnsupportedModelError to raise again).
 _VERDICTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -312,7 +336,7 @@ def _probe(model) -> tuple[str, str]:
         full = hf.authors_forward(model, ids)
     except Exception as e:  # noqa: BLE001 - any failure of the model is a reason to refuse it
         raise _refusal(model, f"its cache-free forward fails ({type(e).__name__}: {e})", runs_uncached=False) from None
-    reason = nondeterministic(model, tol) or causal_check(model, ids, full, tol)
+    reason = nondeterministic(model, tol) or causal_check(model, ids, full, tol) or _causal_past_chunks(model, ids, tol)
     if reason is None:
         positions = choose_positions(model, ids, full, lambda a, b: _close(a, b, tol))
         for path, cls in RUNNERS.items():

@@ -61,6 +61,14 @@ MUTANTS = {
                          "spec/draft.py"),
     "no-draft-clamp": ("ids the draft cannot embed fed to it anyway",
                        "clamp=hf.logit_width(target) > rows", "clamp=False", "spec/choose.py"),
+    # EOS lists (issue 35); tests/correctness/test_edges.py's test_eos_lists_stop_where_hf_generate_stops.
+    # One loop serves plain and speculative decoding, so one cut covers both.
+    "eos-list-first-only": ("an EOS list read as its first id alone",
+                            "        return frozenset(ids)\n", "        return frozenset(list(ids)[:1])\n",
+                            "spec/validate.py"),
+    "eos-list-one-id": ("a round stops only on the largest id of an EOS list (plain and speculative)",
+                        "    return next((i for i, t in enumerate(tokens) if t in stops), None)",
+                        "    return next((i for i, t in enumerate(tokens) if t == max(stops)), None)"),
     "stats-count-bonus": ("accepted count includes the bonus token",
                           "min(accepted[j], emitted[j])", "min(accepted[j] + 1, emitted[j])"),
     "plain-draft-not-rolled-back": ("the plain draft's KV buffer keeps rejected positions (output stays exact)",

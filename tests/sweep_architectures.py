@@ -1,7 +1,7 @@
 """Sweep every causal-LM family transformers can build through spec (issue 13's evidence).
 
     PYTHONPATH=/path/to/tree nice -n 10 env OMP_NUM_THREADS=1 python tests/sweep_architectures.py [--json out.json]
-        [--families llama,mamba,...] [--timeout 90]
+        [--families llama,mamba,...] [--timeout 90] [--lengths 64]
 
 Not a pytest module (pytest collects test_*.py only). For each model type in
 MODEL_FOR_CAUSAL_LM_MAPPING_NAMES it builds a tiny seeded model (tests/correctness/
@@ -18,7 +18,10 @@ the whole sequence at each step):
   - spec.speculative_generate with draft = the same model and draft = a perturbed copy,
     gamma 1..6 over two prompts, 24 new tokens (a sliding window of 8 is crossed, also
     inside verify passes);
-  - HF assisted generation on the same models, for comparison.
+  - HF assisted generation on the same models, for comparison;
+  - with --lengths N, also spec.greedy_generate at every prompt length 1..N (LENGTH_NEW new
+    tokens; seeded ids), so that lengths crossing a model's chunk or window are decoded too
+    (Reformer pads to a multiple of its chunk length past one chunk).
 
 Each spec outcome is one of:
   exact     every output equals the reference
@@ -66,6 +69,8 @@ PROMPTS = [[5, 17, 99, 3, 250], [1, 44, 44, 7, 130, 201, 9, 66, 66, 12, 31, 8]]
 SPEC_RUNS = [("self", 0, 4), ("perturbed", 1, 3), ("self", 1, 1), ("perturbed", 0, 2), ("perturbed", 1, 6),
              ("perturbed", 0, 5)]
 HF_RUNS = [("perturbed", 1, 3)]
+LENGTHS = 0          # --lengths: prompt lengths 1..LENGTHS also decoded greedily (0: off)
+LENGTH_NEW = 4
 REFUSAL_TYPES = (ValueError, TypeError, NotImplementedError)
 SEVERITY = {"exact": 0, "refused": 1, "crash": 2, "wrong": 3}
 SPEC_DIR = str(Path(spec.__file__).resolve().parent)
@@ -213,6 +218,20 @@ def sweep_family(name: str) -> dict:
 
     greedy = [run_spec(lambda p=p: spec.greedy_generate(model, p, max_new_tokens=MAX_NEW).tokens, [model], ref, p)
               for p, ref in zip(PROMPTS, refs)]
+    gen = torch.Generator().manual_seed(7)
+    for length in range(1, LENGTHS + 1):
+        p = torch.randint(1, 250, (length,), generator=gen).tolist()
+        try:
+            ref = cache_free_greedy(model, p, LENGTH_NEW)
+        except Timeout:
+            raise
+        except Exception:  # noqa: BLE001 - the model's own forward stops short of this length
+            continue
+        greedy.append(run_spec(lambda p=p: spec.greedy_generate(model, p, max_new_tokens=LENGTH_NEW).tokens,
+                               [model], ref, p))
+        if greedy[-1][0] in ("crash", "wrong"):
+            greedy[-1] = (greedy[-1][0], f"prompt length {length}: {greedy[-1][1]}")
+            break
     specs = []
     for d, p, g in SPEC_RUNS:
         specs.append(run_spec(lambda: spec.speculative_generate(model, drafts[d], PROMPTS[p], gamma=g,
@@ -280,7 +299,10 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="families swept in parallel worker processes")
     ap.add_argument("--memory-gb", type=float, default=8.0, help="address-space cap, so one huge default config "
                     "cannot take the machine")
+    ap.add_argument("--lengths", type=int, default=0, help="also decode greedily at every prompt length 1..N")
     args = ap.parse_args(argv)
+    global LENGTHS
+    LENGTHS = args.lengths
     warnings.filterwarnings("ignore")
     import transformers
     transformers.logging.set_verbosity_error()

@@ -125,8 +125,10 @@ OVERRIDES = {
     "zamba2": dict(num_hidden_layers=4, layers_block_type=["linear_attention", "hybrid"] * 2, n_mamba_heads=8,
                    hybrid_layer_ids=[1, 3], attention_head_dim=2 * HIDDEN // HEADS, attention_hidden_size=2 * HIDDEN),
     "kimi_linear": dict(num_key_value_heads=HEADS),
+    # local attention, chunk 16: longer than the probe's 12 tokens, so only the positions check past
+    # the chunk (spec.positions.cross_length) sees its padding path (LSH layers: test_reformer_lengths.py)
     "reformer": dict(is_decoder=True, attn_layers=["local", "local"], axial_pos_shape=[16, 16],
-                     axial_pos_embds_dim=[32, 32], local_attn_chunk_length=8, max_position_embeddings=256),
+                     axial_pos_embds_dim=[32, 32], local_attn_chunk_length=16, max_position_embeddings=256),
     # Qwen2/Qwen3 have sliding layers only when asked: layers from max_window_layers on slide.
     "qwen2": dict(use_sliding_window=True, sliding_window=SLIDING_WINDOW, max_window_layers=1, layer_types=None),
     "qwen3": dict(use_sliding_window=True, sliding_window=SLIDING_WINDOW, max_window_layers=1, layer_types=None),

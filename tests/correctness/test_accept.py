@@ -86,6 +86,17 @@ def test_a_deterministic_draft_is_kept_with_probability_p_and_else_p_without_it(
     torch.testing.assert_close(law, torch.tensor([0.4, 0.6, 0.0], dtype=torch.float64), rtol=0, atol=1e-12)
 
 
+def test_a_deterministic_draft_may_propose_any_id_of_the_vocabulary():
+    """q=None: the one-hot is as wide as the vocabulary (p's last dimension), not the g + 1 rows:
+    a proposal past g is kept or removed like any other."""
+    p = torch.tensor([[0.1, 0.0, 0.0, 0.0, 0.4, 0.5], [0.0, 1.0, 0.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
+    k, law = accept.sampled(torch.tensor([5]), None, p, torch.tensor([0.4], dtype=torch.float64))
+    assert k == 1 and torch.equal(law, p[1])
+    k, law = accept.sampled(torch.tensor([5]), None, p, torch.tensor([0.5], dtype=torch.float64))
+    assert k == 0
+    torch.testing.assert_close(law, torch.tensor([0.2, 0, 0, 0, 0.8, 0], dtype=torch.float64), rtol=0, atol=1e-12)
+
+
 def test_a_draft_distribution_narrower_than_the_target_counts_as_zero_beyond_it():
     """A draft head narrower than the target's (Pythia's padded embeddings): q is zero past its width."""
     p = torch.tensor([[0.2, 0.2, 0.6], [0.0, 0.0, 1.0]], dtype=torch.float64)

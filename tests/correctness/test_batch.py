@@ -206,6 +206,43 @@ def test_the_batch_probe_catches_a_cache_that_is_not_shifted(monkeypatch):
     assert "differ from its own forward's" in batch.probe(model)
 
 
+def _regather_last_row_offset_of_first(real):
+    def wrong(cache, rows, starts, width):        # the last row cut where the first row is
+        return real(cache, rows, [*starts[:-1], starts[0]] if len(starts) > 1 else starts, width)
+    return wrong
+
+
+def _regather_rows_sorted(real):
+    def wrong(cache, rows, starts, width):        # rows kept in index order, not the order asked
+        return real(cache, sorted(rows), starts, width)
+    return wrong
+
+
+def _join_rows_unordered(real):
+    def wrong(caches, order):                     # rows joined as they come, the order ignored
+        return real(caches, torch.arange(order.numel(), device=order.device))
+    return wrong
+
+
+def _join_rows_inverse_order(real):
+    def wrong(caches, order):                     # the permutation applied backwards (a swap hides it)
+        return real(caches, order.argsort())
+    return wrong
+
+
+@pytest.mark.parametrize("name,bug", [("regather", _regather_last_row_offset_of_first),
+                                      ("regather", _regather_rows_sorted), ("join_rows", _join_rows_unordered),
+                                      ("join_rows", _join_rows_inverse_order)])
+def test_the_batch_probe_catches_row_order_and_uneven_crop_bugs(monkeypatch, name, bug):
+    """Three and four ragged rows in several orders (short rows first and last, uneven crops, a
+    row leaving from the middle and from the front): the probe itself rejects a cache that
+    mixes rows up, not only the decode loop."""
+    model = cached_model("llama")
+    assert batch.probe(model) is None             # a correct batch passes
+    monkeypatch.setattr(hf, name, bug(getattr(hf, name)))
+    assert batch.probe(model) is not None
+
+
 # --- sampling, per row ----------------------------------------------------------------------------
 
 def _neox_pair():

@@ -127,3 +127,34 @@ def test_draft_proposals_stay_in_the_common_vocab_range(target, self_draft):
     run = speculative_generate(target, wide, PROMPT, gamma=4, max_new_tokens=20)
     assert run.tokens == expected
     assert run.accepted_per_round == run.drafted_per_round  # the hot columns were never proposed
+
+
+def _eos_lists(target, continuation):
+    """EOS lists whose stopping id is neither first, nor the smallest, nor the largest: ids that
+    never occur in the continuation on both sides of it, one that occurs only later, and the
+    model config's own EOS ids."""
+    firsts = _first_occurrence_positions(continuation)
+    pos = sorted(firsts)[len(firsts) // 2]
+    stopper = firsts[pos]
+    later = next(t for p, t in sorted(firsts.items()) if p > pos)
+    absent = [t for t in range(hf.logit_width(target)) if t not in continuation]
+    low = max(t for t in absent if t < stopper)
+    high = min(t for t in absent if t > stopper)
+    config = target.config.eos_token_id
+    config = [config] if isinstance(config, int) else list(config or [])
+    config = [t for t in config if t not in continuation[:pos + 1]]
+    return pos, [[later, stopper], [low, stopper, high], [high, *config, stopper, low], [*config, later, low, stopper]]
+
+
+@pytest.mark.parametrize("which", range(4))
+@pytest.mark.parametrize("mode", ["greedy", "speculative"])
+def test_eos_lists_stop_where_hf_generate_stops(target, partial_draft, continuation, which, mode):
+    """Every id of an EOS list stops, wherever it sits in the list (the plain loop and the rounds)."""
+    pos, lists = _eos_lists(target, continuation)
+    eos = lists[which]
+    if mode == "greedy":
+        run = greedy_generate(target, PROMPT, max_new_tokens=40, eos_token_id=eos)
+    else:
+        run = speculative_generate(target, partial_draft, PROMPT, gamma=3, max_new_tokens=40, eos_token_id=eos)
+    assert run.tokens == hf.hf_greedy(target, torch.tensor(PROMPT), 40, eos_token_id=eos)
+    assert run.tokens == continuation[:pos + 1] and run.stop_reason == "eos"
