@@ -182,7 +182,7 @@ def _dtype(model) -> torch.dtype:
 # Config fields past which a model's attention changes what it looks at: sliding windows,
 # and the key budget of indexer-selected sparse attention (DeepSeek's DSA: index_topk). The
 # probe must run longer than these to see a rollback or a block pass cross them.
-_REACH = re.compile(r"(window|topk|chunk_length)", re.I)
+_REACH = re.compile(r"(window|topk)", re.I)
 PROBE_MAX = 64
 
 
@@ -193,8 +193,7 @@ def _reach_fields(cfg) -> dict[str, int]:
 
 
 def probe_length(model) -> int:
-    """Past every window-like reach of the model (sliding window, sparse top-k, the chunks a
-    chunked attention pads its input to), at most PROBE_MAX."""
+    """Past every window-like reach of the model (sliding window, sparse top-k), at most PROBE_MAX."""
     cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
     reach = max(_reach_fields(cfg).values(), default=0)
     length = max(12, reach + 6) if reach + 6 <= PROBE_MAX else 12
