@@ -356,12 +356,9 @@ def _probe(model) -> tuple[str, str]:
 def nondeterministic(model, tol: float) -> str | None:
     """A forward whose logits change between two calls on the same ids (Reformer's LSH attention
     with random hashing, dropout left on in training mode) cannot be reproduced by any decoder.
-    Checked on PROBE_MAX tokens (within the model's position limit): some randomness shows only
+    Checked on PROBE_MAX tokens (within the model's position table, as cross_length): some randomness shows only
     on sequences longer than what one query attends to (LSH buckets over chunks)."""
-    cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
-    limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
-    length = min(PROBE_MAX, limit) if isinstance(limit, int) and limit >= 4 else PROBE_MAX
-    ids = _probe_ids(model, length, next(model.parameters()).device)
+    ids = _probe_ids(model, min(PROBE_MAX, cross_length(model)), next(model.parameters()).device)
     if not _close(hf.authors_forward(model, ids), hf.authors_forward(model, ids), tol):
         return ("its forward is not deterministic: two calls on the same ids give different logits (random "
                 "hashing, or dropout in training mode: call model.eval()), so no decoder can reproduce it")
