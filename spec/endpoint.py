@@ -16,6 +16,7 @@ without speculation) and its own logprobs as the evidence (`--impl openai:URL --
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -52,6 +53,9 @@ class Completion:
     finish_reason: str | None = None
     logprobs: list[float] | None = None              # the reported logprob of each new token
     top: list[dict[int, float]] | None = None        # per new token: {id: logprob} of the top ones
+    text: str | None = None
+    usage: dict | None = None                        # the response's usage (prompt/completion tokens)
+    chunks: list[int] | None = None                  # streamed: how many new tokens each chunk carried
     raw: dict = field(default_factory=dict, repr=False)
 
 
@@ -95,6 +99,9 @@ class Endpoint:
             if response.status_code in RETRY_STATUS and attempt < self.retries:
                 time.sleep(self.pause)
                 continue
+            if response.status_code == 422:   # the request's schema refused: fields this server does not take
+                raise EndpointError(f"{method} {where} answered 422 (request refused by the server's schema; "
+                                    f"the kit sends prompts as token ids and asks for ids back): {response.text[:500]}")
             if response.status_code != 200:
                 raise EndpointError(f"{method} {where} answered {response.status_code}: {response.text[:500]}")
             try:
@@ -132,9 +139,9 @@ class Endpoint:
         tokens = response.json().get("tokens")
         return tokens if isinstance(tokens, list) and all(isinstance(t, int) for t in tokens) else None
 
-    def complete(self, prompt: list[int], max_tokens: int, *, temperature: float = 0.0, seed: int | None = None,
-                 logprobs: int | None = None, ignore_eos: bool = True, stop_token_ids: list[int] | None = None,
-                 min_tokens: int | None = None) -> Completion:
+    def _body(self, prompt: list[int], max_tokens: int, temperature: float, seed: int | None,
+              logprobs: int | None, ignore_eos: bool, stop_token_ids: list[int] | None, min_tokens: int | None,
+              options: dict | None) -> dict:
         if not prompt or not all(isinstance(t, int) for t in prompt):
             raise ValueError(f"prompt must be a non-empty list of token ids, got {prompt!r}")
         body = {"model": self.model, "prompt": list(prompt), "max_tokens": max_tokens, "temperature": temperature,
@@ -148,11 +155,64 @@ class Endpoint:
             body["stop_token_ids"] = list(stop_token_ids)
         if min_tokens:
             body["min_tokens"] = min_tokens
+        for key, value in (options or {}).items():   # sampling options sent as they are (top_k, logit_bias, ...)
+            if key in body:
+                raise ValueError(f"options must not repeat a named argument, got {key!r}")
+            body[key] = value
+        return body
+
+    def complete(self, prompt: list[int], max_tokens: int, *, temperature: float = 0.0, seed: int | None = None,
+                 logprobs: int | None = None, ignore_eos: bool = True, stop_token_ids: list[int] | None = None,
+                 min_tokens: int | None = None, options: dict | None = None) -> Completion:
+        body = self._body(prompt, max_tokens, temperature, seed, logprobs, ignore_eos, stop_token_ids, min_tokens,
+                          options)
         data = self._request("POST", "/completions", body)
         choices = data.get("choices")
         if not isinstance(choices, list) or len(choices) != 1:
             raise EndpointError(f"{self.url}/completions: expected one choice, got {str(data)[:300]}")
-        return self._completion(choices[0], logprobs)
+        out = self._completion(choices[0], logprobs)
+        out.usage = data.get("usage") if isinstance(data.get("usage"), dict) else None
+        return out
+
+    def stream(self, prompt: list[int], max_tokens: int, *, temperature: float = 0.0, seed: int | None = None,
+               logprobs: int | None = None, ignore_eos: bool = True, stop_token_ids: list[int] | None = None,
+               min_tokens: int | None = None, options: dict | None = None) -> Completion:
+        """The same request streamed (server-sent events): the chunks' ids, text and logprobs joined, the
+        last finish_reason, and the usage of the final chunk (stream_options.include_usage)."""
+        body = self._body(prompt, max_tokens, temperature, seed, logprobs, ignore_eos, stop_token_ids, min_tokens,
+                          options)
+        body.update(stream=True, stream_options={"include_usage": True})
+        where = f"{self.url}/completions"
+        parts: list[Completion] = []
+        finish, usage = None, None
+        try:
+            with self.client.stream("POST", where, json=body) as response:
+                if response.status_code != 200:
+                    raise EndpointError(f"POST {where} (stream) answered {response.status_code}: "
+                                        f"{response.read()[:500]!r}")
+                for line in response.iter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        break
+                    try:
+                        event = json.loads(payload)
+                    except ValueError:
+                        raise EndpointError(f"POST {where} (stream) sent a chunk that is not JSON: {payload[:200]!r}")
+                    if isinstance(event.get("usage"), dict):
+                        usage = event["usage"]
+                    for choice in event.get("choices") or []:
+                        parts.append(self._completion(choice, logprobs))
+                        finish = choice.get("finish_reason") or finish
+        except self._http.HTTPError as err:
+            raise EndpointError(f"POST {where} (stream) failed: {type(err).__name__}: {err}") from None
+        joined = Completion(ids=[t for c in parts for t in c.ids], finish_reason=finish,
+                            text="".join(c.text or "" for c in parts), usage=usage, chunks=[len(c.ids) for c in parts])
+        if logprobs is not None:
+            joined.logprobs = [v for c in parts for v in (c.logprobs or [])]
+            joined.top = [row for c in parts for row in (c.top or [])]
+        return joined
 
     def _completion(self, choice: dict, asked_logprobs: int | None) -> Completion:
         lp = choice.get("logprobs") or {}
@@ -165,7 +225,9 @@ class Endpoint:
                                     f"as ids (return_tokens_as_token_ids): its output cannot be compared token "
                                     f"for token")
             ids = from_tokens
-        out = Completion(ids=list(ids), finish_reason=choice.get("finish_reason"), raw=choice)
+        text = choice.get("text")
+        out = Completion(ids=list(ids), finish_reason=choice.get("finish_reason"),
+                         text=text if isinstance(text, str) else None, raw=choice)
         if asked_logprobs is not None:
             chosen, tops = lp.get("token_logprobs"), lp.get("top_logprobs")
             if not isinstance(chosen, list) or len(chosen) != len(ids):

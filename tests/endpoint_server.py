@@ -24,6 +24,7 @@ from spec.decode import greedy_generate, speculative_generate
 
 MODEL = "kit-tiny-llama"
 GAMMA = 4
+UNSUPPORTED = {"presence_penalty", "frequency_penalty"}    # refused with 400, as a server refuses what it lacks
 BUGS = {
     "greedy-unverified": "emits the draft's greedy tokens after the first 3, unverified",
     "max-tokens+1": "returns one token more than max_tokens",
@@ -69,35 +70,76 @@ class Server:
         if not (isinstance(prompt, list) and prompt and all(isinstance(t, int) and 0 <= t < vocab for t in prompt)):
             raise ValueError(f"prompt must be a list of token ids in [0, {vocab})")
         temperature = float(body.get("temperature", 1.0))
+        refused = sorted(set(body) & UNSUPPORTED)
+        if refused:
+            raise ValueError(f"this server does not take {', '.join(refused)}")
         stops = [] if body.get("ignore_eos") or self.bug == "eos-ignored" or self.eos is None else [self.eos]
         if self.bug != "stop-ids-ignored":
             stops += list(body.get("stop_token_ids") or [])
         min_tokens = None if self.bug == "min-tokens-ignored" else body.get("min_tokens")
         if self.bug == "max-tokens+1":
             n += 1
-        options = dict(max_new_tokens=n, eos_token_id=stops or None, min_new_tokens=min_tokens or None)
+        options = dict(max_new_tokens=n, eos_token_id=stops or None, min_new_tokens=min_tokens or None,
+                       **{k: body[k] for k in ("top_k", "top_p", "min_p", "repetition_penalty") if body.get(k)})
+        if body.get("logit_bias"):
+            options["sequence_bias"] = {(int(t),): float(v) for t, v in body["logit_bias"].items()}
         if temperature > 0:
             seed = body.get("seed")
             generator = torch.Generator().manual_seed(int(seed) if seed is not None else 0)
             t = temperature * 1.5 if self.bug == "sampler-law" else temperature
             options.update(do_sample=True, temperature=t, generator=generator)
         if self.speculative:
-            tokens = speculative_generate(self.target, self.draft, prompt, gamma=GAMMA, **options).tokens
+            result = speculative_generate(self.target, self.draft, prompt, gamma=GAMMA, **options)
+            blocks = [r.emitted for r in result.rounds]
         else:
-            tokens = greedy_generate(self.target, prompt, **options).tokens
+            result = greedy_generate(self.target, prompt, **options)
+            blocks = [1] * len(result.tokens)
+        tokens = result.tokens
         if self.bug == "greedy-unverified" and len(tokens) > 3:
             tokens = tokens[:3] + greedy_generate(self.draft, prompt + tokens[:3], max_new_tokens=len(tokens) - 3).tokens
         if self.bug == "batch-shape" and crowded and tokens:
             tokens[-1] = (tokens[-1] + 1) % self.target.config.vocab_size
-        choice = {"index": 0, "text": " ".join(map(str, tokens)),
-                  "finish_reason": "length" if len(tokens) >= n else "stop"}
+        finish = "length" if len(tokens) >= n else "stop"
+        text = "".join(f" {t}" for t in tokens)
+        for stop in body.get("stop") or []:      # stop strings: the output ends at the token that completes one
+            at = text.find(stop)
+            if at >= 0:
+                keep = next(i for i in range(len(tokens) + 1) if len("".join(f" {t}" for t in tokens[:i])) >= at + len(stop))
+                tokens, text, finish = tokens[:keep], text[:at], "stop"
+        chunks, start = [], 0
+        for size in blocks:                      # streamed: one chunk per decoding step (a speculative round)
+            if start < len(tokens):
+                chunks.append(tokens[start:start + size])
+            start += size
+        return dict(prompt=prompt, tokens=tokens, text=text, finish=finish, chunks=chunks, logprobs=body.get("logprobs"))
+
+    def response(self, out: dict) -> dict:
+        choice = {"index": 0, "text": out["text"], "finish_reason": out["finish"]}
         if self.bug != "no-token-ids":
-            choice["token_ids"] = tokens
-        k = body.get("logprobs")
+            choice["token_ids"] = out["tokens"]
+        k = out["logprobs"]
         if k is not None:
-            choice["logprobs"] = self._logprobs(prompt, tokens, min(int(k), self.max_logprobs),
+            choice["logprobs"] = self._logprobs(out["prompt"], out["tokens"], min(int(k), self.max_logprobs),
                                                 as_ids=self.bug != "no-token-ids")
-        return {"id": "cmpl-0", "object": "text_completion", "model": MODEL, "choices": [choice]}
+        usage = {"prompt_tokens": len(out["prompt"]), "completion_tokens": len(out["tokens"]),
+                 "total_tokens": len(out["prompt"]) + len(out["tokens"])}
+        return {"id": "cmpl-0", "object": "text_completion", "model": MODEL, "choices": [choice], "usage": usage}
+
+    def stream_events(self, out: dict) -> list[dict]:
+        """Server-sent events for a streamed request: a chunk per decoding step, then the usage."""
+        events, done = [], 0
+        for i, chunk in enumerate(out["chunks"]):
+            upto = lambda m: min(len(out["text"]), len("".join(f" {t}" for t in out["tokens"][:m])))  # noqa: E731
+            piece = dict(out, tokens=chunk, text=out["text"][upto(done):upto(done + len(chunk))],
+                         finish=out["finish"] if i == len(out["chunks"]) - 1 else None,
+                         prompt=out["prompt"] + out["tokens"][:done])
+            done += len(chunk)
+            events.append({k: v for k, v in self.response(piece).items() if k != "usage"})
+        if not out["chunks"]:
+            events.append({k: v for k, v in self.response(out).items() if k != "usage"})
+        events.append({"id": "cmpl-0", "object": "text_completion", "model": MODEL, "choices": [],
+                       "usage": self.response(out)["usage"]})
+        return events
 
     def _logprobs(self, prompt, tokens, k, as_ids: bool) -> dict:
         """The raw (unprocessed) log-softmax of each new position, as vLLM reports by default."""
@@ -129,6 +171,14 @@ def _handler(server: Server):
             self.end_headers()
             self.wfile.write(data)
 
+        def _send_events(self, events: list[dict]):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()      # HTTP/1.0: the body ends when the connection closes
+            for event in events:
+                self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+            self.wfile.write(b"data: [DONE]\n\n")
+
         def do_GET(self):
             if self.path == "/v1/models":
                 self._send(200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]})
@@ -154,6 +204,9 @@ def _handler(server: Server):
             finally:   # before the answer goes out: the client's next request must not count this one
                 with server.lock:
                     server.in_flight -= 1
-            self._send(status, out)
+            if status == 200 and body.get("stream"):
+                self._send_events(server.stream_events(out))
+            else:
+                self._send(status, server.response(out) if status == 200 else out)
 
     return Handler

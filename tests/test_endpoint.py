@@ -6,6 +6,7 @@ rejected by the property that guards that class."""
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 from hypothesis import given
@@ -14,6 +15,9 @@ from hypothesis import strategies as st
 from spec import impls
 from spec.conformance import endpoints, kit
 from spec.endpoint import Endpoint, EndpointError, base_url
+
+from endpoint_proxy import BUGS as PROXY_BUGS
+from endpoint_proxy import Proxy
 
 N = 12
 PROMPTS = [[5, 9, 90, 260, 260, 5, 9, 90], [3, 141, 59, 26], [7] * 6, [300, 12, 7, 7, 100, 300, 12]]
@@ -156,6 +160,89 @@ def test_conform_cli_on_endpoints(endpoint_server, tmp_path, capsys, bug, keywor
             {p for p, o in rows.items() if o == "passed"}
     else:
         assert rows[keyword] == "failed"
+
+
+def test_the_new_properties_pass_on_the_speculative_server(good, noise):
+    spec, ref = good
+    assert "option runs identical" in endpoints.greedy_options(spec, ref, PROMPTS[:2], N, noise)
+    assert "agree with the reference's" in endpoints.fields(spec, ref, PROMPTS, N)
+    assert "streamed == unstreamed" in endpoints.streaming(spec, ref, PROMPTS, N)
+    assert "repeat their samples" in endpoints.seeded(spec, ref, PROMPTS[:2], 8)
+    assert "equal the reference's" in endpoints.sampled_logprobs(spec, ref, PROMPTS[:2], 8, noise, 20)
+
+
+def test_options_the_reference_refuses_are_named_untested(good, noise):
+    """The in-process server takes no presence/frequency penalty (400): named, not compared, not failed."""
+    assert "untested (the reference refuses): presence+frequency_penalty" in \
+        endpoints.greedy_options(*good, PROMPTS[:1], N, noise)
+
+
+def test_streaming_reads_multi_token_chunks(good):
+    out = good[0].stream(PROMPTS[0], N, logprobs=1)
+    assert out.ids == good[1].complete(PROMPTS[0], N).ids and max(out.chunks) > 1 and len(out.logprobs) == N
+    assert out.usage == {"prompt_tokens": len(PROMPTS[0]), "completion_tokens": N, "total_tokens": len(PROMPTS[0]) + N}
+
+
+@pytest.mark.parametrize("option", ["top_k", "logit_bias"])
+def test_sampling_options_pass(endpoint_server, option):
+    spec, ref = pair(endpoint_server, None, "small")
+    options = endpoints.sampling_option_sets(ref, list(kit.SMALL_PROMPT), kit.SMALL_VOCAB)[option]
+    assert "p = " in endpoints.sampling_options(spec, ref, list(kit.SMALL_PROMPT), options, SAMPLES, 1e-3)
+
+
+def test_homogeneity_keeps_its_level_and_sees_a_shift():
+    from spec.conformance.stats import homogeneity
+    rng = random.Random(0)
+    same = [homogeneity("t", rng.choices("abc", [5, 3, 2], k=300), rng.choices("abc", [5, 3, 2], k=300)).pvalue
+            for _ in range(200)]
+    assert 0.0 <= sum(p < 0.05 for p in same) / 200 <= 0.1
+    assert homogeneity("t", rng.choices("abc", [5, 3, 2], k=300), rng.choices("abc", [3, 3, 4], k=300)).pvalue < 1e-4
+    assert homogeneity("t", ["a"] * 50, ["a"] * 50).df == 0
+
+
+# --- proxies in front of the good speculative server, each injecting one bug class (tests/endpoint_proxy.py)
+SMALL_PROPERTIES = {"endpoint_sampling_options", "endpoint_sampling_law"}
+
+
+def proxy_checks(noise):
+    """The endpoint property each proxy bug must be rejected by, as the kit calls it (in-process sizes)."""
+    small = list(kit.SMALL_PROMPT)
+    return {
+        "endpoint_stops": lambda s, r: endpoints.stops(s, r, PROMPTS[0], N, eos_prompts=[kit.EOS_PROMPT]),
+        "endpoint_greedy_exact": lambda s, r: endpoints.greedy_exact(s, r, PROMPTS, N, noise),
+        "endpoint_greedy_options": lambda s, r: endpoints.greedy_options(s, r, PROMPTS[:2], N, noise),
+        "endpoint_sampling_options": lambda s, r: endpoints.sampling_options(s, r, small, {"top_k": 2}, SAMPLES, 1e-3),
+        "endpoint_sampling_law": lambda s, r: endpoints.sampling_law(s, r, small, 1.0, SAMPLES, kit.SMALL_VOCAB, 1e-3),
+        "endpoint_seeded": lambda s, r: endpoints.seeded(s, r, PROMPTS[:2], 8),
+        "endpoint_concurrency": lambda s, r: endpoints.concurrency(s, r, PROMPTS, N, noise),
+        "endpoint_logprobs": lambda s, r: endpoints.logprobs(s, r, PROMPTS, N, noise),
+        "endpoint_sampled_logprobs": lambda s, r: endpoints.sampled_logprobs(s, r, PROMPTS[:2], 8, noise, 20),
+        "endpoint_fields": lambda s, r: endpoints.fields(s, r, PROMPTS, N),
+        "endpoint_streaming": lambda s, r: endpoints.streaming(s, r, PROMPTS, N),
+    }
+
+
+@pytest.mark.parametrize("bug", sorted(PROXY_BUGS))
+def test_each_proxied_bug_is_rejected_by_its_property(endpoint_server, noise, bug):
+    prop = PROXY_BUGS[bug][1]
+    models = "small" if prop in SMALL_PROPERTIES else "llama"
+    proxy = Proxy(endpoint_server(True, None, models).url, bug)
+    try:
+        with pytest.raises(endpoints.Violation):
+            proxy_checks(noise)[prop](Endpoint(proxy.url), Endpoint(endpoint_server(False, None, models).url))
+    finally:
+        proxy.stop()
+
+
+def test_a_proxy_without_a_bug_changes_nothing(endpoint_server, noise):
+    proxy = Proxy(endpoint_server(True).url, None)
+    try:
+        spec, ref = Endpoint(proxy.url), Endpoint(endpoint_server(False).url)
+        for prop in ("endpoint_greedy_exact", "endpoint_stops", "endpoint_streaming", "endpoint_fields",
+                     "endpoint_concurrency", "endpoint_greedy_options"):
+            proxy_checks(noise)[prop](spec, ref)
+    finally:
+        proxy.stop()
 
 
 def scripted(answers: list):

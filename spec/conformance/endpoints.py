@@ -22,7 +22,7 @@ import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from spec.conformance.stats import goodness_of_fit
+from spec.conformance.stats import goodness_of_fit, homogeneity
 
 LOGPROB_FLOOR = 1e-6     # JSON round trip and float32 printing: below this two logprobs are equal
 TAIL_TOLERANCE = 1e-4    # a law known to within this (the unreported tail at T < 1) is tested: at n = 400
@@ -221,3 +221,202 @@ def sampling_law(spec, ref, prompt: list[int], temperature: float, samples: int,
         table = ", ".join(f"{c}: {o}/{samples * law[c]:.1f}" for c, o in zip(cells, counts) if o or law[c] > 0.01)
         raise Violation(f"T={temperature}: {fit} < {alpha}\n  observed/expected {table}")
     return f"T={temperature}: p = {fit.pvalue:.3g} (chi2 {fit.stat:.1f}, df {fit.df}, n {fit.n}, level {alpha})"
+
+
+# --- options, response fields, streaming, seeds, sampled logprobs, sampling with options ---------------
+
+class Untested(Exception):
+    """The reference server does not take an option: nothing to compare against (named in the evidence)."""
+
+
+def _ref_with(ref, call):
+    """The reference's answer, or Untested when it refuses the request (its 400/422 names the option)."""
+    from spec.endpoint import EndpointError
+    try:
+        return call()
+    except EndpointError as err:
+        if " answered 4" in str(err):
+            raise Untested(str(err)[:300]) from None
+        raise
+
+
+def greedy_option_sets(ref, prompt: list[int], n: int) -> dict[str, dict]:
+    """Greedy requests whose options change the output, built from the reference's own output on `prompt`:
+    penalties, a logit bias that lifts the runner-up at new token 1 (so the output turns inside the first
+    speculative block) and one that bans the token at new token 3, and a stop string from the middle of
+    the reference's text."""
+    base = ref.complete(prompt, n, logprobs=2)
+    sets = {"repetition_penalty": {"repetition_penalty": 1.3},
+            "presence+frequency_penalty": {"presence_penalty": 0.8, "frequency_penalty": 0.6}}
+    if base.top and len(base.top) > 1 and len(base.top[1]) > 1:
+        (first, v1), (second, v2) = sorted(base.top[1].items(), key=lambda kv: -kv[1])[:2]
+        sets["logit_bias+"] = {"logit_bias": {str(second): round(v1 - v2 + 1.0, 3)}}
+    if len(base.ids) > 3:
+        sets["logit_bias-100"] = {"logit_bias": {str(base.ids[3]): -100}}
+    text = base.text or ""
+    middle = text[len(text) // 2:len(text) // 2 + 3]
+    if middle.strip():
+        sets["stop_string"] = {"stop": [middle]}
+    return sets
+
+
+def greedy_options(spec, ref, prompts: list[list[int]], n: int, noise: float) -> str:
+    """Greedy with options the reference takes (greedy_option_sets): the speculative output == the
+    reference's, ids and text; a divergence is judged by the reference's raw top-2 gap, tie or bug.
+    Options the reference refuses are named as untested."""
+    done, untested, ties, bugs = [], [], [], []
+    for k, p in enumerate(prompts):
+        for name, options in greedy_option_sets(ref, p, n).items():
+            try:
+                want = _ref_with(ref, lambda: ref.complete(p, n, options=options))
+            except Untested as why:
+                untested.append(f"{name} ({why})")
+                continue
+            got = spec.complete(p, n, options=options)
+            d = diagnose(ref, p, want.ids, got.ids, noise)
+            if d is None and want.text is not None and got.text != want.text:
+                bugs.append(f"prompt {k}, {name} {options}: same ids, text {got.text!r} != the reference's {want.text!r}")
+            elif d is not None:
+                (ties if d.verdict == "tie" else bugs).append(
+                    f"prompt {k}, {name} {options}: {d}\n    expected {want.ids}\n    actual   {got.ids}")
+            else:
+                done.append(name)
+    if bugs:
+        raise Violation("greedy output with options differs from the reference's:\n  " + "\n  ".join(bugs + ties))
+    names = sorted(set(done))
+    return (f"{len(done)} option runs identical ({', '.join(names)}), {len(ties)} ties"
+            + (f"; untested (the reference refuses): {'; '.join(sorted(set(untested)))}" if untested else ""))
+
+
+def _fields(where: str, prompt: list[int], got, want) -> list[str]:
+    """What a response says about its ids, against the reference's response for the same request."""
+    wrong = []
+    if got.finish_reason != want.finish_reason:
+        wrong.append(f"{where}: finish_reason {got.finish_reason!r}, the reference's {want.finish_reason!r}")
+    if want.text is not None and got.text != want.text:
+        wrong.append(f"{where}: text {got.text!r}, the reference's {want.text!r}")
+    if got.usage is not None:
+        if got.usage.get("completion_tokens") != len(got.ids):
+            wrong.append(f"{where}: usage.completion_tokens {got.usage.get('completion_tokens')} for {len(got.ids)} "
+                         f"new tokens")
+        if got.usage.get("prompt_tokens") not in (None, len(prompt)):
+            wrong.append(f"{where}: usage.prompt_tokens {got.usage.get('prompt_tokens')} for a {len(prompt)}-id prompt")
+    elif want.usage is not None:
+        wrong.append(f"{where}: no usage, the reference reports {want.usage}")
+    return wrong
+
+
+def fields(spec, ref, prompts: list[list[int]], n: int) -> str:
+    """Where the ids agree, the rest of the response agrees too: finish_reason ('length', 'stop' at EOS or
+    a stop id inside a block), text, and usage that counts the emitted tokens, not the drafted ones."""
+    wrong, compared = [], 0
+    for k, p in enumerate(prompts):
+        full = ref.complete(p, n).ids
+        requests = {"length": {}, "eos": {"ignore_eos": False}}
+        if len(full) > 2:
+            requests["stop id"] = {"stop_token_ids": [full[2]]}
+        for what, kw in requests.items():
+            want, got = ref.complete(p, n, **kw), spec.complete(p, n, **kw)
+            if got.ids != want.ids:
+                continue     # greedy_exact and stops judge the ids
+            compared += 1
+            wrong += _fields(f"prompt {k} ({what})", p, got, want)
+    if wrong:
+        raise Violation("response fields differ from the reference's:\n  " + "\n  ".join(wrong))
+    return f"{compared} responses: finish_reason, text and usage agree with the reference's"
+
+
+def streaming(spec, ref, prompts: list[list[int]], n: int) -> str:
+    """A streamed request gives what the same request gives unstreamed (and what the reference gives):
+    the chunks' ids and text joined, the finish_reason, the usage; chunks carry whole accepted blocks."""
+    wrong, widest = [], 0
+    for k, p in enumerate(prompts):
+        full = ref.complete(p, n).ids
+        cases = {"length": {}, **({"stop id": {"stop_token_ids": [full[len(full) // 2]]}} if full else {})}
+        for what, kw in cases.items():
+            want, got = ref.complete(p, n, **kw), spec.stream(p, n, **kw)
+            widest = max(widest, *(got.chunks or [0]))
+            if got.ids != want.ids:
+                wrong.append(f"prompt {k} ({what}): streamed ids {got.ids} ({got.chunks} per chunk), the "
+                             f"reference's {want.ids}")
+                continue
+            wrong += _fields(f"prompt {k} ({what}, streamed)", p, got, want)
+    if wrong:
+        raise Violation("streamed output differs:\n  " + "\n  ".join(wrong))
+    return f"{len(prompts)} prompts streamed == unstreamed reference (up to {widest} tokens in one chunk)"
+
+
+def seeded(spec, ref, prompts: list[list[int]], n: int, seeds=(11, 12, 13), temperature: float = 1.0) -> str:
+    """A request with a seed gives the same sample when sent again (alone), as the reference does."""
+    for k, p in enumerate(prompts):
+        for s in seeds:
+            r1, r2 = (ref.complete(p, n, temperature=temperature, seed=s).ids for _ in range(2))
+            if r1 != r2:
+                return f"untested: the reference itself gives two samples for seed {s} ({r1} and {r2})"
+            a, b = (spec.complete(p, n, temperature=temperature, seed=s).ids for _ in range(2))
+            if a != b:
+                raise Violation(f"prompt {k}, seed {s}, T={temperature}: the same request gave {a} then {b} "
+                                f"(the reference repeats its sample)")
+    return f"{len(prompts) * len(seeds)} seeded requests repeat their samples"
+
+
+def sampled_logprobs(spec, ref, prompts: list[list[int]], n: int, noise: float, k: int,
+                     temperature: float = 0.7, seed: int = 99) -> str:
+    """Sampled tokens' reported logprobs == the reference's raw logprob of that token after the same
+    prefix (within the measured noise), at T != 1: not the draft's, not the tempered or processed one."""
+    worst, compared = 0.0, 0
+    for j, p in enumerate(prompts):
+        s = spec.complete(p, n, temperature=temperature, seed=seed + j, logprobs=1)
+        tops = concurrently([lambda i=i: ref.complete(p + s.ids[:i], 1, logprobs=k).top[0] for i in range(len(s.ids))],
+                            workers=4)
+        for i, (t, top) in enumerate(zip(s.ids, tops)):
+            if t not in top:
+                continue
+            diff = abs(s.logprobs[i] - top[t])
+            compared, worst = compared + 1, max(worst, diff)
+            if diff > noise + LOGPROB_FLOOR:
+                raise Violation(f"prompt {j}, sampled new token {i} ({t}) at T={temperature}: reported logprob "
+                                f"{s.logprobs[i]:.6g}, the reference's {top[t]:.6g} for that prefix (difference "
+                                f"{diff:.3g} > noise {noise:.3g})")
+    if not compared:
+        return "untested: no sampled token was among the reference's top logprobs"
+    return f"{compared} sampled tokens' logprobs equal the reference's (largest difference {worst:.3g})"
+
+
+def sampling_option_sets(ref, prompt: list[int], k: int) -> dict[str, dict]:
+    """Sampling options that change the law of the first tokens on `prompt`, from the reference's top
+    logprobs there: top-k 2, top-p 0.6, min-p 0.2, a logit bias on the third token, a repetition penalty
+    (the prompt's tokens), presence and frequency penalties (the first new token's, at the second)."""
+    top = sorted(ref.complete(prompt, 1, logprobs=k).top[0].items(), key=lambda kv: -kv[1])
+    sets = {"top_k": {"top_k": 2}, "top_p": {"top_p": 0.6}, "min_p": {"min_p": 0.2},
+            "repetition_penalty": {"repetition_penalty": 1.8},
+            "presence+frequency_penalty": {"presence_penalty": 1.5, "frequency_penalty": 1.0}}
+    if len(top) > 2:
+        sets["logit_bias"] = {"logit_bias": {str(top[2][0]): 2.0}}
+    return sets
+
+
+def sampling_options(spec, ref, prompt: list[int], options: dict, samples: int, alpha: float,
+                     temperature: float = 0.9, tokens: int = 4, depth: int = 2, seed: int = 5000) -> str:
+    """The law of the first `depth` new tokens with `options` at `temperature`: the speculative server's
+    seeded samples against the reference's (other seeds), a two-sample chi-square test. It needs no
+    model of the engine's filters: the same engine without speculation is the law."""
+    try:
+        want = _ref_with(ref, lambda: ref.complete(prompt, tokens, temperature=temperature, seed=seed, options=options))
+    except Untested as why:
+        return f"untested: the reference refuses {options}: {why}"
+    del want
+    draw = lambda server, s: tuple(server.complete(prompt, tokens, temperature=temperature, seed=s,  # noqa: E731
+                                                   options=options).ids[:depth])
+    a = concurrently([lambda s=s: draw(spec, s) for s in range(seed, seed + samples)], workers=4)
+    b = concurrently([lambda s=s: draw(ref, s) for s in range(seed + 10 ** 6, seed + 10 ** 6 + samples)], workers=4)
+    fit = homogeneity(f"first {depth} new tokens with {options}", a, b)
+    if fit.df == 0:
+        return f"untested: {options} leaves one outcome at this n"
+    if fit.rejects(alpha):
+        from collections import Counter
+        ca, cb = Counter(a), Counter(b)
+        table = ", ".join(f"{c}: {ca[c]}/{cb[c]}" for c, _ in (ca + cb).most_common(8))
+        raise Violation(f"T={temperature} with {options}: the speculative server's law differs from the "
+                        f"reference's: {fit} < {alpha}\n  speculative/reference counts {table}")
+    return f"T={temperature} {options}: p = {fit.pvalue:.3g} (chi2 {fit.stat:.1f}, df {fit.df}, n {samples} + {samples})"

@@ -5,6 +5,7 @@ no scipy). tests/correctness/stats.py re-exports these for the correctness suite
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -138,3 +139,27 @@ def goodness_of_fit(name: str, strata: dict, min_expected: float = 5.0) -> Fit:
         stat += sum((o - e) ** 2 / e for e, o in bins)
         df += len(bins) - 1
     return Fit(name, stat, df, chi2_sf(stat, df) if df else 1.0, total, impossible)
+
+
+def homogeneity(name: str, a: list, b: list, min_expected: float = 5.0):
+    """Pearson's chi-square test that two samples of outcomes come from one law (a 2 x C table); cells are
+    pooled, rarest first by their joint count, until each expects at least `min_expected` in each sample."""
+    ca, cb = Counter(a), Counter(b)
+    na, nb = len(a), len(b)
+    cells = sorted(set(ca) | set(cb), key=lambda c: (ca[c] + cb[c], str(c)))
+    bins, acc = [], [0, 0]
+    for c in cells:
+        acc = [acc[0] + ca[c], acc[1] + cb[c]]
+        if (acc[0] + acc[1]) * min(na, nb) / (na + nb) >= min_expected:
+            bins.append(acc)
+            acc = [0, 0]
+    if bins and acc != [0, 0]:
+        bins[-1] = [bins[-1][0] + acc[0], bins[-1][1] + acc[1]]
+    stat = 0.0
+    for oa, ob in bins:
+        total = oa + ob
+        for observed, n in ((oa, na), (ob, nb)):
+            expected = n * total / (na + nb)
+            stat += (observed - expected) ** 2 / expected
+    df = max(0, len(bins) - 1)
+    return Fit(name, stat, df, chi2_sf(stat, df) if df else 1.0, na + nb)

@@ -13,6 +13,14 @@ concurrent requests). The checks are spec/conformance/endpoints.py; the adapter 
   endpoint_sampling_law            the first new token's law at T=1 and T=0.7 with per-request seeds, on
                                    the seed prompt whose first token is least certain (T < 1 only where
                                    the top-20 logprobs bound the unreported tail below 1e-4)
+  endpoint_greedy_options          greedy with penalties, logit biases and a stop string == the reference's
+  endpoint_fields                  finish_reason, text and usage agree with the reference's where ids do
+  endpoint_streaming               streamed == unstreamed (ids, text, finish_reason, usage)
+  endpoint_seeded                  a seeded request repeats its sample, as the reference's does
+  endpoint_sampled_logprobs        sampled tokens' logprobs == the reference's raw ones for that prefix
+  endpoint_sampling_options        the law of the first 2 new tokens with top-k, top-p, min-p, a logit bias,
+                                   penalties: the speculative server's samples against the reference's
+                                   (two-sample chi-square); options the reference refuses are skipped
 """
 
 from __future__ import annotations
@@ -126,5 +134,47 @@ def widest(ref, prompts: list[list[int]]) -> list[int]:
 def test_endpoint_sampling_law(impl, servers, seed_ids, budget, temperature, record_property):
     evidence = _check("endpoint_sampling_law", impl, record_property, endpoints.sampling_law, *servers,
                       widest(servers[1], seed_ids), temperature, sample_size(budget), TOP_LOGPROBS, ALPHA)
+    if evidence.startswith("untested"):
+        pytest.skip(evidence)
+
+
+def test_endpoint_greedy_options(impl, servers, seed_ids, noise, budget, record_property):
+    _check("endpoint_greedy_options", impl, record_property, endpoints.greedy_options, *servers, seed_ids[:2],
+           tokens(budget), noise)
+
+
+def test_endpoint_fields(impl, servers, seed_ids, budget, record_property):
+    _check("endpoint_fields", impl, record_property, endpoints.fields, *servers, seed_ids, tokens(budget))
+
+
+def test_endpoint_streaming(impl, servers, seed_ids, budget, record_property):
+    _check("endpoint_streaming", impl, record_property, endpoints.streaming, *servers, seed_ids, tokens(budget))
+
+
+def test_endpoint_seeded(impl, servers, seed_ids, record_property):
+    evidence = _check("endpoint_seeded", impl, record_property, endpoints.seeded, *servers, seed_ids[:2], 8)
+    if evidence.startswith("untested"):
+        pytest.skip(evidence)
+
+
+def test_endpoint_sampled_logprobs(impl, servers, seed_ids, noise, record_property):
+    evidence = _check("endpoint_sampled_logprobs", impl, record_property, endpoints.sampled_logprobs, *servers,
+                      seed_ids[:2], 8, noise, TOP_LOGPROBS)
+    if evidence.startswith("untested"):
+        pytest.skip(evidence)
+
+
+SAMPLING_OPTIONS = ["top_k", "top_p", "min_p", "logit_bias", "repetition_penalty", "presence+frequency_penalty"]
+
+
+@pytest.mark.parametrize("option", SAMPLING_OPTIONS)
+def test_endpoint_sampling_options(impl, servers, seed_ids, budget, option, record_property):
+    spec, ref = servers
+    prompt = widest(ref, seed_ids)
+    sets = endpoints.sampling_option_sets(ref, prompt, TOP_LOGPROBS)
+    if option not in sets:
+        pytest.skip(f"{option}: the reference's top logprobs are too few to build it")
+    evidence = _check("endpoint_sampling_options", impl, record_property, endpoints.sampling_options, spec, ref,
+                      prompt, sets[option], sample_size(budget), ALPHA)
     if evidence.startswith("untested"):
         pytest.skip(evidence)
