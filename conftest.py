@@ -240,11 +240,12 @@ def endpoint_server():
 
 @pytest.fixture(scope="session")
 def vllm_servers(tmp_path_factory):
-    """(speculative ngram server, plain server) of vLLM on SmolLM2-135M-Instruct fp32, started from the
-    venv SPEC_VLLM_PYTHON names (tests/vllm_servers.py); skipped with the reason without it or without
-    the model (python -m spec.realmodel); both stopped at the session's end."""
+    """vllm_servers(kind): vLLM on SmolLM2-135M-Instruct fp32, kind None (plain), "ngram" or "draft_model"
+    (tests/servers.py), started once from the venv SPEC_VLLM_PYTHON names; skipped with the reason without
+    it or without the model (python -m spec.realmodel); all stopped at the session's end."""
+    from servers import VllmServer, model_folder, vllm_python
+
     from spec import realmodel
-    from vllm_servers import VllmServer, model_folder, vllm_python
     python, why = vllm_python()
     if why:
         pytest.skip(why)
@@ -253,9 +254,36 @@ def vllm_servers(tmp_path_factory):
         pytest.skip(f"no SmolLM2 fp32 folder at {fp32} (python -m spec.realmodel)")
     folder = model_folder(fp32, tmp_path_factory.mktemp("vllm-model"))
     logs = tmp_path_factory.mktemp("vllm-logs")
-    servers = [VllmServer(python, folder, kind, logs / f"{kind or 'plain'}.log") for kind in ("ngram", None)]
+    servers: dict = {}
+
+    def server(kind: str | None):
+        if kind not in servers:
+            servers[kind] = VllmServer(python, folder, kind, logs / f"{kind or 'plain'}.log").wait()
+        return servers[kind]
     try:
-        yield tuple(s.wait() for s in servers)
+        yield server
+    finally:
+        for s in servers.values():
+            s.stop()
+
+
+@pytest.fixture(scope="session")
+def llamacpp_servers(tmp_path_factory):
+    """(prompt-lookup server, plain server) of llama-cpp-python on the SmolLM2 Q4_1 GGUF (tests/servers.py);
+    skipped with the reason without the server's dependencies or the GGUF (python -m spec.realmodel)."""
+    from servers import LlamaCppServer, llamacpp_server_missing
+
+    from spec import realmodel
+    why = llamacpp_server_missing()
+    if why:
+        pytest.skip(why)
+    gguf = realmodel.gguf_path()
+    if not gguf.is_file():
+        pytest.skip(f"no SmolLM2 GGUF at {gguf} (python -m spec.realmodel)")
+    logs = tmp_path_factory.mktemp("llamacpp-logs")
+    servers = [LlamaCppServer(gguf, lookup, logs / f"{'lookup' if lookup else 'plain'}.log") for lookup in (True, False)]
+    try:
+        yield tuple(s.wait(120) for s in servers)
     finally:
         for s in servers:
             s.stop()

@@ -244,8 +244,24 @@ class Endpoint:
         return out
 
 
+    def probe(self) -> None:
+        """One token from a one-id prompt: refuses, with the reason, a server that does not take token-id
+        prompts or gives no ids back (llama-cpp-python's server does neither)."""
+        try:
+            self.complete([(self.tokenize("Hello") or [0])[0]], 1)
+        except EndpointError as err:
+            if " answered " in str(err):   # any status: llama-cpp-python's server says 500 to an id list
+                raise EndpointError(f"{self.url} refused a prompt given as token ids, which the kit needs (both "
+                                    f"servers must see the same input, whatever their tokenizers do with text): "
+                                    f"{err}") from None
+            raise
+
+
 def pair(impl) -> tuple[Endpoint, Endpoint]:
-    """(the server under test, the reference server) of an `openai:URL` Impl."""
+    """(the server under test, the reference server) of an `openai:URL` Impl, each probed for what the
+    kit needs (token-id prompts in, token ids out)."""
     spec = Endpoint(impl.url, impl.model)
     ref = Endpoint(impl.reference, impl.model if impl.model is not None else spec.model)
+    for server in (spec, ref):
+        server.probe()
     return spec, ref

@@ -290,12 +290,23 @@ def test_a_server_listing_no_model_or_several_is_a_clear_error():
 
 
 @pytest.mark.slow
-def test_conform_cli_on_vllm_ngram(vllm_servers, tmp_path, capsys):
-    """vLLM CPU with ngram speculation against its own plain server passes every endpoint property
-    (skipped without SPEC_VLLM_PYTHON; minutes: two servers start)."""
+@pytest.mark.parametrize("kind", ["ngram", "draft_model"])
+def test_conform_cli_on_vllm(vllm_servers, tmp_path, capsys, kind):
+    """vLLM CPU with ngram or draft-model speculation against its own plain server passes every endpoint
+    property (skipped without SPEC_VLLM_PYTHON; minutes: the servers start)."""
     from spec import conform
-    spec_server, plain = vllm_servers
     out = tmp_path / "conformance.json"
-    argv = ["--impl", f"openai:{spec_server.url}", "--reference", f"openai:{plain.url}", "--budget", "0.25",
-            "-k", "endpoint", "--out", str(out)]
+    argv = ["--impl", f"openai:{vllm_servers(kind).url}", "--reference", f"openai:{vllm_servers(None).url}",
+            "--budget", "0.25", "-k", "endpoint", "--out", str(out)]
     assert conform.main(argv) == 0, capsys.readouterr().out[-3000:]
+
+
+@pytest.mark.slow
+def test_llamacpp_server_is_refused_with_the_reason(llamacpp_servers):
+    """llama-cpp-python's server takes prompts as text only and gives text back: the kit cannot compare it
+    token for token and says so up front (skipped without llama-cpp-python[server] or the GGUF)."""
+    lookup, plain = llamacpp_servers
+    impl = impls.load(f"openai:{lookup.url}", reference=f"openai:{plain.url}")
+    from spec import endpoint
+    with pytest.raises(EndpointError, match="refused a prompt given as token ids"):
+        endpoint.pair(impl)
