@@ -125,6 +125,18 @@ class Endpoint:
                                 f"name one with --model")
         return names[0]
 
+    def identity(self) -> str | None:
+        """'OWNER VERSION' when the server says who it is (vLLM: /v1/models' owned_by and GET /version),
+        else None; known findings are keyed on it."""
+        try:
+            owners = {m.get("owned_by") for m in self._request("GET", "/models").get("data") or []
+                      if isinstance(m, dict)}
+            response = self.client.get(f"{self.url.removesuffix('/v1')}/version")
+        except (EndpointError, self._http.HTTPError):
+            return None
+        version = response.json().get("version") if response.status_code == 200 else None
+        return f"{owners.pop()} {version}" if len(owners) == 1 and isinstance(version, str) else None
+
     def tokenize(self, text: str) -> list[int] | None:
         """The server's own token ids for `text` (vLLM, llama.cpp: POST /tokenize beside /v1), or None
         when it has no such route."""

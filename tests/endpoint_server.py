@@ -25,6 +25,7 @@ from spec.decode import greedy_generate, speculative_generate
 MODEL = "kit-tiny-llama"
 GAMMA = 4
 UNSUPPORTED = {"presence_penalty", "frequency_penalty"}    # refused with 400, as a server refuses what it lacks
+UNSUPPORTED_SPECULATIVE = {"min_p"}                          # refused by the speculative server only (as vLLM does)
 BUGS = {
     "greedy-unverified": "emits the draft's greedy tokens after the first 3, unverified",
     "max-tokens+1": "returns one token more than max_tokens",
@@ -50,6 +51,7 @@ class Server:
         else:
             raise ValueError(f"pair must be 'llama' or 'small', got {pair!r}")
         self.speculative, self.bug, self.max_logprobs = speculative, bug, max_logprobs
+        self.owner, self.version = "spec", None       # what GET /v1/models and /version say it is
         self.lock = threading.Lock()          # one decode at a time (torch runs one thread here)
         self.in_flight = 0
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -70,7 +72,7 @@ class Server:
         if not (isinstance(prompt, list) and prompt and all(isinstance(t, int) and 0 <= t < vocab for t in prompt)):
             raise ValueError(f"prompt must be a list of token ids in [0, {vocab})")
         temperature = float(body.get("temperature", 1.0))
-        refused = sorted(set(body) & UNSUPPORTED)
+        refused = sorted(set(body) & (UNSUPPORTED | (UNSUPPORTED_SPECULATIVE if self.speculative else set())))
         if refused:
             raise ValueError(f"this server does not take {', '.join(refused)}")
         stops = [] if body.get("ignore_eos") or self.bug == "eos-ignored" or self.eos is None else [self.eos]
@@ -181,14 +183,17 @@ def _handler(server: Server):
 
         def do_GET(self):
             if self.path == "/v1/models":
-                self._send(200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+                self._send(200, {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": server.owner}]})
+            elif self.path == "/version" and server.version:
+                self._send(200, {"version": server.version})
             else:
                 self._send(404, {"error": {"message": f"no route {self.path}"}})
 
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
             if self.path == "/tokenize":   # a stand-in tokenizer: bytes folded into the tiny vocabulary
-                self._send(200, {"tokens": [b % kit.TOKENS for b in str(body.get("prompt", "")).encode()][:48]})
+                self._send(200, {"tokens": [b % server.target.config.vocab_size
+                                             for b in str(body.get("prompt", "")).encode()][:48]})
                 return
             if self.path != "/v1/completions":
                 self._send(404, {"error": {"message": f"no route {self.path}"}})

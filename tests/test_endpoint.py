@@ -173,7 +173,7 @@ def test_the_new_properties_pass_on_the_speculative_server(good, noise):
 
 def test_options_the_reference_refuses_are_named_untested(good, noise):
     """The in-process server takes no presence/frequency penalty (400): named, not compared, not failed."""
-    assert "untested (the reference refuses): presence+frequency_penalty" in \
+    assert "untested: presence+frequency_penalty (the reference refuses it: 400" in \
         endpoints.greedy_options(*good, PROMPTS[:1], N, noise)
 
 
@@ -181,6 +181,12 @@ def test_streaming_reads_multi_token_chunks(good):
     out = good[0].stream(PROMPTS[0], N, logprobs=1)
     assert out.ids == good[1].complete(PROMPTS[0], N).ids and max(out.chunks) > 1 and len(out.logprobs) == N
     assert out.usage == {"prompt_tokens": len(PROMPTS[0]), "completion_tokens": N, "total_tokens": len(PROMPTS[0]) + N}
+
+
+def test_an_option_only_the_speculative_server_refuses_is_named_untested(endpoint_server):
+    spec, ref = pair(endpoint_server, None, "small")
+    out = endpoints.sampling_options(spec, ref, list(kit.SMALL_PROMPT), {"min_p": 0.2}, 10, 1e-3)
+    assert out.startswith("untested: {'min_p': 0.2}: the speculative server refuses it: 400")
 
 
 @pytest.mark.parametrize("option", ["top_k", "logit_bias"])
@@ -243,6 +249,24 @@ def test_a_proxy_without_a_bug_changes_nothing(endpoint_server, noise):
             proxy_checks(noise)[prop](spec, ref)
     finally:
         proxy.stop()
+
+
+def test_a_known_crash_is_not_sent_again(endpoint_server, tmp_path, capsys):
+    """A server that says it is vLLM 0.32.0 (owned_by and GET /version) gets no top_k sampling request (it
+    killed that engine): the case is an expected failure naming the finding, and the run passes."""
+    from spec import conform
+    posing = endpoint_server(True, None, "small")
+    posing.owner, posing.version = "vllm", "0.32.0"
+    try:
+        assert Endpoint(posing.url).identity() == "vllm 0.32.0"
+        out = tmp_path / "conformance.json"
+        argv = ["--impl", f"openai:{posing.url}", "--reference", f"openai:{endpoint_server(False, None, 'small').url}",
+                "--budget", "0.25", "-k", "sampling_options and top_k", "--out", str(out)]
+        assert conform.main(argv) == 0, capsys.readouterr().out[-2000:]
+        rows = json.loads(out.read_text())["results"]
+        assert [r["outcome"] for r in rows] == ["xfail"] and "EngineCore" in rows[0]["evidence"]
+    finally:
+        posing.owner, posing.version = "spec", None
 
 
 def scripted(answers: list):
@@ -310,3 +334,22 @@ def test_llamacpp_server_is_refused_with_the_reason(llamacpp_servers):
     from spec import endpoint
     with pytest.raises(EndpointError, match="refused a prompt given as token ids"):
         endpoint.pair(impl)
+
+
+def test_the_concurrency_benchmark_runs_on_in_process_servers(endpoint_server, tmp_path, capsys):
+    """recipes/bench_endpoints.py end to end, tiny: both servers timed at each concurrency, the ratio
+    and the JSON written (the numbers are not asserted: speed is for benchmarks, on a quiet machine)."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "recipes" / "bench_endpoints.py"
+    module_spec = importlib.util.spec_from_file_location("bench_endpoints", path)
+    bench = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(bench)
+    out = tmp_path / "endpoints.json"
+    pair_arg = f"tiny={endpoint_server(True).url},{endpoint_server(False).url}"
+    assert bench.main(["--pair", pair_arg, "--concurrency", "1", "2", "--requests", "2", "--tokens", "4",
+                       "--repeats", "1", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["pair"], r["concurrency"]) for r in rows] == [("tiny", 1), ("tiny", 2)]
+    assert all(r["speculative_tok_s"] > 0 and r["plain_tok_s"] > 0 for r in rows)
+    assert "| tiny | 2 |" in capsys.readouterr().out

@@ -226,17 +226,19 @@ def sampling_law(spec, ref, prompt: list[int], temperature: float, samples: int,
 # --- options, response fields, streaming, seeds, sampled logprobs, sampling with options ---------------
 
 class Untested(Exception):
-    """The reference server does not take an option: nothing to compare against (named in the evidence)."""
+    """A server refuses an option (a 4xx naming it): nothing to compare, named in the evidence. A refusal is
+    loud, not a wrong answer: vLLM refuses min_p and logit_bias under speculation, for one."""
 
 
-def _ref_with(ref, call):
-    """The reference's answer, or Untested when it refuses the request (its 400/422 names the option)."""
+def _refusable(who: str, call):
+    """`call()`'s answer, or Untested when the server refuses the request with a 4xx."""
     from spec.endpoint import EndpointError
     try:
         return call()
     except EndpointError as err:
         if " answered 4" in str(err):
-            raise Untested(str(err)[:300]) from None
+            message = str(err).split(" answered ", 1)[1]
+            raise Untested(f"{who} refuses it: {message[:240]}") from None
         raise
 
 
@@ -268,11 +270,11 @@ def greedy_options(spec, ref, prompts: list[list[int]], n: int, noise: float) ->
     for k, p in enumerate(prompts):
         for name, options in greedy_option_sets(ref, p, n).items():
             try:
-                want = _ref_with(ref, lambda: ref.complete(p, n, options=options))
+                want = _refusable("the reference", lambda: ref.complete(p, n, options=options))
+                got = _refusable("the speculative server", lambda: spec.complete(p, n, options=options))
             except Untested as why:
                 untested.append(f"{name} ({why})")
                 continue
-            got = spec.complete(p, n, options=options)
             d = diagnose(ref, p, want.ids, got.ids, noise)
             if d is None and want.text is not None and got.text != want.text:
                 bugs.append(f"prompt {k}, {name} {options}: same ids, text {got.text!r} != the reference's {want.text!r}")
@@ -285,7 +287,7 @@ def greedy_options(spec, ref, prompts: list[list[int]], n: int, noise: float) ->
         raise Violation("greedy output with options differs from the reference's:\n  " + "\n  ".join(bugs + ties))
     names = sorted(set(done))
     return (f"{len(done)} option runs identical ({', '.join(names)}), {len(ties)} ties"
-            + (f"; untested (the reference refuses): {'; '.join(sorted(set(untested)))}" if untested else ""))
+            + (f"; untested: {'; '.join(sorted(set(untested)))}" if untested else ""))
 
 
 def _fields(where: str, prompt: list[int], got, want) -> list[str]:
@@ -402,10 +404,10 @@ def sampling_options(spec, ref, prompt: list[int], options: dict, samples: int, 
     seeded samples against the reference's (other seeds), a two-sample chi-square test. It needs no
     model of the engine's filters: the same engine without speculation is the law."""
     try:
-        want = _ref_with(ref, lambda: ref.complete(prompt, tokens, temperature=temperature, seed=seed, options=options))
+        for who, server in (("the reference", ref), ("the speculative server", spec)):
+            _refusable(who, lambda: server.complete(prompt, tokens, temperature=temperature, seed=seed, options=options))
     except Untested as why:
-        return f"untested: the reference refuses {options}: {why}"
-    del want
+        return f"untested: {options}: {why}"
     draw = lambda server, s: tuple(server.complete(prompt, tokens, temperature=temperature, seed=s,  # noqa: E731
                                                    options=options).ids[:depth])
     a = concurrently([lambda s=s: draw(spec, s) for s in range(seed, seed + samples)], workers=4)

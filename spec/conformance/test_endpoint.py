@@ -166,10 +166,23 @@ def test_endpoint_sampled_logprobs(impl, servers, seed_ids, noise, record_proper
 
 SAMPLING_OPTIONS = ["top_k", "top_p", "min_p", "logit_bias", "repetition_penalty", "presence+frequency_penalty"]
 
+# (server identity, option) -> the finding: requests that take a server down are not sent again by
+# default (the kit would leave the user's server dead); reported as an expected failure with the reason
+KNOWN_CRASHES = {
+    ("vllm 0.32.0", "top_k"): "vLLM 0.32.0 (CPU) with speculative decoding (ngram or draft_model): a request "
+                              "with top_k at T > 0 whose step has no draft tokens kills the EngineCore "
+                              "(RuntimeError: max() of an empty tensor in apply_top_k_only, from the "
+                              "rejection sampler); every later request answers 500 until a restart. The plain "
+                              "server serves it. docs/CONFORMANCE.md has the request",
+}
+
 
 @pytest.mark.parametrize("option", SAMPLING_OPTIONS)
 def test_endpoint_sampling_options(impl, servers, seed_ids, budget, option, record_property):
     spec, ref = servers
+    crash = KNOWN_CRASHES.get((spec.identity(), option))
+    if crash:
+        pytest.xfail(f"known finding, not sent: {crash}")
     prompt = widest(ref, seed_ids)
     sets = endpoints.sampling_option_sets(ref, prompt, TOP_LOGPROBS)
     if option not in sets:
