@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from hypothesis import given
 from strategies import gammas, max_new_tokens_values, short_token_id_prompts
 
@@ -69,3 +70,27 @@ def test_greedy_result_shape(target):
     run = greedy_generate(target, [1, 2, 3], max_new_tokens=9, trace=True)
     assert len(run.tokens) == 9 and len(run.rounds) == 9 and run.drafted == 0 and run.accepted == 0
     assert [r.target_cache for r in run.trace] == list(range(3, 12))
+
+
+def test_sampling_draws_from_the_callers_generator_only(target, partial_draft):
+    """The caller's generator decides every draw (the draft's, the acceptance test's, the residual's):
+    the global RNG's state changes nothing, so a seeded run is reproducible wherever it is called from."""
+    runs = []
+    for global_seed in (1, 2):
+        torch.manual_seed(global_seed)
+        runs.append([speculative_generate(target, partial_draft, [1, 2, 3], do_sample=True, gamma=4,
+                                          max_new_tokens=24, generator=torch.Generator().manual_seed(7)).tokens,
+                     greedy_generate(target, [1, 2, 3], do_sample=True, max_new_tokens=8,
+                                     generator=torch.Generator().manual_seed(7)).tokens])
+    assert runs[0] == runs[1]
+
+
+def test_traced_rounds_carry_their_phase_times_and_untraced_ones_none(target, partial_draft):
+    """trace=True: each Round's draft and verify times are durations of this run (not clock readings or
+    sums of them); trace=False: no timings and no cache sizes, so nothing pays for the clock."""
+    traced = speculative_generate(target, partial_draft, [1, 2, 3], gamma=4, max_new_tokens=16, trace=True)
+    assert traced.rounds and all(0 <= r.draft_s < 60 and 0 <= r.verify_s < 60 for r in traced.rounds)
+    assert all(r.target_cache is not None and r.draft_cache is not None for r in traced.rounds)
+    plain = speculative_generate(target, partial_draft, [1, 2, 3], gamma=4, max_new_tokens=16)
+    assert plain.rounds and all(r.draft_s is None and r.verify_s is None and r.target_cache is None
+                                for r in plain.rounds)

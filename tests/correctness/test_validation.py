@@ -21,6 +21,8 @@ from spec.models import load_pair
     (dict(top_k=0), "top_k must be None or an integer >= 1"),
     (dict(top_p=1.5), r"top_p must be None or a number in \(0, 1\]"),
     (dict(eos_token_id=10_000), "eos_token_id 10000 is outside the vocabulary"),
+    (dict(sequence_bias={(640,): 1.0}), r"sequence_bias / bad_words_ids name id 640, outside the vocabulary \[0, 640\)"),
+    (dict(bad_words_ids=[[5, 640]]), r"sequence_bias / bad_words_ids name id 640, outside the vocabulary \[0, 640\)"),
 ])
 def test_bad_options(target, partial_draft, kwargs, match):
     with pytest.raises(ValueError, match=match):
