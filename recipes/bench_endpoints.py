@@ -3,13 +3,13 @@
 Each `--pair NAME=SPEC_URL,PLAIN_URL` is a speculative server and the same model served plainly (both
 OpenAI-compatible, on 127.0.0.1). For each concurrency, every pair's two servers are timed in one run,
 alternating which goes first from repeat to repeat, so drift on a shared machine hits both. A timing is
-the wall time of `--requests` greedy completions of `--tokens` new tokens (the seed prompts in turn, as
+the wall time of `--requests` (default: 2 x c, at least 4) greedy completions of `--tokens` new tokens (the seed prompts in turn, as
 token ids through the plain server's /tokenize; `--text` sends them as text, for a server that takes no
 ids), sent by `c` workers at once; throughput is the completion tokens the servers report (usage) over
 that time. Prints a table (median tokens/s of each, the ratio speculative/plain) and writes JSON.
 
     python recipes/bench_endpoints.py --pair vllm-ngram=http://127.0.0.1:8712/v1,http://127.0.0.1:8711/v1 \
-        [--pair ...] [--concurrency 1 4 16] [--requests 16] [--tokens 64] [--repeats 3] [--out endpoints.json]
+        [--pair ...] [--concurrency 1 4 16] [--requests N] [--tokens 48] [--repeats 2] [--out endpoints.json]
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", action="append", required=True, help="NAME=SPEC_URL,PLAIN_URL")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
-    parser.add_argument("--requests", type=int, default=16)
-    parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=None, help="completions per timing (default 2 x c, >= 4)")
+    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--text", action="store_true", help="send the prompts as text (servers that take no ids)")
     parser.add_argument("--out", default="endpoints.json")
     args = parser.parse_args(argv)
@@ -72,18 +72,19 @@ def main(argv=None) -> int:
             timed(spec_url, model, prompts, 8, c, c)          # warm both: first requests pay for setup
             timed(plain_url, model, prompts, 8, c, c)
             rates = {"speculative": [], "plain": []}
+            requests = args.requests or max(4, 2 * c)
             for r in range(args.repeats):
                 order = [("speculative", spec_url), ("plain", plain_url)]
                 for kind, url in (order if r % 2 == 0 else order[::-1]):
-                    seconds, done = timed(url, model, prompts, args.tokens, args.requests, c)
+                    seconds, done = timed(url, model, prompts, args.tokens, requests, c)
                     rates[kind].append(done / seconds)
             s, p = statistics.median(rates["speculative"]), statistics.median(rates["plain"])
-            rows.append({"pair": name, "concurrency": c, "speculative_tok_s": s, "plain_tok_s": p, "ratio": s / p,
-                         "repeats": rates})
+            rows.append({"pair": name, "concurrency": c, "requests": requests, "speculative_tok_s": s,
+                         "plain_tok_s": p, "ratio": s / p, "repeats": rates})
             print(f"{name:24} c={c:<3} speculative {s:8.1f} tok/s  plain {p:8.1f} tok/s  ratio {s / p:5.2f}x",
                   flush=True)
     with open(args.out, "w") as f:
-        json.dump({"requests": args.requests, "tokens": args.tokens, "repeats": args.repeats, "rows": rows}, f, indent=2)
+        json.dump({"tokens": args.tokens, "repeats": args.repeats, "rows": rows}, f, indent=2)
     print("\n| server | in flight | speculative tok/s | plain tok/s | speculative / plain |\n|---|---|---|---|---|")
     for row in rows:
         print(f"| {row['pair']} | {row['concurrency']} | {row['speculative_tok_s']:.1f} | {row['plain_tok_s']:.1f} "

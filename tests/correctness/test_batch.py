@@ -362,7 +362,8 @@ def test_a_drafter_that_cannot_be_copied_is_refused_for_a_batch_naming_it(target
         def __init__(self):
             super().__init__()
             self.lock = threading.Lock()     # deepcopy cannot copy a lock
-    with pytest.raises(ValueError, match=r"draft: Locked cannot be copied for each of the 2 prompts .*one at a time"):
+    with pytest.raises(ValueError, match=r"draft: Locked cannot be copied for each of the 2 prompts \(TypeError: "
+                                         r".*lock.*\); decode the prompts one at a time"):
         speculative_generate(target, Locked(), [[3, 4, 5], [6]], gamma=2, max_new_tokens=3)
     assert speculative_generate(target, Locked(), [3, 4, 5], gamma=2, max_new_tokens=3).tokens == \
         greedy_generate(target, [3, 4, 5], max_new_tokens=3).tokens
