@@ -173,6 +173,19 @@ class Endpoint:
             body[key] = value
         return body
 
+    def tokenize_chat(self, question: str) -> list[int] | None:
+        """The ids of `question` as a user turn in the server's chat template, ready for the answer
+        (vLLM: POST /tokenize with messages), or None. An instruct model's answer ends in its EOS."""
+        root = self.url.removesuffix("/v1")
+        try:
+            response = self.client.post(f"{root}/tokenize", json={
+                "model": self.model, "messages": [{"role": "user", "content": question}],
+                "add_generation_prompt": True})
+        except self._http.HTTPError as err:
+            raise EndpointError(f"POST {root}/tokenize failed: {err}") from None
+        tokens = response.json().get("tokens") if response.status_code == 200 else None
+        return tokens if isinstance(tokens, list) and tokens and all(isinstance(t, int) for t in tokens) else None
+
     def complete(self, prompt: list[int], max_tokens: int, *, temperature: float = 0.0, seed: int | None = None,
                  logprobs: int | None = None, ignore_eos: bool = True, stop_token_ids: list[int] | None = None,
                  min_tokens: int | None = None, options: dict | None = None) -> Completion:

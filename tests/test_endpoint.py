@@ -353,3 +353,11 @@ def test_the_concurrency_benchmark_runs_on_in_process_servers(endpoint_server, t
     assert [(r["pair"], r["concurrency"]) for r in rows] == [("tiny", 1), ("tiny", 2)]
     assert all(r["speculative_tok_s"] > 0 and r["plain_tok_s"] > 0 for r in rows)
     assert "| tiny | 2 |" in capsys.readouterr().out
+
+
+def test_eos_prompts_are_those_whose_reference_output_ends_at_eos(good):
+    spec, ref = good
+    found = endpoints.eos_prompts(ref, [PROMPTS[0], list(kit.EOS_PROMPT)], N)
+    assert found == [list(kit.EOS_PROMPT)]
+    assert "EOS untested: no prompt" in endpoints.stops(spec, ref, PROMPTS[0], N, eos_prompts=[])
+    assert "(1 ending at EOS within 12)" in endpoints.stops(spec, ref, PROMPTS[0], N, eos_prompts=found)

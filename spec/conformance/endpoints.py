@@ -109,10 +109,22 @@ def greedy_exact(spec, ref, prompts: list[list[int]], n: int, noise: float) -> s
             + "".join(f"\n  {t}" for t in ties))
 
 
-def stops(spec, ref, prompt: list[int], n: int, eos_prompts: list[list[int]] = ()) -> str:
+def eos_prompts(ref, candidates: list[list[int]], limit: int) -> list[list[int]]:
+    """The candidates whose reference output ends at the model's EOS within `limit` new tokens (asked
+    with ignore_eos false): where an EOS test means something."""
+    found = []
+    for p in candidates:
+        out = ref.complete(p, limit, ignore_eos=False)
+        if out.finish_reason == "stop" and len(out.ids) < limit:
+            found.append(p)
+    return found
+
+
+def stops(spec, ref, prompt: list[int], n: int, eos_prompts: list[list[int]] = (), eos_limit: int | None = None) -> str:
     """max_tokens, stop_token_ids, min_tokens and EOS: the speculative server stops where the reference
     does. Stop ids are taken from the reference's own greedy output, so they fall inside what a
-    speculative round accepts in one block."""
+    speculative round accepts in one block. EOS is tested on `eos_prompts` with `eos_limit` (default n)
+    new tokens: prompts whose reference output ends at EOS (eos_prompts() finds them)."""
     full = ref.complete(prompt, n).ids
     checked = []
     for m in sorted({1, 2, 3, 5, 9, n}):
@@ -140,14 +152,20 @@ def stops(spec, ref, prompt: list[int], n: int, eos_prompts: list[list[int]] = (
         if got_min != want_min or len(got_min) < min(low, len(want_min)):
             raise Violation(f"stop_token_ids=[{stop}], min_tokens={low}: reference {want_min}, got {got_min}")
     checked.append("stop_token_ids and min_tokens at new tokens 1, 3, n/2")
+    m = eos_limit or n
+    ended = 0
     for p in eos_prompts:
-        want, got = ref.complete(p, n, ignore_eos=False).ids, spec.complete(p, n, ignore_eos=False).ids
-        if got != want:
-            raise Violation(f"EOS (ignore_eos false): reference {want} ({len(want)} tokens), got {got}\n  prompt {p}")
-        if len(spec.complete(p, n, ignore_eos=True).ids) != n:
-            raise Violation(f"ignore_eos true stopped before max_tokens={n}\n  prompt {p}")
+        want, got = ref.complete(p, m, ignore_eos=False), spec.complete(p, m, ignore_eos=False)
+        if got.ids != want.ids:
+            raise Violation(f"EOS (ignore_eos false): reference {want.ids} ({len(want.ids)} tokens), got {got.ids}"
+                            f"\n  prompt {p}")
+        ended += want.finish_reason == "stop" and len(want.ids) < m
+        if len(spec.complete(p, m, ignore_eos=True).ids) != m:
+            raise Violation(f"ignore_eos true stopped before max_tokens={m}\n  prompt {p}")
     if eos_prompts:
-        checked.append(f"EOS and ignore_eos on {len(eos_prompts)} prompts")
+        checked.append(f"EOS and ignore_eos on {len(eos_prompts)} prompts ({ended} ending at EOS within {m})")
+    else:
+        checked.append(f"EOS untested: no prompt's reference output ended at EOS within {m} tokens")
     return "; ".join(checked)
 
 

@@ -108,9 +108,22 @@ def test_endpoint_greedy_search(impl, servers, seed_ids, noise, budget):
     prop()
 
 
-def test_endpoint_stops(impl, servers, seed_ids, budget, record_property):
+# user turns an instruct model answers briefly, ending in its EOS (through the server's chat template)
+CHAT_QUESTIONS = ["What is 2+2? Answer with one number.", "Say hello.", "Name a color."]
+EOS_LIMIT = 64
+
+
+@pytest.fixture(scope="module")
+def eos_ids(servers, seed_ids):
+    """Prompts whose reference output ends at EOS within EOS_LIMIT tokens: short chat questions (where
+    the server has a chat template) and the seed prompts."""
+    chats = [servers[1].tokenize_chat(q) for q in CHAT_QUESTIONS]
+    return endpoints.eos_prompts(servers[1], [c for c in chats if c] + seed_ids, EOS_LIMIT)
+
+
+def test_endpoint_stops(impl, servers, seed_ids, eos_ids, budget, record_property):
     _check("endpoint_stops", impl, record_property, endpoints.stops, *servers, seed_ids[0], tokens(budget),
-           seed_ids)
+           eos_ids, EOS_LIMIT)
 
 
 def test_endpoint_concurrency(impl, servers, seed_ids, noise, budget, record_property):
