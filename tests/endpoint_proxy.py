@@ -13,6 +13,8 @@ import random
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from endpoint_server import send_events, send_json
+
 # name -> (what the engine does wrong, the property that must reject it)
 BUGS = {
     "max-tokens+1": ("returns one token more than max_tokens", "endpoint_stops"),
@@ -145,19 +147,9 @@ def _handler(proxy: Proxy):
 
         def _send(self, status: int, payload):
             if isinstance(payload, list):      # stream events
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.end_headers()
-                for event in payload:
-                    self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
-                self.wfile.write(b"data: [DONE]\n\n")
-                return
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+                send_events(self, payload)
+            else:
+                send_json(self, status, payload)
 
         def do_GET(self):
             response = proxy.client.get(f"{proxy.root}{self.path}")

@@ -160,26 +160,35 @@ class Server:
         return {"tokens": [name(t) for t in tokens], "token_logprobs": chosen, "top_logprobs": top}
 
 
+def send_json(handler: BaseHTTPRequestHandler, status: int, payload: dict) -> None:
+    data = json.dumps(payload).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
+def send_events(handler: BaseHTTPRequestHandler, events: list[dict]) -> None:
+    """Server-sent events, then [DONE]; HTTP/1.0, so the body ends when the connection closes."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/event-stream")
+    handler.end_headers()
+    for event in events:
+        handler.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+    handler.wfile.write(b"data: [DONE]\n\n")
+
+
 def _handler(server: Server):
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):   # quiet
             pass
 
         def _send(self, status: int, payload: dict):
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            send_json(self, status, payload)
 
         def _send_events(self, events: list[dict]):
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.end_headers()      # HTTP/1.0: the body ends when the connection closes
-            for event in events:
-                self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
-            self.wfile.write(b"data: [DONE]\n\n")
+            send_events(self, events)
 
         def do_GET(self):
             if self.path == "/v1/models":
