@@ -31,6 +31,8 @@ BUGS = {
     "temperature-off": ("samples at 1.5x the requested temperature", "endpoint_sampling_law"),
     "seed-ignored": ("draws a fresh seed for every request", "endpoint_seeded"),
     "batch-shape": ("changes the last token when other requests are in flight", "endpoint_concurrency"),
+    "sampled-neighbour": ("changes a greedy request's last token while a sampled request is in flight (vLLM 0.32.0 "
+                          "CPU with ngram does worse: docs/CONFORMANCE.md)", "endpoint_mixed_batch"),
     "logprobs-shifted": ("reports each token's logprob at the next position", "endpoint_logprobs"),
     "logprobs-processed": ("reports logprobs after temperature (logprob / T)", "endpoint_sampled_logprobs"),
     "finish-length": ("says finish_reason 'length' whatever stopped it", "endpoint_fields"),
@@ -67,7 +69,7 @@ def _request(bug: str, body: dict) -> dict:
     return body
 
 
-def _choice(bug: str, choice: dict, body: dict, crowded: bool) -> None:
+def _choice(bug: str, choice: dict, body: dict, crowded: bool, sampled: bool = False) -> None:
     ids = choice.get("token_ids")
     lp = choice.get("logprobs") or None
     if bug == "drop-last-token" and ids and len(ids) == body.get("max_tokens"):
@@ -80,7 +82,8 @@ def _choice(bug: str, choice: dict, body: dict, crowded: bool) -> None:
         ids[4] = next((t for t in prompt + [0, 1] if t != ids[4]))
         if lp:
             lp["tokens"][4] = f"token_id:{ids[4]}"
-    elif bug == "batch-shape" and crowded and ids:
+    elif (bug == "batch-shape" and crowded or bug == "sampled-neighbour" and sampled
+          and not body.get("temperature")) and ids:
         ids[-1] = next((t for t in body["prompt"] + [0, 1] if t != ids[-1]))
     elif bug == "logprobs-shifted" and lp and lp.get("token_logprobs"):
         values = lp["token_logprobs"]
@@ -103,6 +106,7 @@ class Proxy:
         self.client = httpx2.Client(timeout=httpx2.Timeout(300.0, connect=5.0), trust_env=False)
         self.lock = threading.Lock()
         self.in_flight = 0
+        self.sampled_in_flight = 0
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.httpd.daemon_threads = True
         threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
@@ -119,9 +123,10 @@ class Proxy:
         if not body.get("stream"):
             response = self.client.post(f"{self.upstream}/completions", json=sent)
             answer = response.json()
+            sampled = self.sampled_in_flight > (1 if body.get("temperature") else 0)
             if response.status_code == 200:
                 for choice in answer.get("choices") or []:
-                    _choice(self.bug, choice, body, crowded)
+                    _choice(self.bug, choice, body, crowded, sampled)
                 if self.bug == "usage-drafted" and isinstance(answer.get("usage"), dict):
                     answer["usage"]["completion_tokens"] += 2
             return response.status_code, answer
@@ -161,14 +166,17 @@ def _handler(proxy: Proxy):
                 response = proxy.client.post(f"{proxy.root}{self.path}", json=body)
                 self._send(response.status_code, response.json())
                 return
+            sampling = bool(body.get("temperature"))
             with proxy.lock:
                 proxy.in_flight += 1
+                proxy.sampled_in_flight += sampling
                 crowded = proxy.in_flight > 1
             try:
                 status, answer = proxy.completions(body, crowded)
             finally:
                 with proxy.lock:
                     proxy.in_flight -= 1
+                    proxy.sampled_in_flight -= sampling
             self._send(status, answer)
 
     return Handler

@@ -221,6 +221,7 @@ def proxy_checks(noise):
         "endpoint_sampling_law": lambda s, r: endpoints.sampling_law(s, r, small, 1.0, SAMPLES, kit.SMALL_VOCAB, 1e-3),
         "endpoint_seeded": lambda s, r: endpoints.seeded(s, r, PROMPTS[:2], 8),
         "endpoint_concurrency": lambda s, r: endpoints.concurrency(s, r, PROMPTS, N, noise),
+        "endpoint_mixed_batch": lambda s, r: endpoints.mixed_batch(s, r, PROMPTS, N, noise),
         "endpoint_logprobs": lambda s, r: endpoints.logprobs(s, r, PROMPTS, N, noise),
         "endpoint_sampled_logprobs": lambda s, r: endpoints.sampled_logprobs(s, r, PROMPTS[:2], 8, noise, 20),
         "endpoint_fields": lambda s, r: endpoints.fields(s, r, PROMPTS, N),
@@ -245,7 +246,7 @@ def test_a_proxy_without_a_bug_changes_nothing(endpoint_server, noise):
     try:
         spec, ref = Endpoint(proxy.url), Endpoint(endpoint_server(False).url)
         for prop in ("endpoint_greedy_exact", "endpoint_stops", "endpoint_streaming", "endpoint_fields",
-                     "endpoint_concurrency", "endpoint_greedy_options"):
+                     "endpoint_concurrency", "endpoint_mixed_batch", "endpoint_greedy_options"):
             proxy_checks(noise)[prop](spec, ref)
     finally:
         proxy.stop()

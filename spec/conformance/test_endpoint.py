@@ -9,6 +9,7 @@ concurrent requests). The checks are spec/conformance/endpoints.py; the adapter 
   endpoint_stops                   max_tokens exact, stop_token_ids and min_tokens inside accepted blocks,
                                    EOS and ignore_eos on the seed prompts
   endpoint_concurrency             each request alone == among concurrent requests
+  endpoint_mixed_batch             each greedy request alone == while sampled requests are in flight
   endpoint_logprobs                reported logprobs of emitted tokens == the reference's, within noise
   endpoint_sampling_law            the first new token's law at T=1 and T=0.7 with per-request seeds, on
                                    the seed prompt whose first token is least certain (T < 1 only where
@@ -128,6 +129,11 @@ def test_endpoint_stops(impl, servers, seed_ids, eos_ids, budget, record_propert
 
 def test_endpoint_concurrency(impl, servers, seed_ids, noise, budget, record_property):
     _check("endpoint_concurrency", impl, record_property, endpoints.concurrency, *servers, seed_ids,
+           tokens(budget), noise)
+
+
+def test_endpoint_mixed_batch(impl, servers, seed_ids, noise, budget, record_property):
+    _check("endpoint_mixed_batch", impl, record_property, endpoints.mixed_batch, *servers, seed_ids,
            tokens(budget), noise)
 
 
