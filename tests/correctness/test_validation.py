@@ -242,3 +242,19 @@ def test_a_target_whose_head_is_wider_than_its_embedding_is_refused_up_front(tar
     with pytest.raises(UnsupportedModelError) as info:
         speculative_generate(wide, target, [1, 2, 3], max_new_tokens=4)
     assert str(info.value) == "target: " + message and calls == []
+
+
+@pytest.mark.parametrize("input_ids, attention_mask, match", [
+    (torch.ones(1, 2, 3, dtype=torch.long), torch.ones(1, 2, 3, dtype=torch.long), r"input_ids with an attention_mask must be \(B, n\), got shape \(1, 2, 3\)"),
+    (torch.ones(2, 3, dtype=torch.long), [[1, 1, 1], [1, 1, 1]],
+     r"attention_mask must be a tensor of input_ids' shape \(2, 3\), got \[\[1, 1, 1\], \[1, 1, 1\]\]"),
+    (torch.ones(2, 3, dtype=torch.long), torch.tensor([[1, 2, 1], [1, 1, 1]]),
+     r"^attention_mask must hold only 0 \(padding\) and 1 \(token\)$"),
+    (torch.ones(2, 3, dtype=torch.long), torch.tensor([[1, 1, 0], [1, 1, 1]]),
+     r"^attention_mask must be left padding \(0s before 1s in each row, HF's padding_side='left'\)"),
+    (torch.ones(2, 3, dtype=torch.long), torch.tensor([[1, 1, 1], [0, 1, 0]]),     # a hole after the first token
+     r"^attention_mask must be left padding"),
+])
+def test_bad_batch_masks_name_what_is_wrong(target, input_ids, attention_mask, match):
+    with pytest.raises(ValueError, match=match):
+        greedy_generate(target, input_ids, attention_mask=attention_mask, max_new_tokens=2)
