@@ -314,16 +314,25 @@ def test_a_server_listing_no_model_or_several_is_a_clear_error():
             ep._only_model()
 
 
+# What vLLM 0.32.0 on CPU fails (docs/CONFORMANCE.md, "vLLM CPU: results"): greedy requests among sampled
+# ones, on both methods; a seeded sample not repeated, with a draft model. Everything else passes.
+VLLM_FINDINGS = {"ngram": {"endpoint_mixed_batch"}, "draft_model": {"endpoint_mixed_batch", "endpoint_seeded"}}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["ngram", "draft_model"])
 def test_conform_cli_on_vllm(vllm_servers, tmp_path, capsys, kind):
-    """vLLM CPU with ngram or draft-model speculation against its own plain server passes every endpoint
-    property (skipped without SPEC_VLLM_PYTHON; minutes: the servers start)."""
+    """vLLM CPU with ngram or draft-model speculation against its own plain server: every endpoint property
+    passes but the findings above, which fail (exit 1) where the engine's scheduler mixed the requests
+    (every run here did); the slow sampling-option laws are left out (skipped without SPEC_VLLM_PYTHON;
+    minutes: the servers start)."""
     from spec import conform
     out = tmp_path / "conformance.json"
     argv = ["--impl", f"openai:{vllm_servers(kind).url}", "--reference", f"openai:{vllm_servers(None).url}",
-            "--budget", "0.25", "-k", "endpoint", "--out", str(out)]
-    assert conform.main(argv) == 0, capsys.readouterr().out[-3000:]
+            "--budget", "0.25", "-k", "endpoint and not sampling_options", "--out", str(out)]
+    code = conform.main(argv)
+    failed = {r["property"] for r in json.loads(out.read_text())["results"] if r["outcome"] == "failed"}
+    assert failed <= VLLM_FINDINGS[kind] and code == (1 if failed else 0), capsys.readouterr().out[-3000:]
 
 
 @pytest.mark.slow
