@@ -121,3 +121,14 @@ def test_shipped_pair_text_prompts(shipped_pair, text, gamma, max_new_tokens):
     actual = speculative_generate(shipped_pair.target, shipped_pair.draft, prompt, gamma=gamma,
                                   max_new_tokens=max_new_tokens, eos_token_id=eos)
     assert_exact(shipped_pair.target, prompt, expected.tokens, actual.tokens)
+
+
+def test_a_draft_wider_than_the_target_proposes_only_ids_the_target_scores(target, random_draft):
+    """The 640-wide model drafting for the 512-wide one: its proposals are cut to the 512 ids both share,
+    so greedy output is the narrow target's own, and sampling never proposes an id it cannot score."""
+    narrow, wide = random_draft, target
+    want = greedy_generate(narrow, [1, 2, 3], max_new_tokens=16).tokens
+    assert speculative_generate(narrow, wide, [1, 2, 3], gamma=4, max_new_tokens=16).tokens == want
+    sampled = speculative_generate(narrow, wide, [1, 2, 3], gamma=4, max_new_tokens=16, do_sample=True,
+                                   generator=torch.Generator().manual_seed(0)).tokens
+    assert max(sampled) < 512
