@@ -137,19 +137,26 @@ class Endpoint:
         version = response.json().get("version") if response.status_code == 200 else None
         return f"{owners.pop()} {version}" if len(owners) == 1 and isinstance(version, str) else None
 
-    def tokenize(self, text: str) -> list[int] | None:
-        """The server's own token ids for `text` (vLLM, llama.cpp: POST /tokenize beside /v1), or None
-        when it has no such route."""
+    def _tokenize(self, body: dict) -> list[int] | None:
+        """POST /tokenize beside /v1 (vLLM, llama.cpp): the ids, or None when the route is missing or
+        answers something else."""
         root = self.url.removesuffix("/v1")
         try:
-            response = self.client.post(f"{root}/tokenize", json={"model": self.model, "prompt": text,
-                                                                  "add_special_tokens": False})
+            response = self.client.post(f"{root}/tokenize", json={"model": self.model, **body})
         except self._http.HTTPError as err:
             raise EndpointError(f"POST {root}/tokenize failed: {err}") from None
-        if response.status_code != 200:
-            return None
-        tokens = response.json().get("tokens")
+        tokens = response.json().get("tokens") if response.status_code == 200 else None
         return tokens if isinstance(tokens, list) and all(isinstance(t, int) for t in tokens) else None
+
+    def tokenize(self, text: str) -> list[int] | None:
+        """The server's own token ids for `text`, or None when it has no /tokenize."""
+        return self._tokenize({"prompt": text, "add_special_tokens": False})
+
+    def tokenize_chat(self, question: str) -> list[int] | None:
+        """The ids of `question` as a user turn in the server's chat template, ready for the answer
+        (vLLM: /tokenize with messages), or None. An instruct model's answer ends in its EOS."""
+        return self._tokenize({"messages": [{"role": "user", "content": question}],
+                               "add_generation_prompt": True}) or None
 
     def _body(self, prompt: list[int], max_tokens: int, temperature: float, seed: int | None,
               logprobs: int | None, ignore_eos: bool, stop_token_ids: list[int] | None, min_tokens: int | None,
@@ -172,19 +179,6 @@ class Endpoint:
                 raise ValueError(f"options must not repeat a named argument, got {key!r}")
             body[key] = value
         return body
-
-    def tokenize_chat(self, question: str) -> list[int] | None:
-        """The ids of `question` as a user turn in the server's chat template, ready for the answer
-        (vLLM: POST /tokenize with messages), or None. An instruct model's answer ends in its EOS."""
-        root = self.url.removesuffix("/v1")
-        try:
-            response = self.client.post(f"{root}/tokenize", json={
-                "model": self.model, "messages": [{"role": "user", "content": question}],
-                "add_generation_prompt": True})
-        except self._http.HTTPError as err:
-            raise EndpointError(f"POST {root}/tokenize failed: {err}") from None
-        tokens = response.json().get("tokens") if response.status_code == 200 else None
-        return tokens if isinstance(tokens, list) and tokens and all(isinstance(t, int) for t in tokens) else None
 
     def complete(self, prompt: list[int], max_tokens: int, *, temperature: float = 0.0, seed: int | None = None,
                  logprobs: int | None = None, ignore_eos: bool = True, stop_token_ids: list[int] | None = None,
