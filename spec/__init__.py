@@ -8,7 +8,8 @@ import importlib
 _EXPORTS = {"Result": "spec.decode", "Round": "spec.decode", "greedy_generate": "spec.decode",
             "speculative_generate": "spec.decode", "SHIPPED_PAIR": "spec.models", "Pair": "spec.models",
             "build_gpt_neox": "spec.models", "load_pair": "spec.models",
-            "PromptLookup": "spec.lookup"}
+            "PromptLookup": "spec.lookup", "TreeDraft": "spec.treedraft", "LookupTree": "spec.treedraft",
+            "Tree": "spec.tree"}
 
 __all__ = list(_EXPORTS)
 __version__ = "0.1.0"

@@ -44,3 +44,58 @@ def sampled(proposed: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
     passed = u * q[rows, proposed] < p[rows, proposed]      # u < p(x) / q(x)
     k = int(passed.cumprod(0).sum())
     return k, (sampling.residual(p[k], q[k]) if k < g else p[g])      # on rejection: norm(max(0, p - q))
+
+
+# --- Trees (spec.tree): several candidate continuations, walked from the root -----------------------
+#
+# Greedy: from the root, move to the child whose token is the target's argmax at the current node,
+# while there is one; the token after the path is the target's argmax at its end. Every emitted
+# token is again the target's argmax: plain greedy decoding's output.
+#
+# Sampling (SpecInfer's multi-candidate rule, recursive rejection over siblings): at the current
+# node the target's distribution is r = p(node); each child c in turn, drawn from q_c, is kept if
+# u_c * q_c(x_c) < r(x_c); a rejected child's mass is removed, r = norm(max(0, r - q_c)), before
+# the next sibling is tried. A kept child becomes the current node (r = p(c)); when every child is
+# rejected, or a leaf is reached, the next token is drawn from r. Each step is Algorithm 1's rule
+# for one proposal against the residual, so the emitted token is distributed as p(node) whatever
+# the siblings' q (Miao et al. 2024, SpecInfer, Theorem 4.2; for a chain it is `sampled` above).
+
+def tree_greedy(tree, logits: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+    """tree: spec.tree.Tree of N nodes; logits [N + 1, V]: row 0 scores the token after the root,
+    row i + 1 the token after node i -> (the accepted path, node indices from the root down; the
+    target's token after it, a 0-d tensor)."""
+    choice = logits.argmax(-1)
+    wanted = choice.tolist()
+    tokens = tree.tokens.tolist()
+    path: list[int] = []
+    node = -1
+    while True:
+        nxt = next((c for c, p in enumerate(tree.parents) if p == node and tokens[c] == wanted[node + 1]), None)
+        if nxt is None:
+            return path, choice[node + 1]
+        path.append(nxt)
+        node = nxt
+
+
+def tree_sampled(tree, p: torch.Tensor, u: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+    """tree: spec.tree.Tree (q [N, W] or None: one-hot); p [N + 1, V] the target's distributions
+    (row 0 after the root, row i + 1 after node i); u [N] uniforms in [0, 1), one per node
+    -> (the accepted path, the distribution the next token is drawn from)."""
+    tokens = tree.tokens.tolist()
+    path: list[int] = []
+    node, r = -1, p[0]
+    siblings = tree.children(-1)
+    while siblings:
+        for c in siblings:
+            x = tokens[c]
+            qc = tree.q[c] if tree.q is not None else torch.nn.functional.one_hot(tree.tokens[c], p.shape[-1]).to(p.dtype)
+            q_x = qc[x] if x < qc.shape[-1] else qc.new_zeros(())
+            if u[c] * q_x < r[x]:                      # u < r(x) / q(x)
+                path.append(c)
+                node, r = c, p[c + 1]
+                break
+            r = sampling.residual(r, qc)               # the rejected child's mass leaves r
+        else:
+            return path, r                             # every sibling rejected
+        siblings = tree.children(node)
+    return path, r                                     # a leaf: the next token from p after it

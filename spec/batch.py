@@ -38,6 +38,7 @@ import weakref
 import torch
 
 from spec import hf, runner
+from spec.tree import Tree, retain as retain_tree, score as score_tree
 from spec.validate import as_prompt, model_device
 
 
@@ -100,7 +101,9 @@ class Rows:
         self.lengths = [0] * batch              # positions each row holds (right-aligned)
         self.held = [torch.empty(0, dtype=torch.long, device=self.device) for _ in range(batch)]
 
-    def __call__(self, feeds: list[torch.Tensor], keep: int) -> torch.Tensor:
+    def __call__(self, feeds: list[torch.Tensor], keep: int, trees: list | None = None) -> torch.Tensor:
+        if trees is not None and any(t is not None for t in trees):
+            raise ValueError("a shared left-padded batch verifies chains only; tree drafts run on EachRunner")
         M = max(f.numel() for f in feeds)
         short = [i for i, (f, n) in enumerate(zip(feeds, self.lengths)) if n + f.numel() < M]
         if short:
@@ -146,6 +149,9 @@ class Rows:
             out[i, keep - row.shape[0]:] = row      # right-aligned: a short row's rows asked for
         return out
 
+    def retain(self, row: int, base: int, path: list[int]) -> None:
+        raise ValueError("a shared left-padded batch holds no trees")
+
     def crop(self, keeps: list[int]) -> None:
         new = [min(n, k) for n, k in zip(self.lengths, keeps)]
         if new != self.lengths:
@@ -175,7 +181,8 @@ class EachRow:
     rows: one drafter per row, so that a source with state keeps each row's apart. A single prompt
     uses the drafter itself; a batch gives each row a copy."""
 
-    def __init__(self, drafter, batch: int):
+    def __init__(self, drafter, batch: int, width: int | None = None):
+        self.width = width          # the ids the target can score: a tree's tokens are checked against it
         if batch == 1:
             self.drafters = [drafter]
             return
@@ -185,9 +192,18 @@ class EachRow:
             raise ValueError(f"draft: {type(drafter).__name__} cannot be copied for each of the {batch} prompts "
                              f"({type(e).__name__}: {e}); decode the prompts one at a time") from None
 
-    def draft(self, seq: torch.Tensor, n: list[int], gs: list[int], live: list[int]):
-        made = [self.drafters[b].draft(seq[b], n[b], g) for b, g in zip(live, gs)]
-        return [m for m, _ in made], [q for _, q in made]
+    def draft(self, seq: torch.Tensor, n: list[int], gs: list[int], live: list[int]) -> list[Tree]:
+        out = []
+        for b, g in zip(live, gs):
+            made = self.drafters[b].draft(seq[b], n[b], g)
+            if isinstance(made, Tree):
+                made.check(g, self.width if self.width is not None else int(made.tokens.max(initial=0)) + 1)
+                if made.is_chain:           # verified as a chain: its tokens where chains are
+                    seq[b, n[b]:n[b] + len(made)] = made.tokens
+            else:
+                made = Tree.chain(seq[b, n[b]:n[b] + made[0]], made[1])
+            out.append(made)
+        return out
 
     def observe(self, n: list[int], accepted: list[int], live: list[int]) -> None:
         for b, k in zip(live, accepted):
@@ -213,16 +229,20 @@ class EachRunner:
     def lengths(self) -> list[int]:
         return [len(run) for run in self.runs]
 
-    def __call__(self, feeds: list[torch.Tensor], keep: int) -> torch.Tensor:
-        if len(self.runs) == 1 and feeds[0].numel() >= keep:
+    def __call__(self, feeds: list[torch.Tensor], keep: int, trees: list | None = None) -> torch.Tensor:
+        trees = trees or [None] * len(feeds)
+        if len(self.runs) == 1 and trees[0] is None and feeds[0].numel() >= keep:
             return self.runs[0](feeds[0], keep=keep)[None]      # one row (a single prompt): no copy
         out = None
-        for i, (run, ids) in enumerate(zip(self.runs, feeds)):
-            logits = run(ids, keep=min(keep, ids.numel()))
+        for i, (run, ids, tree) in enumerate(zip(self.runs, feeds, trees)):
+            logits = run(ids, keep=min(keep, ids.numel())) if tree is None else score_tree(run, ids, tree)
             if out is None:
                 out = logits.new_full((len(feeds), keep, logits.shape[-1]), float("nan"))
             out[i, keep - logits.shape[0]:] = logits     # right-aligned, as Rows returns them
         return out
+
+    def retain(self, row: int, base: int, path: list[int]) -> None:
+        retain_tree(self.runs[row], base, path)
 
     def crop(self, keeps: list[int]) -> None:
         for run, keep in zip(self.runs, keeps):

@@ -113,12 +113,13 @@ def rows(roles: dict, input_ids, attention_mask=None, *, input_features=None, de
         _refuse_batch(models, draft_impl, input_features=input_features, decoder_input_ids=decoder_input_ids,
                       share_encoder=share_encoder)
         prompts = batch.prompts(input_ids, attention_mask, model_device(next(iter(models.values()))), models)
-        made = {role: _rows(model, role, len(prompts)) for role, model in models.items()}
+        trees = getattr(roles.get("draft"), "makes_trees", False)
+        made = {role: _rows(model, role, len(prompts), trees) for role, model in models.items()}
     drafter: BatchDrafter
     if "draft" in made:
         drafter = ModelDraft(made["draft"], pick, [p.numel() for p in prompts], **_widths(models))
     elif roles.get("draft") is not None:
-        drafter = batch.EachRow(roles["draft"], len(prompts))
+        drafter = batch.EachRow(roles["draft"], len(prompts), hf.logit_width(models[next(iter(roles))]))
     else:
         drafter = NoDraft()
     return ChosenRows(prompts, made[next(iter(roles))], drafter, models, batched)
@@ -143,11 +144,13 @@ def _refuse_batch(models: dict, draft_impl: str, *, share_encoder: bool, **encod
                          f"left-padded cache; use draft_impl='hf' or 'auto'")
 
 
-def _rows(model, role: str, count: int):
+def _rows(model, role: str, count: int, trees: bool = False):
     """spec.batch.Rows where the model's solo path can share a left-padded cache across `count`
-    rows, else one solo Runner per row (spec.batch.EachRunner, with the reason)."""
+    rows, else one solo Runner per row (spec.batch.EachRunner, with the reason). A tree drafter's
+    rows each get a runner: a tree's mask is the row's own, not a left-padded batch's."""
     path, positions = _path(model, role, "hf")
-    why = batch.unbatched(model, path, positions)
+    why = "a tree drafter's rows are verified one by one, each under its own tree mask" if trees else \
+        batch.unbatched(model, path, positions)
     if why is None:
         return batch.Rows(model, count)
     return batch.EachRunner([runner.RUNNERS[path](model, positions) for _ in range(count)], why)

@@ -232,23 +232,23 @@ def _decode(chosen: choose.ChosenRows, policies: list, *, max_new_tokens: int, s
     while live:
         gs = [min(policies[b].gamma, max_new_tokens - (n[b] - P[b]) - 1) for b in live]  # never past max_new_tokens
 
-        # 1. Draft: each live row b proposes up to gs[j] tokens after seq[b, :n[b]], written to
-        #    seq[b, n[b]:], with q, the distributions they were drawn from.
+        # 1. Draft: each live row b proposes a tree of at most gs[j] tokens deep after seq[b, :n[b]]
+        #    (a chain, Algorithm 1's gamma tokens, is written to seq[b, n[b]:]), with q, the
+        #    distributions they were drawn from.
         t0 = _clock(device, timed)
-        drafted, q = drafter.draft(seq, n, gs, live)
+        trees = drafter.draft(seq, n, gs, live)
+        drafted = [len(tree) for tree in trees]
 
         # 2. Verify: Mp scores every row's drafted + 1 positions, all rows in one pass.
         t1 = _clock(device, timed)
-        logits = target_run([seq[b, fed:n[b] + m] for b, fed, m in zip(live, target_run.lengths, drafted)],
-                            keep=max(drafted) + 1)
+        chains = [tree.is_chain for tree in trees]
+        logits = _verify(target_run, seq, n, live, trees, chains)
 
         accepted, emitted = [], []
         for j, b in enumerate(live):
-            # 3. Accept the longest prefix that passes, then append one token from Mp.
-            m = drafted[j]
-            scores = logits[j, logits.shape[1] - m - 1:]       # right-aligned: row i predicts seq[b, n[b] + i]
-            process_row = processors[b]
-            k = _accept(seq[b], n[b], m, q[j], process_row(scores, seq[b], n[b]) if process_row else scores, pick)
+            # 3. Accept the longest prefix (a tree: path) that passes, then append one token from Mp.
+            scores = logits[j, logits.shape[1] - drafted[j] - 1:]   # right-aligned: row i predicts seq[b, n[b] + i]
+            k = _accept_row(seq[b], n[b], trees[j], chains[j], scores, processors[b], pick, target_run, j)
             # 4. Cut at EOS.
             out = k + 1
             if stops:
@@ -278,6 +278,16 @@ def _decode(chosen: choose.ChosenRows, policies: list, *, max_new_tokens: int, s
     return results
 
 
+def _verify(target_run, seq: torch.Tensor, n: list[int], live: list[int], trees: list, chains: list[bool]):
+    """The target's one pass over every live row: each row fed what it has not seen up to its
+    last final token, then its proposal (a chain's tokens lie in seq; a tree's nodes come with
+    their mask). The logits of each row's proposals + 1 positions, right-aligned."""
+    feeds = [seq[b, fed:n[b] + (len(tree) if chain else 0)]
+             for b, fed, tree, chain in zip(live, target_run.lengths, trees, chains)]
+    shapes = None if all(chains) else [None if chain else tree for tree, chain in zip(trees, chains)]
+    return target_run(feeds, keep=max(len(tree) for tree in trees) + 1, trees=shapes)
+
+
 def _retire(live: list[int], going: list[int], *runs) -> list[int]:
     """The rows still going (`going`: indices into live); finished rows leave every runner and
     drafter, so they cost nothing more."""
@@ -299,6 +309,33 @@ def _start(prompts: list[torch.Tensor], room: int, max_new_tokens: int, models: 
     return seq, P
 
 
+def _accept_row(seq: torch.Tensor, n: int, tree, chain: bool, scores: torch.Tensor, process, pick: Pick,
+                target_run, row: int) -> int:
+    """Step 3 for row `row`: its proposal against the target's scores after the row's processors."""
+    if chain:
+        return _accept(seq, n, len(tree), tree.q, _processed(process, scores, seq, n), pick)
+    return _accept_tree(seq, n, tree, _processed_tree(process, scores, seq, n, tree), pick, target_run, row)
+
+
+def _processed(process, scores: torch.Tensor, seq: torch.Tensor, n: int) -> torch.Tensor:
+    """The target's scores after the row's processors (row i sees the prefix seq[:n + i])."""
+    return process(scores, seq, n) if process else scores
+
+
+def _processed_tree(process, scores: torch.Tensor, seq: torch.Tensor, n: int, tree) -> torch.Tensor:
+    """A tree's scores [N + 1, V] after the processors, each node's row seeing its own path."""
+    if not process:
+        return scores
+    out = scores.clone()
+    for leaf in tree.leaves() or [-1]:
+        path = tree.path(leaf) if leaf >= 0 else []
+        line = seq.clone()
+        line[n:n + len(path)] = tree.tokens[path]
+        rows = [0] + [i + 1 for i in path]
+        out[rows] = process(scores[rows], line, n)
+    return out
+
+
 def _accept(seq: torch.Tensor, n: int, m: int, q: torch.Tensor | None, scores: torch.Tensor, pick: Pick) -> int:
     """Algorithm 1's step 3 for one row (spec.accept): the m proposals at seq[n:n + m] against the
     target's processed scores [m + 1, V]; writes the token after the kept prefix, returns its length."""
@@ -311,4 +348,21 @@ def _accept(seq: torch.Tensor, n: int, m: int, q: torch.Tensor | None, scores: t
     else:
         k, token = accept.greedy(proposed, scores)
         seq[n + k] = token                                # Mp's own token after the prefix
+    return k
+
+
+def _accept_tree(seq: torch.Tensor, n: int, tree, scores: torch.Tensor, pick: Pick, target_run, row: int) -> int:
+    """Step 3 for a tree (spec.accept.tree_*): writes the accepted path and the token after it to
+    seq[n:], keeps only that path in the target's cache, returns the path's length."""
+    if pick.do_sample:
+        p = pick.probabilities(scores)
+        u = torch.rand(len(tree), device=seq.device, generator=pick.generator, dtype=p.dtype)
+        path, last = accept.tree_sampled(tree, p, u)
+        token = sampling.sample(last, pick.generator)
+    else:
+        path, token = accept.tree_greedy(tree, scores)
+    k = len(path)
+    seq[n:n + k] = tree.tokens[path]
+    seq[n + k] = token
+    target_run.retain(row, n, path)
     return k

@@ -12,6 +12,7 @@ import torch
 
 from spec import sampling
 from spec.processors import Processors
+from spec.tree import Tree
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,8 @@ class ModelDraft:
                     seq[b, n[b] + i] = sampling.sample(q[j][-1], pick.generator)
                 else:
                     seq[b, n[b] + i] = row.argmax()
-        return gs, [torch.stack(rows[:g]) if rows and g else None for rows, g in zip(q, gs)]
+        return [Tree.chain(seq[b, n[b]:n[b] + g], torch.stack(rows[:g]) if rows and g else None)
+                for b, rows, g in zip(live, q, gs)]
 
     def observe(self, n: list[int], accepted: list[int], live: list[int]) -> None:
         self.run.crop([n[b] - 1 for b in live])    # all but each row's newest token, fed next round
@@ -78,7 +80,7 @@ class NoDraft:
     """Nothing drafted: every round is one target step. greedy_generate is the loop with this."""
 
     def draft(self, seq: torch.Tensor, n: list[int], gs: list[int], live: list[int]):
-        return [0] * len(live), [None] * len(live)
+        return [Tree.chain(seq[b, n[b]:n[b]]) for b in live]
 
     def observe(self, n: list[int], accepted: list[int], live: list[int]) -> None:
         pass

@@ -112,8 +112,8 @@ class GGUFDraft:
         cached = torch.from_numpy(self.run.llm.input_ids[:held].astype(np.int64))
         differs = (cached != seq[:held].cpu()).nonzero()
         self.run.crop(int(differs[0]) if len(differs) else held)
-        counts, q = self.model.draft(seq[None], [n], [g], [0])
-        return counts[0], q[0]
+        chain = self.model.draft(seq[None], [n], [g], [0])[0]
+        return len(chain), chain.q
 
     def observe(self, n: int, accepted: int) -> None:
         self.model.observe([n], [accepted], [0])

@@ -406,6 +406,50 @@ def batch_step(model, ids: torch.Tensor, cache, *, position_ids: torch.Tensor, a
     return model(**kwargs).logits[:, -keep:]
 
 
+def tree_step(model, ids: torch.Tensor, cache, *, position_ids: torch.Tensor, mask: torch.Tensor,
+              keep: int) -> torch.Tensor:
+    """Run `ids` (1-D) on top of `cache` (whose positions are 0 .. cached - 1) with explicit
+    `position_ids` [n] and a custom attention mask [n, cached + n] (True: may attend), passed as
+    HF's ready-made 4-D additive mask (0 or the dtype's minimum), which transformers 5 hands to the
+    attention as it is. A custom mask bypasses the model's sliding window, so the window is put in
+    here, counted in positions as a chain's pass counts it; a model with both kinds of layers
+    (config.layer_types) gets one mask per kind, the mapping its forward takes. Returns the
+    logits of the last `keep` positions, [keep, V]."""
+    dtype = next(model.parameters()).dtype
+    cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+    window = getattr(cfg, "sliding_window", None)
+    mask = mask.cpu()
+    masks = {"full_attention": mask}
+    if isinstance(window, int) and window > 0:
+        cached = mask.shape[1] - ids.numel()
+        keys = torch.cat([torch.arange(cached), position_ids.cpu()])
+        masks["sliding_attention"] = mask & (position_ids.cpu()[:, None] - keys[None, :] < window)
+
+    def additive(m: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(m.shape, dtype=dtype).masked_fill(~m, torch.finfo(dtype).min)[None, None].to(ids.device)
+
+    kinds = set(getattr(cfg, "layer_types", None) or ())
+    if "sliding_attention" in masks and kinds:
+        attention_mask = {kind: additive(masks.get(kind, mask)) for kind in kinds}
+    else:
+        attention_mask = additive(masks.get("sliding_attention", mask))
+    params = forward_params(type(model))
+    kwargs = {"input_ids": ids[None], "attention_mask": attention_mask, "position_ids": position_ids[None],
+              "use_cache": True, cache_kwarg(model): cache}
+    if "logits_to_keep" in params:
+        kwargs["logits_to_keep"] = keep
+    return model(**kwargs).logits[0, -keep:]
+
+
+def keep_positions(cache, kept: torch.Tensor) -> None:
+    """Keep only the cached positions `kept` (indices, in order) in every full layer: a verified
+    tree's accepted path moved up behind the sequence (the rejected branches dropped)."""
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            t = getattr(layer, name)
+            setattr(layer, name, t.index_select(-2, kept.to(t.device)))
+
+
 def takes_batch_masks(model) -> bool:
     """The forward takes the 2-D attention mask and the positions a left-padded batch needs."""
     params = forward_params(type(model))

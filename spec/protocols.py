@@ -7,6 +7,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from spec.tree import Tree
+
 
 @runtime_checkable
 class Runner(Protocol):
@@ -35,13 +37,16 @@ class Drafter(Protocol):
     writes them to `seq[n:n + m]` and returns `(m, q)`: m <= g (0 is allowed: the round is then
     one target step) and q [m, width], the distribution each proposal was drawn from, or None for
     a deterministic source (q one-hot at each proposal; the acceptance rule stays exact for any
-    q). `drafter.observe(n, accepted)` is told after each round that `seq[:n]` is now final and
-    that `accepted` of the proposals were kept, so that a stateful source rolls back what was
+    q). A source of several candidate continuations returns a spec.tree.Tree instead (no deeper
+    than g; nothing written to seq), which the target verifies in one pass; such a source sets
+    `makes_trees = True`, so that its rows get a runner each. `drafter.observe(n, accepted)` is
+    told after each round that `seq[:n]` is now final and that `accepted` of the proposals were
+    kept (a tree: the accepted path's length), so that a stateful source rolls back what was
     rejected. `len(drafter)` is the number of positions its state holds (0 for none; reported by
     trace=True). Implementations: spec.draft.ModelDraft (a draft model over a Runner),
-    spec.lookup.PromptLookup."""
+    spec.lookup.PromptLookup, spec.treedraft.TreeDraft and LookupTree (trees)."""
 
-    def draft(self, seq: torch.Tensor, n: int, g: int) -> tuple[int, torch.Tensor | None]: ...
+    def draft(self, seq: torch.Tensor, n: int, g: int) -> tuple[int, torch.Tensor | None] | Tree: ...
 
     def observe(self, n: int, accepted: int) -> None: ...
 
@@ -66,19 +71,25 @@ class GammaPolicy(Protocol):
 
 @runtime_checkable
 class BatchRunner(Protocol):
-    """A model with its state for one or several sequences (rows). `rows(feeds, keep)` feeds row i the ids
+    """A model with its state for one or several sequences (rows). `rows(feeds, keep, trees)` feeds row i the ids
     `feeds[i]` (1-D, any lengths >= 1) after the `rows.lengths[i]` positions it holds and returns
     the logits of every row's last `keep` positions, [B, keep, V], right-aligned (a row fed fewer
-    than `keep` has NaN on the left). `rows.crop(keeps)` forgets, in row i, every position from
-    keeps[i] on (a row may go back further, like a Runner); `rows.select(kept)` keeps only the rows
-    at those indices, in that order: a finished row leaves and costs nothing more.
-    Implementations: spec.batch.Rows (one shared left-padded cache), spec.batch.EachRunner (one
-    Runner per row: a single prompt's, or a model that cannot share a cache)."""
+    than `keep` has NaN on the left). trees[i], where given (not None), is a spec.tree.Tree whose
+    nodes follow row i's feed: the row's last len(tree) + 1 logits are then the root's and each
+    node's given its path; `rows.retain(i, base, path)` keeps, of row i's tree, only the path
+    (cache compaction: the nodes' positions after `base` become the path's, in order).
+    `rows.crop(keeps)` forgets, in row i, every position from keeps[i] on (a row may go back
+    further, like a Runner); `rows.select(kept)` keeps only the rows at those indices, in that
+    order: a finished row leaves and costs nothing more.
+    Implementations: spec.batch.Rows (one shared left-padded cache; chains only), spec.batch.EachRunner
+    (one Runner per row: a single prompt's, or a model that cannot share a cache)."""
 
     @property
     def lengths(self) -> list[int]: ...
 
-    def __call__(self, feeds: list[torch.Tensor], keep: int) -> torch.Tensor: ...
+    def __call__(self, feeds: list[torch.Tensor], keep: int, trees: list | None = None) -> torch.Tensor: ...
+
+    def retain(self, row: int, base: int, path: list[int]) -> None: ...
 
     def crop(self, keeps: list[int]) -> None: ...
 
@@ -88,14 +99,15 @@ class BatchRunner(Protocol):
 @runtime_checkable
 class BatchDrafter(Protocol):
     """A draft source over the rows. `drafter.draft(seq, n, gs, live)` proposes, for each row b =
-    live[j] (indices into the [B, L] buffer `seq`, in the batch's order), up to gs[j] tokens after
-    seq[b, :n[b]], written to seq[b, n[b]:]; returns (the count per live row, q per live row or
-    None), as a Drafter does for one. `observe(n, accepted, live)` hears each live row's final
-    length and kept count; `select(kept)` follows the batch when rows leave (kept: indices into
-    live). Implementations: spec.draft.ModelDraft (a draft model over a BatchRunner),
-    spec.batch.EachRow (one model-free Drafter per row), spec.draft.NoDraft (plain decoding)."""
+    live[j] (indices into the [B, L] buffer `seq`, in the batch's order), at most gs[j] tokens deep
+    after seq[b, :n[b]]; returns one spec.tree.Tree per live row (a chain's tokens are also
+    written to seq[b, n[b]:], and Tree.tokens is a view of them). `observe(n, accepted, live)`
+    hears each live row's final length and kept count; `select(kept)` follows the batch when rows
+    leave (kept: indices into live). Implementations: spec.draft.ModelDraft (a draft model over a
+    BatchRunner), spec.batch.EachRow (one model-free Drafter per row), spec.draft.NoDraft (plain
+    decoding)."""
 
-    def draft(self, seq: torch.Tensor, n: list[int], gs: list[int], live: list[int]) -> tuple[list[int], list]: ...
+    def draft(self, seq: torch.Tensor, n: list[int], gs: list[int], live: list[int]) -> list[Tree]: ...
 
     def observe(self, n: list[int], accepted: list[int], live: list[int]) -> None: ...
 

@@ -39,6 +39,7 @@ import torch
 from transformers import PreTrainedModel
 
 from spec import hf
+from spec.tree import Tree, layout
 from spec.positions import choose as choose_positions, counted_pad, cross_length, mask_len, position_ids
 
 
@@ -82,6 +83,78 @@ class KVRunner(_Runner):
 
     def __len__(self) -> int:
         return hf.cache_len(self.cache)
+
+    # Trees (spec.tree): every node in one pass, under a mask that lets a node see only its path.
+    @property
+    def takes_trees(self) -> bool:
+        return self.positions == "explicit" and tree_support(self.model) is None
+
+    def feed_tree(self, before: torch.Tensor, tree: Tree) -> torch.Tensor:
+        """`before` (the sequence's unseen ids, the root last) then the tree's nodes, in one pass:
+        [len(tree) + 1, V], the root's logits and each node's given its path."""
+        start = len(self)
+        positions, mask = layout(tree, start, before.numel())
+        ids = torch.cat([before, tree.tokens])
+        self.held = ids if start == 0 or self.held is None else torch.cat([self.held[:start], ids])
+        return hf.tree_step(self.model, ids, self.cache, position_ids=positions.to(ids.device), mask=mask,
+                            keep=len(tree) + 1)
+
+    def retain(self, base: int, path: list[int]) -> None:
+        """Keep the sequence before `base` and, of the nodes cached from `base` on, the path."""
+        kept = torch.tensor(list(range(base)) + [base + i for i in path], dtype=torch.long)
+        hf.keep_positions(self.cache, kept)
+        self.held = self.held[kept.to(self.held.device)]
+
+
+# Each model's tree verdict, keyed weakly: ((dtype, device), None or why its forward cannot take a
+# tree mask in one pass; its trees are then verified branch by branch, exact all the same).
+_TREE_VERDICTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def tree_support(model) -> str | None:
+    """Why `model` cannot score a tree in one pass (spec.tree.layout's mask and positions on a
+    DynamicCache, then the accepted path kept), or None where it can: checked by behaviour
+    against its own cache-free forward on every path of a probe tree (past any sliding window,
+    which a custom mask would bypass), then a pass after the path was kept."""
+    key = (str(_dtype(model)), str(next(model.parameters()).device))
+    known = _TREE_VERDICTS.get(model)
+    if known is None or known[0] != key:
+        with torch.inference_mode():
+            known = _TREE_VERDICTS[model] = (key, _tree_probe(model))
+    return known[1]
+
+
+def _tree_probe(model) -> str | None:
+    if not isinstance(model, PreTrainedModel):
+        return "it is not a transformers model"
+    if not hf.takes_batch_masks(model):
+        return "its forward takes no attention mask and position ids"
+    tol = PROBE_TOLERANCE.get(_dtype(model), 5e-2)
+    device = next(model.parameters()).device
+    L = max(probe_length(model), 12)
+    ids = _probe_ids(model, L, device)
+    P = L - 4                                              # the sequence; the root is ids[P - 1]
+    other = (ids[P:P + 3] + 1) % hf.vocab_rows(model)
+    # nodes 0-1-2 follow the sequence's own continuation; 3 a sibling of 0 with a child 4; 5 a sibling of 1
+    tree = Tree(torch.stack([ids[P], ids[P + 1], ids[P + 2], other[0], other[1], other[2]]), (-1, 0, 1, -1, 3, 0))
+    try:
+        run = KVRunner(model)
+        run(ids[:P // 2])
+        got = run.feed_tree(ids[P // 2:P], tree)
+        for node in [-1] + list(range(len(tree))):
+            path = tree.path(node) if node >= 0 else []
+            want = hf.authors_forward(model, torch.cat([ids[:P], tree.tokens[path]]))[-1]
+            if not _close(got[node + 1], want, tol):
+                return f"in one pass under a tree mask, node {node}'s logits differ from its path's own forward"
+        if not hf.regatherable(run.cache):
+            return "its cache is not made of full attention layers that a tree's path can be kept in"
+        run.retain(P, [0, 1])
+        got = run(ids[P + 2:P + 4], keep=2)
+        if not _close(got, hf.authors_forward(model, ids[:P + 4])[-2:], tol):
+            return "after a tree's path was kept, the next pass differs from the cache-free forward"
+    except Exception as e:  # noqa: BLE001 - a forward that fails on a tree is a reason to verify branch by branch
+        return f"its forward fails on a tree mask ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
+    return None
 
 
 class SnapshotRunner(_Runner):

@@ -130,7 +130,7 @@ def test_the_protocols_exist_and_every_runner_and_drafter_keeps_them():
         keep = inspect.signature(getattr(modules[module], name).__call__).parameters["keep"]
         assert keep.default == 0, f"{name}: keep defaults to {keep.default!r}, not 0 (all rows)"
     drafters = _classes_with(DRAFTER_METHODS)
-    assert set(drafters) == {"ModelDraft", "PromptLookup", "EachRow", "NoDraft", "GGUFDraft"}
+    assert set(drafters) == {"ModelDraft", "PromptLookup", "EachRow", "NoDraft", "GGUFDraft", "TreeDraft", "LookupTree"}
     # the loop's forms keep the batched protocols: one loop runs every prompt count
     for proto, classes in ((protocols.BatchRunner, (batch.Rows, batch.EachRunner)),
                            (protocols.BatchDrafter, (draft.ModelDraft, batch.EachRow, draft.NoDraft))):
@@ -169,9 +169,11 @@ def test_one_function_makes_runners_and_model_drafts():
     spec.runner builds each candidate path's class from a loop variable to test it against the
     model's own forward: a trial, not a choice, and not a call this check matches by name. A
     spec.gguf_draft.GGUFDraft is a Drafter its caller makes from a GGUF file, not from a model, like
-    spec.PromptLookup; spec.choose uses it as it is, and its llama.cpp context is its own.)"""
+    spec.PromptLookup; spec.choose uses it as it is, and its llama.cpp context is its own. The tree
+    probe, spec.runner._tree_probe, builds a KVRunner to try a tree mask on: a trial again.)"""
     places = {(module, function) for module, function, _ in _constructions()}
-    assert places == {("choose", "runs"), ("choose", "rows"), ("choose", "_rows"), ("gguf_draft", "__init__")}, \
+    assert places == {("choose", "runs"), ("choose", "rows"), ("choose", "_rows"), ("gguf_draft", "__init__"),
+                      ("runner", "_tree_probe")}, \
         f"runners or drafts built outside spec.choose: {sorted(places)}"
 
 

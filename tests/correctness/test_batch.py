@@ -28,6 +28,7 @@ from strategies import batches_of_prompts, gammas
 from spec import PromptLookup, batch, choose, greedy_generate, hf, speculative_generate
 from spec.draft import ModelDraft
 from spec.models import build_gpt_neox, perturbed_copy
+from spec.tree import Tree
 
 VOCAB = 500
 
@@ -303,8 +304,8 @@ def test_row_sampling_check_rejects_rows_given_each_others_draft_laws(monkeypatc
     real = ModelDraft.draft
 
     def swapped(self, seq, n, g, live):
-        counts, q = real(self, seq, n, g, live)
-        return counts, q[::-1]
+        trees = real(self, seq, n, g, live)
+        return [Tree.chain(t.tokens, u.q) for t, u in zip(trees, trees[::-1])]
     monkeypatch.setattr(ModelDraft, "draft", swapped)
     rows = _row_samples(target, draft, 300, seed=62)
     oracle = Oracle(target)

@@ -1,0 +1,163 @@
+"""Two tree drafters (spec.tree): several candidate continuations a round, verified in one pass.
+
+TreeDraft grows a tree from a draft model, EAGLE-2's way in miniature: at each depth every node
+of the newest level offers its `branches` likeliest next tokens, and the draft's greedy chain
+plus the candidates with the highest probability of their whole path (the draft's) become the
+next level, `branches` of them, up to `nodes` nodes. LookupTree is prompt lookup (spec.lookup) with several earlier matches as
+branches, merged where they agree.
+
+Both are deterministic sources (q one-hot at each node), so greedy verification keeps the
+target's argmaxes and sampling verification is SpecInfer's rule with one-hot q (spec.accept):
+exact either way, whatever the tree.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from spec import choose, hf
+from spec.lookup import PromptLookup
+from spec.tree import Tree, score
+
+
+def _count(name: str, value, low: int = 1) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+class TreeDraft:
+    """Use as the draft: `speculative_generate(target, TreeDraft(draft_model), ids, gamma=4)`.
+    gamma is the tree's depth; branches the width of each level; nodes the most nodes a round
+    (the target scores nodes + 1 positions in its pass). branches=1 drafts the chain a draft
+    model would."""
+
+    makes_trees = True
+
+    def __init__(self, model, branches: int = 2, nodes: int = 8):
+        self.model = model
+        self.branches, self.nodes = _count("branches", branches), _count("nodes", nodes)
+        choose.check({"draft": model})
+        self.width = min(hf.logit_width(model), hf.vocab_rows(model))
+        self.run = None                 # the draft model's Runner, made for the first sequence
+        self.seen = None                # the ids it holds
+
+    def __repr__(self) -> str:
+        return f"TreeDraft({type(self.model).__name__}, branches={self.branches}, nodes={self.nodes})"
+
+    def __deepcopy__(self, memo):       # one per row of a batch: the model shared, the state not
+        return TreeDraft(self.model, self.branches, self.nodes)
+
+    def _sync(self, seq: torch.Tensor, n: int) -> torch.Tensor:
+        """Cut the runner back to what it shares with seq[:n - 1]; the ids it must be fed, root last."""
+        if self.run is None:
+            self.run = choose.runs({"draft": self.model}, seq[:n], draft_impl="hf").runs[0]
+            self.seen = seq[:0].clone()
+        held = min(len(self.run), n - 1, self.seen.numel())
+        differs = (self.seen[:held] != seq[:held]).nonzero()
+        self.run.crop(int(differs[0]) if differs.numel() else held)
+        start = len(self.run)
+        self.seen = seq[:n].clone()
+        return seq[start:n]
+
+    @torch.inference_mode()
+    def draft(self, seq: torch.Tensor, n: int, g: int) -> Tree:
+        before = self._sync(seq, n)
+        end = len(self.run) + before.numel()
+        tokens: list[int] = []
+        parents: list[int] = []
+        path_logp: list[float] = []
+        level = [-1]
+        logp = torch.log_softmax(self.run(before, keep=1)[-1, :self.width].double(), -1)[None]
+        for depth in range(g):
+            room = self.nodes - len(tokens)
+            if room <= 0 or not level:
+                break
+            # every node of the level offers its likeliest tokens; the likeliest paths go on
+            top = logp.topk(min(self.branches, self.width), dim=-1)
+            offers = [((path_logp[node] if node >= 0 else 0.0) + float(v), node, int(t))
+                      for row, node in enumerate(level) for v, t in zip(top.values[row], top.indices[row])]
+            # the first offer is the draft's own greedy chain (level[0]'s likeliest token): it is
+            # always kept, so that a tree keeps, round for round, at least what the chain would
+            offers = offers[:1] + sorted(offers[1:], key=lambda o: -o[0])
+            level = []
+            for lp, node, token in offers[:min(self.branches, room)]:
+                level.append(len(tokens))
+                tokens.append(token)
+                parents.append(node)
+                path_logp.append(lp)
+            if depth + 1 == g or len(tokens) >= self.nodes:
+                break
+            # the draft's next-token logits at the new level, every node given its own path
+            self.run.crop(end - 1)                      # the root is fed again with the tree
+            tree = Tree(torch.tensor(tokens, dtype=torch.long, device=seq.device), tuple(parents))
+            rows = score(self.run, seq[len(self.run):n], tree)
+            logp = torch.log_softmax(rows[[i + 1 for i in level], :self.width].double(), -1)
+        self.run.crop(end)
+        return Tree(torch.tensor(tokens, dtype=torch.long, device=seq.device), tuple(parents))
+
+    def observe(self, n: int, accepted: int) -> None:
+        if self.run is not None:
+            self.run.crop(n - 1)            # all but the newest token, fed next round
+
+    def __len__(self) -> int:
+        return 0 if self.run is None else len(self.run)
+
+
+class LookupTree:
+    """Prompt lookup with branches: the continuations of up to `branches` earlier occurrences of
+    the sequence's last n tokens (the most recent first; longest n first, as PromptLookup), merged
+    into a tree where they share a prefix, at most `nodes` nodes and gamma deep."""
+
+    makes_trees = True
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 2, branches: int = 3, nodes: int = 16):
+        self.lookup = PromptLookup(max_ngram, min_ngram)
+        self.branches, self.nodes = _count("branches", branches), _count("nodes", nodes)
+
+    def __repr__(self) -> str:
+        return (f"LookupTree(max_ngram={self.lookup.max_ngram}, min_ngram={self.lookup.min_ngram}, "
+                f"branches={self.branches}, nodes={self.nodes})")
+
+    def draft(self, seq: torch.Tensor, n: int, g: int) -> Tree:
+        tokens: list[int] = []
+        parents: list[int] = []
+        child: dict[tuple[int, int], int] = {}      # (parent, token) -> node
+        for branch in self.continuations(seq[:n], g):
+            node = -1
+            for token in branch:
+                if (node, token) not in child:
+                    if len(tokens) == self.nodes:
+                        break
+                    child[(node, token)] = len(tokens)
+                    tokens.append(token)
+                    parents.append(node)
+                node = child[(node, token)]
+        return Tree(torch.tensor(tokens, dtype=torch.long, device=seq.device), tuple(parents))
+
+    def continuations(self, history: torch.Tensor, limit: int) -> list[list[int]]:
+        """Up to `branches` continuations of the last n-gram's most recent earlier occurrences."""
+        n = history.numel()
+        if limit < 1:
+            return []
+        for k in range(min(self.lookup.max_ngram, n - 1), self.lookup.min_ngram - 1, -1):
+            windows = history[:n - 1].unfold(0, k, 1)
+            hits = (windows == history[n - k:]).all(1).nonzero().flatten().tolist()
+            if hits:
+                out = []
+                return [_repeat(history[hit + k:].tolist(), limit) for hit in reversed(hits[-self.branches:])]
+        return []
+
+    def observe(self, n: int, accepted: int) -> None:
+        pass
+
+    def __len__(self) -> int:
+        return 0
+
+
+def _repeat(known: list[int], limit: int) -> list[int]:
+    """The continuation `known` extended to `limit` tokens by repeating it (PromptLookup's loop rule)."""
+    out: list[int] = []
+    for j in range(limit):
+        out.append(known[j] if j < len(known) else out[j - len(known)])
+    return out

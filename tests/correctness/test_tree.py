@@ -1,0 +1,495 @@
+"""Tree drafts (spec.tree, spec.treedraft): the proposal's shape, the tree acceptance rules as pure
+functions by tables, one-pass verification against each path's own forward, greedy exactness over
+trees, prompts and families, and the sampling law of the multi-candidate rule with negative
+controls (siblings tried without removing a rejected sibling's mass)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from architectures import BY_NAME, cached_model, draft_model
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from oracles import assert_exact
+from stats import TableLM, goodness_of_fit, noisy_table, random_table
+from strategies import short_prompts_for_tiny_vocab
+
+from spec import accept, batch, greedy_generate, hf, runner, sampling, speculative_generate
+from spec.protocols import Drafter
+from spec.tree import Tree, layout, score
+from spec.treedraft import LookupTree, TreeDraft
+
+NEG = -1e9
+
+
+def _tree(tokens: list[int], parents: list[int], q=None) -> Tree:
+    return Tree(torch.tensor(tokens, dtype=torch.long), tuple(parents), q)
+
+
+# --- the proposal ------------------------------------------------------------------------------
+
+def test_a_chain_is_a_tree_with_one_branch():
+    chain = Tree.chain(torch.tensor([4, 5, 6]))
+    assert chain.parents == (-1, 0, 1) and chain.is_chain and chain.depths() == [1, 2, 3]
+    assert chain.leaves() == [2] and chain.path(2) == [0, 1, 2]
+    assert not _tree([4, 5, 6], [-1, -1, 0]).is_chain
+
+
+def test_paths_depths_children_and_visibility():
+    #        root
+    #       /    \
+    #      0(a)   1(b)
+    #     / \       \
+    #   2(c) 3(d)    4(e)
+    t = _tree([10, 11, 12, 13, 14], [-1, -1, 0, 0, 1])
+    assert t.depths() == [1, 1, 2, 2, 2]
+    assert t.children(-1) == [0, 1] and t.children(0) == [2, 3] and t.children(2) == []
+    assert t.path(3) == [0, 3] and t.path(4) == [1, 4] and t.leaves() == [2, 3, 4]
+    assert t.visibility().int().tolist() == [[1, 0, 0, 0, 0], [0, 1, 0, 0, 0], [1, 0, 1, 0, 0],
+                                              [1, 0, 0, 1, 0], [0, 1, 0, 0, 1]]
+
+
+def test_layout_places_nodes_at_their_depth_and_masks_other_branches():
+    t = _tree([10, 11, 12], [-1, -1, 0])
+    positions, mask = layout(t, start=4, fed=2)          # 4 cached, 2 fed (the root last), 3 nodes
+    assert positions.tolist() == [4, 5, 6, 6, 7]
+    assert mask.shape == (5, 9)
+    assert mask[0].int().tolist() == [1, 1, 1, 1, 1, 0, 0, 0, 0]      # the sequence is causal
+    assert mask[1].int().tolist() == [1, 1, 1, 1, 1, 1, 0, 0, 0]
+    assert mask[2].int().tolist() == [1, 1, 1, 1, 1, 1, 1, 0, 0]      # node 0 sees the root and itself
+    assert mask[3].int().tolist() == [1, 1, 1, 1, 1, 1, 0, 1, 0]      # node 1: not its sibling
+    assert mask[4].int().tolist() == [1, 1, 1, 1, 1, 1, 1, 0, 1]      # node 2: its parent 0
+
+
+@pytest.mark.parametrize("tree, depth, width, message", [
+    (_tree([1, 2], [-1, 1]), 4, 10, r"parents\[1\] = 1: a parent must come before"),
+    (_tree([1, 2], [-1, -2]), 4, 10, r"parents\[1\] = -2"),
+    (_tree([1, 2, 3], [-1, 0, 1]), 2, 10, "3 deep, more than the 2 tokens"),
+    (_tree([1, 12], [-1, 0]), 4, 10, r"ids in \[0, 10\)"),
+    (Tree(torch.tensor([1, 2]), (-1,)), 4, 10, "parents has 1 entries for 2 tokens"),
+    (Tree(torch.tensor([1.0]), (-1,)), 4, 10, "1-D LongTensor"),
+    (_tree([1, 2], [-1, 0], torch.ones(3, 10)), 4, 10, r"q must be \[2, width\]"),
+])
+def test_a_malformed_tree_is_refused_with_what_was_expected(tree, depth, width, message):
+    with pytest.raises(ValueError, match=message):
+        tree.check(depth, width)
+
+
+# --- the acceptance rules, by tables -------------------------------------------------------------
+
+def _logits(argmaxes: list[int], vocab: int = 8) -> torch.Tensor:
+    rows = torch.full((len(argmaxes), vocab), NEG)
+    for i, a in enumerate(argmaxes):
+        rows[i, a] = 1.0
+    return rows
+
+
+# tree (tokens, parents), the target's argmax after the root and after each node -> path, next token
+TREE_GREEDY_TABLE = [
+    (([1, 2, 3], [-1, 0, 1]), [1, 2, 3, 4], [0, 1, 2], 4),                 # a chain, all kept
+    (([1, 5, 2], [-1, -1, 1]), [5, 0, 2, 7], [1, 2], 7),                  # the second branch
+    (([1, 5, 2], [-1, -1, 1]), [6, 0, 2, 7], [], 6),                      # no child matches the root's
+    (([1, 2, 3, 4], [-1, 0, 0, 2]), [1, 3, 0, 4, 6], [0, 2, 3], 6),       # the second child of node 0, then on
+    (([1, 2, 3, 4], [-1, 0, 0, 2]), [1, 3, 0, 5, 6], [0, 2], 5),          # stops below node 2
+    (([1, 1], [-1, -1]), [1, 2, 3], [0], 2),                              # twin siblings: the first wins
+    (([], []), [3], [], 3),
+]
+
+
+@pytest.mark.parametrize("shape, argmaxes, path, token", TREE_GREEDY_TABLE)
+def test_tree_greedy_table(shape, argmaxes, path, token):
+    got_path, got_token = accept.tree_greedy(_tree(*shape), _logits(argmaxes))
+    assert (got_path, int(got_token)) == (path, token)
+
+
+P3 = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.1, 0.8], [0.6, 0.2, 0.2], [0.3, 0.3, 0.4]], dtype=torch.float64)
+
+# tree with one-hot q (deterministic), uniforms -> path, the next token's distribution
+TREE_SAMPLED_TABLE = [
+    # root's children 1 then 0. u 0.2 < r(1) = 0.3: node 0 kept; it is a leaf: p after node 0.
+    (([1, 0], [-1, -1]), [0.2, 0.0], [0], [0.1, 0.1, 0.8]),
+    # u 0.3 >= r(1) = 0.3: rejected, r = norm(0.5, 0, 0.2); node 1 (token 0): u 0.7 < 5/7: kept
+    (([1, 0], [-1, -1]), [0.3, 0.7], [1], [0.6, 0.2, 0.2]),
+    # both rejected: u 0.8 >= 5/7 -> r = norm(0, 0, 0.2) = [0, 0, 1]
+    (([1, 0], [-1, -1]), [0.3, 0.8], [], [0.0, 0.0, 1.0]),
+    # node 0 kept, its child (token 2) against p after node 0 = [0.1, 0.1, 0.8]: u 0.5 kept -> p after node 2
+    (([1, 0, 2], [-1, -1, 0]), [0.0, 0.9, 0.5], [0, 2], [0.3, 0.3, 0.4]),
+]
+
+
+@pytest.mark.parametrize("shape, u, path, dist", TREE_SAMPLED_TABLE)
+def test_tree_sampled_table(shape, u, path, dist):
+    tree = _tree(*shape)
+    got_path, got = accept.tree_sampled(tree, P3[:len(tree) + 1], torch.tensor(u, dtype=torch.float64))
+    assert got_path == path
+    torch.testing.assert_close(got, torch.tensor(dist, dtype=torch.float64))
+
+
+@given(st.integers(0, 4), st.integers(0, 10_000))
+def test_on_a_chain_the_tree_rules_are_algorithm_1(g, seed):
+    """tree_sampled and tree_greedy on a chain give what accept.sampled and accept.greedy give."""
+    gen = torch.Generator().manual_seed(seed)
+    V = 5
+    p = torch.rand(g + 1, V, generator=gen, dtype=torch.float64).softmax(-1)
+    q = torch.rand(g, V, generator=gen, dtype=torch.float64).softmax(-1)
+    proposed = torch.multinomial(q, 1, generator=gen)[:, 0] if g else torch.zeros(0, dtype=torch.long)
+    u = torch.rand(g, generator=gen, dtype=torch.float64)
+    k, dist = accept.sampled(proposed, q if g else None, p, u)
+    path, tree_dist = accept.tree_sampled(Tree.chain(proposed, q if g else None), p, u)
+    assert path == list(range(k))
+    torch.testing.assert_close(tree_dist, dist)
+    k, token = accept.greedy(proposed, p.log())
+    path, tree_token = accept.tree_greedy(Tree.chain(proposed), p.log())
+    assert path == list(range(k)) and int(tree_token) == int(token)
+
+
+def _no_residual_tree_sampled(tree, p, u):
+    """The bug the negative control plants: a rejected sibling's mass is not removed before the
+    next sibling is tried (each sibling against the node's full p)."""
+    tokens, path, node, r = tree.tokens.tolist(), [], -1, p[0]
+    siblings = tree.children(-1)
+    while siblings:
+        for c in siblings:
+            qc = tree.q[c]
+            if u[c] * qc[tokens[c]] < r[tokens[c]]:
+                path.append(c)
+                node, r = c, p[c + 1]
+                break
+        else:
+            return path, sampling.residual(r, tree.q[siblings[-1]])
+        siblings = tree.children(node)
+    return path, r
+
+
+def _first_token_law(rule, p: torch.Tensor, q: torch.Tensor, k: int, n: int, seed: int) -> list[int]:
+    """n draws of the first emitted token: k siblings drawn i.i.d. from q at the root (a depth-1
+    tree), verified by `rule`, the next token drawn from what it returns."""
+    gen = torch.Generator().manual_seed(seed)
+    counts = [0] * p.shape[-1]
+    P = p[None].expand(k + 1, -1)
+    for _ in range(n):
+        tokens = torch.multinomial(q, k, replacement=True, generator=gen)
+        tree = Tree(tokens, (-1,) * k, q[None].expand(k, -1))
+        path, dist = rule(tree, P, torch.rand(k, generator=gen, dtype=torch.float64))
+        counts[int(tokens[path[0]]) if path else int(sampling.sample(dist, gen))] += 1
+    return counts
+
+
+P_LAW = torch.tensor([0.45, 0.3, 0.15, 0.1, 0.0], dtype=torch.float64)
+Q_LAW = torch.tensor([0.1, 0.2, 0.3, 0.25, 0.15], dtype=torch.float64)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_siblings_drawn_from_q_emit_the_target_law(k):
+    """SpecInfer's rule over k i.i.d. siblings (q far from p, p with a hole): the emitted token ~ p."""
+    counts = _first_token_law(accept.tree_sampled, P_LAW, Q_LAW, k, 6000, seed=k)
+    fit = goodness_of_fit(f"first token, {k} siblings", {"all": (counts, P_LAW.tolist())})
+    assert not fit.rejects(1e-3), str(fit)
+
+
+def test_siblings_without_removing_a_rejected_ones_mass_are_rejected():
+    """Negative control: the same check rejects the rule that keeps p for every sibling."""
+    counts = _first_token_law(_no_residual_tree_sampled, P_LAW, Q_LAW, 3, 6000, seed=9)
+    fit = goodness_of_fit("first token, no residual between siblings", {"all": (counts, P_LAW.tolist())})
+    assert fit.rejects(1e-3), str(fit)
+
+
+# --- one pass under a tree mask ------------------------------------------------------------------
+
+ONE_PASS = ["llama", "gpt_neox", "gpt2", "mistral", "qwen2", "gemma2", "phi", "opt"]
+
+
+@pytest.mark.parametrize("family", [f for f in ONE_PASS if f in BY_NAME])
+@torch.inference_mode()
+def test_one_pass_gives_every_node_its_paths_own_logits(family):
+    """Verified by behaviour, sliding windows included: the probe passes, and a fresh tree's nodes
+    (a branchy one, deeper than the probe's) match their paths' cache-free forwards."""
+    model = cached_model(family)
+    assert runner.tree_support(model) is None
+    run = runner.KVRunner(model)
+    assert run.takes_trees
+    seq = torch.arange(3, 20) % hf.vocab_rows(model)
+    tree = _tree([5, 6, 7, 8, 9, 10, 11], [-1, 0, 1, -1, 3, 0, 2])
+    logits = score(run, seq, tree)
+    for node in [-1] + list(range(len(tree))):
+        path = tree.path(node) if node >= 0 else []
+        want = hf.authors_forward(model, torch.cat([seq, tree.tokens[path]]))[-1]
+        torch.testing.assert_close(logits[node + 1], want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["mamba", "openai-gpt", "bloom"])
+@torch.inference_mode()
+def test_runners_without_tree_masks_are_fed_branch_by_branch(family):
+    """A state snapshot, a recompute runner, a model that counts its own positions: no one-pass
+    tree; `score` feeds each branch in turn and leaves the runner at the sequence, exact."""
+    if family not in BY_NAME:
+        pytest.skip(f"{family} is not in this transformers")
+    model = cached_model(family)
+    path, positions = runner.verdict(model)
+    run = runner.RUNNERS[path](model, positions)
+    assert not getattr(run, "takes_trees", False)
+    seq = torch.arange(3, 15) % hf.vocab_rows(model)
+    tree = _tree([5, 6, 7, 8], [-1, 0, -1, 2])
+    logits = score(run, seq, tree)
+    assert len(run) == seq.numel()
+    for node in [-1] + list(range(len(tree))):
+        p = tree.path(node) if node >= 0 else []
+        want = hf.authors_forward(model, torch.cat([seq, tree.tokens[p]]))[-1]
+        torch.testing.assert_close(logits[node + 1], want, rtol=1e-5, atol=1e-5)
+
+
+@torch.inference_mode()
+def test_keeping_the_path_drops_the_other_branches_from_the_cache():
+    model = cached_model("llama")
+    run = runner.KVRunner(model)
+    seq = torch.arange(3, 15)
+    tree = _tree([5, 6, 7, 8], [-1, -1, 1, 0])
+    score(run, seq, tree)
+    run.retain(seq.numel(), [1, 2])
+    assert len(run) == seq.numel() + 2
+    nxt = run(torch.tensor([9]), keep=1)[-1]
+    want = hf.authors_forward(model, torch.cat([seq, torch.tensor([6, 7, 9])]))[-1]
+    torch.testing.assert_close(nxt, want, rtol=1e-6, atol=1e-6)
+
+
+# --- greedy: exact over trees, prompts and families ----------------------------------------------
+
+# one-pass families (full attention, sliding windows, both kinds of layers) and two verified branch
+# by branch (recompute; positions the model counts itself); recurrent ones in the tests above
+FAMILIES = [f for f in ["llama", "gpt_neox", "mistral", "qwen2", "gemma2", "openai-gpt", "bloom"] if f in BY_NAME]
+EXAMPLES = settings(max_examples=max(3, settings().max_examples // 8))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@EXAMPLES
+@given(prompt=short_prompts_for_tiny_vocab(256), branches=st.integers(1, 3), nodes=st.integers(1, 9),
+       gamma=st.integers(1, 5), max_new_tokens=st.integers(1, 16))
+def test_tree_drafts_decode_exactly_greedy(family, prompt, branches, nodes, gamma, max_new_tokens):
+    """Model trees (TreeDraft) and lookup trees (LookupTree): output == plain greedy, token for token."""
+    target = cached_model(family)
+    expected = greedy_generate(target, prompt, max_new_tokens=max_new_tokens).tokens
+    for drafter in (TreeDraft(draft_model(family), branches=branches, nodes=nodes),
+                    LookupTree(max_ngram=2, min_ngram=1, branches=branches, nodes=nodes)):
+        out = speculative_generate(target, drafter, prompt, gamma=gamma, max_new_tokens=max_new_tokens)
+        assert_exact(target, prompt, expected, out.tokens)
+        assert all(r.accepted <= r.drafted and r.emitted >= 1 for r in out.rounds)
+
+
+def test_tree_drafts_accept_tokens_and_branches_help(target):
+    """Not vacuous: a self-draft's tree is accepted whole (its greedy chain is always in it), and
+    with a partly agreeing draft three branches take fewer rounds than the chain for the same
+    output (the tree always holds the chain, and sometimes a second guess that is right)."""
+    prompt = [5, 6, 7, 8, 9, 5, 6, 7, 10, 11, 12]
+    self_tree = speculative_generate(target, TreeDraft(target, branches=2, nodes=8), prompt, gamma=4,
+                                     max_new_tokens=20)
+    assert self_tree.accepted_per_round == [4, 4, 4, 4]
+    from spec.models import perturbed_copy
+    draft = perturbed_copy(target, noise=0.3, seed=3, dtype=torch.float64)
+    chain = speculative_generate(target, TreeDraft(draft, branches=1), prompt, gamma=4, max_new_tokens=40)
+    wide = speculative_generate(target, TreeDraft(draft, branches=3, nodes=12), prompt, gamma=4, max_new_tokens=40)
+    assert chain.tokens == wide.tokens == greedy_generate(target, prompt, max_new_tokens=40).tokens
+    assert all(r.drafted <= 4 for r in chain.rounds) and max(r.drafted for r in wide.rounds) > 4
+    assert len(wide.rounds) < len(chain.rounds), (len(wide.rounds), len(chain.rounds))
+
+
+def test_tree_drafts_with_processors_and_eos_and_a_batch():
+    """Each node's row is processed with its own path (repetition penalty, min_new_tokens); an EOS
+    inside an accepted path stops the row; a batch with a tree drafter gives each row its solo run."""
+    target = cached_model("llama")
+    draft = draft_model("llama")
+    prompts = [[5, 9, 14, 3, 5, 9], [7], [11, 12, 13, 11, 12]]
+    options = dict(max_new_tokens=14, repetition_penalty=1.4, min_new_tokens=3)
+    solo = [greedy_generate(target, p, **options).tokens for p in prompts]
+    eos = solo[0][5]
+    for drafter in (TreeDraft(draft, branches=2, nodes=6), LookupTree(min_ngram=1)):
+        outs = speculative_generate(target, drafter, prompts, gamma=3, **options)
+        assert [o.tokens for o in outs] == solo
+        stopped = speculative_generate(target, drafter, prompts[0], gamma=3, eos_token_id=eos, **options)
+        assert stopped.tokens == greedy_generate(target, prompts[0], eos_token_id=eos, **options).tokens
+        assert stopped.stop_reason == "eos"
+
+
+def test_tree_drafters_keep_the_drafter_protocol_and_refuse_bad_options():
+    assert isinstance(TreeDraft(draft_model("llama")), Drafter) and isinstance(LookupTree(), Drafter)
+    for bad in (dict(branches=0), dict(nodes=0), dict(branches=1.5)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            TreeDraft(draft_model("llama"), **bad)
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            LookupTree(**bad)
+
+
+def test_a_drafters_tree_too_deep_or_out_of_vocabulary_is_refused():
+    target = cached_model("llama")
+
+    class Deep:
+        makes_trees = True
+
+        def __init__(self, tokens, parents):
+            self.tree = _tree(tokens, parents)
+
+        def draft(self, seq, n, g):
+            return self.tree
+
+        def observe(self, n, accepted):
+            pass
+
+        def __len__(self):
+            return 0
+
+    with pytest.raises(ValueError, match="3 deep, more than the 2 tokens"):
+        speculative_generate(target, Deep([1, 2, 3], [-1, 0, 1]), [4, 5], gamma=2, max_new_tokens=8)
+    with pytest.raises(ValueError, match=r"ids in \[0, 256\)"):
+        speculative_generate(target, Deep([1, 999], [-1, -1]), [4, 5], gamma=2, max_new_tokens=8)
+
+
+def test_a_batch_with_a_tree_drafter_runs_each_row_on_its_own_runner():
+    from spec import choose
+    chosen = choose.rows({"target": cached_model("llama"), "draft": LookupTree()}, [[1, 2], [3]])
+    assert isinstance(chosen.target, batch.EachRunner) and "tree" in chosen.target.why
+
+
+# --- sampling: the law of the output, end to end ----------------------------------------------------
+
+class SampledTree:
+    """A stochastic tree drafter for the law test: k siblings drawn i.i.d. from the draft's q at
+    the root, each followed by one more token drawn from q after it (depth 2)."""
+
+    makes_trees = True
+
+    def __init__(self, draft: TableLM, k: int, generator: torch.Generator):
+        self.model, self.k, self.gen = draft, k, generator
+
+    def _q(self, context: list[int]) -> torch.Tensor:
+        logits = self.model(input_ids=torch.tensor([context]), use_cache=False).logits[0, -1]
+        return logits.double().softmax(-1)
+
+    def draft(self, seq, n, g):
+        if g < 1:
+            return Tree(torch.zeros(0, dtype=torch.long), ())
+        context = seq[:n].tolist()
+        q0 = self._q(context)
+        firsts = torch.multinomial(q0, self.k, replacement=True, generator=self.gen)
+        tokens, parents, qs = list(firsts.tolist()), [-1] * self.k, [q0] * self.k
+        if g >= 2:
+            for i, t in enumerate(firsts.tolist()):
+                qi = self._q(context + [t])
+                tokens.append(int(torch.multinomial(qi, 1, generator=self.gen)))
+                parents.append(i)
+                qs.append(qi)
+        return Tree(torch.tensor(tokens), tuple(parents), torch.stack(qs))
+
+    def observe(self, n, accepted):
+        pass
+
+    def __len__(self):
+        return 0
+
+
+def _joint_two(target, drafter_for, n: int, seed: int, monkeypatch=None, **options):
+    gen = torch.Generator().manual_seed(seed)
+    counts: dict = {}
+    drafter = drafter_for(gen)
+    for _ in range(n):
+        out = speculative_generate(target, drafter, [1, 2], gamma=2, max_new_tokens=2, do_sample=True,
+                                   generator=gen, **options)
+        key = tuple(out.tokens)
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def _exact_two(target, **options) -> dict:
+    from stats import Oracle
+    P = Oracle(target, **options)
+    V = target.width
+    return {(a, b): float(P((1, 2))[a]) * float(P((1, 2, a))[b]) for a in range(V) for b in range(V)}
+
+
+def _fit(counts, exact, name):
+    cells = sorted(exact)
+    return goodness_of_fit(name, {"all": ([counts.get(c, 0) for c in cells], [exact[c] for c in cells])})
+
+
+def _table_pair():
+    t = random_table(4, 4, seed=10)
+    return TableLM(t), TableLM(noisy_table(t, noise=0.8, seed=11))
+
+
+@pytest.mark.parametrize("name, drafter_for", [
+    ("sampled siblings (k=3, depth 2)", lambda d: lambda gen: SampledTree(d, 3, gen)),
+    ("model tree (TreeDraft, one-hot)", lambda d: lambda gen: TreeDraft(d, branches=2, nodes=4)),
+    ("lookup tree (one-hot)", lambda d: lambda gen: LookupTree(max_ngram=1, min_ngram=1, branches=2)),
+])
+def test_tree_sampling_follows_the_target_law(name, drafter_for):
+    """The first two tokens ~ p(x1) p(x2 | x1), chi-square at 0.001 (TableLM: every tree is
+    verified branch by branch there, the rule the same)."""
+    target, draft = _table_pair()
+    counts = _joint_two(target, drafter_for(draft), 3000, seed=5)
+    fit = _fit(counts, _exact_two(target), name)
+    assert not fit.rejects(1e-3), str(fit)
+
+
+def test_tree_sampling_law_check_rejects_siblings_tried_against_the_full_p(monkeypatch):
+    """Negative control, end to end: the loop with the no-residual rule fails the same check."""
+    monkeypatch.setattr(accept, "tree_sampled", _no_residual_tree_sampled)
+    target, draft = _table_pair()
+    counts = _joint_two(target, lambda gen: SampledTree(draft, 3, gen), 3000, seed=5)
+    fit = _fit(counts, _exact_two(target), "no residual between siblings")
+    assert fit.rejects(1e-3), str(fit)
+
+
+def test_tree_sampling_on_a_one_pass_model_follows_the_law():
+    """The same law on a GPT-NeoX pair with vocab 8, where the target scores each tree in one pass."""
+    from spec.models import build_gpt_neox, perturbed_copy
+    target = build_gpt_neox(dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                                 vocab_size=8), seed=30, dtype=torch.float64)
+    with torch.no_grad():
+        target.get_output_embeddings().weight.mul_(40.0)
+    assert runner.tree_support(target) is None
+    draft = perturbed_copy(target, noise=0.3, seed=31, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(8)
+    drafter = TreeDraft(draft, branches=2, nodes=4)
+    counts: dict = {}
+    for _ in range(1500):
+        out = speculative_generate(target, drafter, [1, 2], gamma=2, max_new_tokens=2, do_sample=True, generator=gen)
+        counts[tuple(out.tokens)] = counts.get(tuple(out.tokens), 0) + 1
+    from stats import Oracle
+    P = Oracle(target)
+    exact = {(a, b): float(P((1, 2))[a]) * float(P((1, 2, a))[b]) for a in range(8) for b in range(8)}
+    fit = _fit(counts, exact, "neox tree")
+    assert not fit.rejects(1e-3) and math.isfinite(fit.stat), str(fit)
+
+
+# --- docs/DEVELOPING.md's tree drafter, executed from the page ---------------------------------------
+
+def _page_class(name: str):
+    import re
+    from pathlib import Path
+    page = (Path(__file__).resolve().parents[2] / "docs" / "DEVELOPING.md").read_text(encoding="utf-8")
+    namespace: dict = {}
+    exec(re.findall(r"```python\n(# spec/" + name + r"\.py.*?)```", page, re.S)[0], namespace)
+    return namespace
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "openai-gpt"])
+def test_the_developer_pages_tree_drafter_decodes_exactly_as_written(family):
+    """TwoGuesses, written from the page alone: a Drafter, greedy's output on a one-pass family, a
+    mixed-window family and a recompute one; it drafts real trees and some are accepted."""
+    TwoGuesses = _page_class("twoguesses")["TwoGuesses"]
+    target = cached_model(family)
+    source, ids = TwoGuesses(), [3, 5, 7, 9, 3, 5, 8, 3, 5, 7, 9, 3]
+    assert isinstance(source, Drafter)
+    seq = torch.tensor(ids + [0] * 4)
+    tree = source.draft(seq, len(ids), 4)
+    assert not tree.is_chain and tree.parents == (-1, 0, 1, 2, 0, 4, 5)   # two branches after "3 5"
+    run = speculative_generate(target, source, ids, gamma=4, max_new_tokens=24)
+    assert_exact(target, ids, greedy_generate(target, ids, max_new_tokens=24).tokens, run.tokens)
+
+
+def test_the_developer_pages_tree_drafter_keeps_the_sampling_law():
+    TwoGuesses = _page_class("twoguesses")["TwoGuesses"]
+    target, _ = _table_pair()
+    counts = _joint_two(target, lambda gen: TwoGuesses(), 2000, seed=6)
+    fit = _fit(counts, _exact_two(target), "TwoGuesses")
+    assert not fit.rejects(1e-3), str(fit)
