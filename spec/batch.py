@@ -205,9 +205,12 @@ class EachRow:
             out.append(made)
         return out
 
-    def observe(self, n: list[int], accepted: list[int], live: list[int]) -> None:
-        for b, k in zip(live, accepted):
-            self.drafters[b].observe(n[b], k)
+    def observe(self, n: list[int], accepted: list[int], live: list[int], hidden: list | None = None) -> None:
+        for j, (b, k) in enumerate(zip(live, accepted)):
+            if hidden is not None:
+                self.drafters[b].observe(n[b], k, hidden[j])      # a drafter that needs_hidden
+            else:
+                self.drafters[b].observe(n[b], k)
 
     def select(self, kept: list[int]) -> None:
         pass            # rows are addressed by their index in the whole batch (`live`)
@@ -243,6 +246,19 @@ class EachRunner:
 
     def retain(self, row: int, base: int, path: list[int]) -> None:
         retain_tree(self.runs[row], base, path)
+
+    def collect_hidden(self) -> None:
+        """Keep each call's last-layer hidden states (`hidden`): a drafter reads them."""
+        for run in self.runs:
+            if not hasattr(run, "collect_hidden"):
+                raise ValueError(f"a drafter that reads the target's hidden states needs the target on a "
+                                 f"spec.runner path; this one runs on {type(run).__name__}")
+            run.collect_hidden = True
+
+    @property
+    def hidden(self) -> list[torch.Tensor]:
+        """Each row's hidden states of the rows the last call returned."""
+        return [run.hidden for run in self.runs]
 
     def crop(self, keeps: list[int]) -> None:
         for run, keep in zip(self.runs, keeps):

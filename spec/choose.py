@@ -53,6 +53,7 @@ class ChosenRows:
     drafter: BatchDrafter           # ModelDraft, EachRow over a model-free Drafter, or NoDraft
     models: dict                    # the roles that are models, by role
     batched: bool                   # the input was a batch (a list of results is returned), not one prompt
+    hidden: bool = False            # the drafter reads the target's hidden states (the target keeps them)
 
 
 def is_drafter(obj) -> bool:
@@ -113,8 +114,8 @@ def rows(roles: dict, input_ids, attention_mask=None, *, input_features=None, de
         _refuse_batch(models, draft_impl, input_features=input_features, decoder_input_ids=decoder_input_ids,
                       share_encoder=share_encoder)
         prompts = batch.prompts(input_ids, attention_mask, model_device(next(iter(models.values()))), models)
-        trees = getattr(roles.get("draft"), "makes_trees", False)
-        made = {role: _rows(model, role, len(prompts), trees) for role, model in models.items()}
+        own = [flag for flag in ("makes_trees", "needs_hidden") if getattr(roles.get("draft"), flag, False)]
+        made = {role: _rows(model, role, len(prompts), own) for role, model in models.items()}
     drafter: BatchDrafter
     if "draft" in made:
         drafter = ModelDraft(made["draft"], pick, [p.numel() for p in prompts], **_widths(models))
@@ -122,7 +123,11 @@ def rows(roles: dict, input_ids, attention_mask=None, *, input_features=None, de
         drafter = batch.EachRow(roles["draft"], len(prompts), hf.logit_width(models[next(iter(roles))]))
     else:
         drafter = NoDraft()
-    return ChosenRows(prompts, made[next(iter(roles))], drafter, models, batched)
+    target = made[next(iter(roles))]
+    hidden = bool(getattr(roles.get("draft"), "needs_hidden", False))
+    if hidden and isinstance(target, batch.EachRunner):      # (it is: `_rows` gives such a drafter one)
+        target.collect_hidden()
+    return ChosenRows(prompts, target, drafter, models, batched, hidden)
 
 
 def _refuse_batch(models: dict, draft_impl: str, *, share_encoder: bool, **encoder_inputs) -> None:
@@ -144,12 +149,13 @@ def _refuse_batch(models: dict, draft_impl: str, *, share_encoder: bool, **encod
                          f"left-padded cache; use draft_impl='hf' or 'auto'")
 
 
-def _rows(model, role: str, count: int, trees: bool = False):
+def _rows(model, role: str, count: int, own: list[str] | None = None):
     """spec.batch.Rows where the model's solo path can share a left-padded cache across `count`
-    rows, else one solo Runner per row (spec.batch.EachRunner, with the reason). A tree drafter's
-    rows each get a runner: a tree's mask is the row's own, not a left-padded batch's."""
+    rows, else one solo Runner per row (spec.batch.EachRunner, with the reason). A drafter that
+    makes trees or reads hidden states (`own`: its flags) gets a runner a row: a tree's mask and
+    a row's hidden states are the row's own, not a left-padded batch's."""
     path, positions = _path(model, role, "hf")
-    why = "a tree drafter's rows are verified one by one, each under its own tree mask" if trees else \
+    why = f"the drafter's rows run one by one ({', '.join(own)}: each row's own)" if own else \
         batch.unbatched(model, path, positions)
     if why is None:
         return batch.Rows(model, count)

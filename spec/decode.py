@@ -241,27 +241,26 @@ def _decode(chosen: choose.ChosenRows, policies: list, *, max_new_tokens: int, s
 
         # 2. Verify: Mp scores every row's drafted + 1 positions, all rows in one pass.
         t1 = _clock(device, timed)
-        chains = [tree.is_chain for tree in trees]
-        logits = _verify(target_run, seq, n, live, trees, chains)
+        logits = _verify(target_run, seq, n, live, trees)
 
-        accepted, emitted = [], []
+        accepted, emitted, paths = [], [], []
         for j, b in enumerate(live):
             # 3. Accept the longest prefix (a tree: path) that passes, then append one token from Mp.
             scores = logits[j, logits.shape[1] - drafted[j] - 1:]   # right-aligned: row i predicts seq[b, n[b] + i]
-            k = _accept_row(seq[b], n[b], trees[j], chains[j], scores, processors[b], pick, target_run, j)
+            k, path = _accept_row(seq[b], n[b], trees[j], scores, processors[b], pick, target_run, j)
             # 4. Cut at EOS.
-            out = k + 1
-            if stops:
-                cut = _first_stop(seq[b, n[b]:n[b] + out].tolist(), stops)
-                if cut is not None:
-                    out, results[b].stop_reason = cut + 1, "eos"
+            cut = _first_stop(seq[b, n[b]:n[b] + k + 1].tolist(), stops) if stops else None
+            out = k + 1 if cut is None else cut + 1
+            results[b].stop_reason = "eos" if cut is not None else results[b].stop_reason
             n[b] += out
             accepted.append(k)
             emitted.append(out)
+            paths.append(path)
 
         # 5. Roll back: each row keeps all but its newest token, fed next round.
         target_run.crop([n[b] - 1 for b in live])
-        drafter.observe(n, accepted, live)
+        drafter.observe(n, accepted, live, hidden=_hidden_states(target_run, drafted, paths, emitted)
+                        if chosen.hidden else None)
         t2 = _clock(device, timed)
 
         for j, b in enumerate(live):
@@ -278,10 +277,11 @@ def _decode(chosen: choose.ChosenRows, policies: list, *, max_new_tokens: int, s
     return results
 
 
-def _verify(target_run, seq: torch.Tensor, n: list[int], live: list[int], trees: list, chains: list[bool]):
+def _verify(target_run, seq: torch.Tensor, n: list[int], live: list[int], trees: list):
     """The target's one pass over every live row: each row fed what it has not seen up to its
     last final token, then its proposal (a chain's tokens lie in seq; a tree's nodes come with
     their mask). The logits of each row's proposals + 1 positions, right-aligned."""
+    chains = [tree.is_chain for tree in trees]
     feeds = [seq[b, fed:n[b] + (len(tree) if chain else 0)]
              for b, fed, tree, chain in zip(live, target_run.lengths, trees, chains)]
     shapes = None if all(chains) else [None if chain else tree for tree, chain in zip(trees, chains)]
@@ -309,12 +309,24 @@ def _start(prompts: list[torch.Tensor], room: int, max_new_tokens: int, models: 
     return seq, P
 
 
-def _accept_row(seq: torch.Tensor, n: int, tree, chain: bool, scores: torch.Tensor, process, pick: Pick,
-                target_run, row: int) -> int:
-    """Step 3 for row `row`: its proposal against the target's scores after the row's processors."""
-    if chain:
-        return _accept(seq, n, len(tree), tree.q, _processed(process, scores, seq, n), pick)
-    return _accept_tree(seq, n, tree, _processed_tree(process, scores, seq, n, tree), pick, target_run, row)
+def _accept_row(seq: torch.Tensor, n: int, tree, scores: torch.Tensor, process, pick: Pick,
+                target_run, row: int) -> tuple[int, list[int] | None]:
+    """Step 3 for row `row`: its proposal against the target's scores after the row's processors.
+    (the accepted count, and for a tree the accepted path's nodes)"""
+    if tree.is_chain:
+        return _accept(seq, n, len(tree), tree.q, _processed(process, scores, seq, n), pick), None
+    path = _accept_tree(seq, n, tree, _processed_tree(process, scores, seq, n, tree), pick, target_run, row)
+    return len(path), path
+
+
+def _hidden_states(target_run, drafted: list[int], paths: list, emitted: list[int]) -> list[torch.Tensor]:
+    """For a drafter that reads them: each live row's target hidden states at the positions whose
+    logits chose its emitted tokens (the root, then the accepted proposals), [emitted, H]."""
+    out = []
+    for states, m, path, e in zip(target_run.hidden, drafted, paths, emitted):
+        block = states[states.shape[0] - m - 1:]          # right-aligned, as the logits
+        out.append((block if path is None else block[[0] + [i + 1 for i in path]])[:e])
+    return out
 
 
 def _processed(process, scores: torch.Tensor, seq: torch.Tensor, n: int) -> torch.Tensor:
@@ -351,9 +363,10 @@ def _accept(seq: torch.Tensor, n: int, m: int, q: torch.Tensor | None, scores: t
     return k
 
 
-def _accept_tree(seq: torch.Tensor, n: int, tree, scores: torch.Tensor, pick: Pick, target_run, row: int) -> int:
+def _accept_tree(seq: torch.Tensor, n: int, tree, scores: torch.Tensor, pick: Pick, target_run,
+                 row: int) -> list[int]:
     """Step 3 for a tree (spec.accept.tree_*): writes the accepted path and the token after it to
-    seq[n:], keeps only that path in the target's cache, returns the path's length."""
+    seq[n:], keeps only that path in the target's cache, returns the path (its nodes)."""
     if pick.do_sample:
         p = pick.probabilities(scores)
         u = torch.rand(len(tree), device=seq.device, generator=pick.generator, dtype=p.dtype)
@@ -365,4 +378,4 @@ def _accept_tree(seq: torch.Tensor, n: int, tree, scores: torch.Tensor, pick: Pi
     seq[n:n + k] = tree.tokens[path]
     seq[n + k] = token
     target_run.retain(row, n, path)
-    return k
+    return path

@@ -66,7 +66,7 @@ class ModelDraft:
         return [Tree.chain(seq[b, n[b]:n[b] + g], torch.stack(rows[:g]) if rows and g else None)
                 for b, rows, g in zip(live, q, gs)]
 
-    def observe(self, n: list[int], accepted: list[int], live: list[int]) -> None:
+    def observe(self, n: list[int], accepted: list[int], live: list[int], hidden: list | None = None) -> None:
         self.run.crop([n[b] - 1 for b in live])    # all but each row's newest token, fed next round
 
     def select(self, kept: list[int]) -> None:
@@ -82,7 +82,7 @@ class NoDraft:
     def draft(self, seq: torch.Tensor, n: list[int], gs: list[int], live: list[int]):
         return [Tree.chain(seq[b, n[b]:n[b]]) for b in live]
 
-    def observe(self, n: list[int], accepted: list[int], live: list[int]) -> None:
+    def observe(self, n: list[int], accepted: list[int], live: list[int], hidden: list | None = None) -> None:
         pass
 
     def select(self, kept: list[int]) -> None:

@@ -131,7 +131,7 @@ def compile_step(model):
 
 
 def step(model, ids: torch.Tensor, cache=None, *, position_ids: torch.Tensor | None = None, keep: int = 0,
-         use_cache: bool = True, fn=None, mask_len: int | None = None):
+         use_cache: bool = True, fn=None, mask_len: int | None = None, hidden: list | None = None):
     """Run `ids` (1-D) through `model` on top of `cache` (None: the model builds its own).
     Returns (logits [n or keep, vocab], the cache the model returned).
 
@@ -141,9 +141,12 @@ def step(model, ids: torch.Tensor, cache=None, *, position_ids: torch.Tensor | N
     over `ids` alone. mask_len: an all-ones attention mask over that many positions (cache
     and new), for positions that may step back (a pad token's, counted the RoBERTa way):
     given positions and no mask, transformers reads a step back as the start of another
-    packed sequence and masks across it."""
+    packed sequence and masks across it. hidden: a list that receives the last layer's hidden
+    states of the same positions as the logits, [n or keep, H] (for drafters that read them)."""
     params = forward_params(type(model))
     kwargs = {"input_ids": ids[None], "use_cache": use_cache}
+    if hidden is not None:
+        kwargs["output_hidden_states"] = True
     if mask_len is not None and "attention_mask" in params:
         kwargs["attention_mask"] = torch.ones(1, mask_len, dtype=torch.long, device=ids.device)
     if "logits_to_keep" in params:
@@ -155,7 +158,18 @@ def step(model, ids: torch.Tensor, cache=None, *, position_ids: torch.Tensor | N
         kwargs[name] = cache
     out = (fn or model)(**kwargs)
     logits = out.logits[0]
+    if hidden is not None:
+        hidden.append(last_hidden(out)[-logits.shape[0]:][-keep:] if keep else last_hidden(out)[-logits.shape[0]:])
     return (logits[-keep:] if keep else logits), (returned_cache(out) if use_cache else None)
+
+
+def last_hidden(out) -> torch.Tensor:
+    """The last layer's hidden states of a forward's output, [n, H] (the decoder's, for an
+    encoder-decoder model): what the LM head reads."""
+    states = getattr(out, "hidden_states", None) or getattr(out, "decoder_hidden_states", None)
+    if not states:
+        raise ValueError(f"{type(out).__name__} carries no hidden states")
+    return states[-1][0]
 
 
 def authors_forward(model, ids: torch.Tensor) -> torch.Tensor:
@@ -407,7 +421,7 @@ def batch_step(model, ids: torch.Tensor, cache, *, position_ids: torch.Tensor, a
 
 
 def tree_step(model, ids: torch.Tensor, cache, *, position_ids: torch.Tensor, mask: torch.Tensor,
-              keep: int) -> torch.Tensor:
+              keep: int, hidden: list | None = None) -> torch.Tensor:
     """Run `ids` (1-D) on top of `cache` (whose positions are 0 .. cached - 1) with explicit
     `position_ids` [n] and a custom attention mask [n, cached + n] (True: may attend), passed as
     HF's ready-made 4-D additive mask (0 or the dtype's minimum), which transformers 5 hands to the
@@ -438,7 +452,12 @@ def tree_step(model, ids: torch.Tensor, cache, *, position_ids: torch.Tensor, ma
               "use_cache": True, cache_kwarg(model): cache}
     if "logits_to_keep" in params:
         kwargs["logits_to_keep"] = keep
-    return model(**kwargs).logits[0, -keep:]
+    if hidden is not None:
+        kwargs["output_hidden_states"] = True
+    out = model(**kwargs)
+    if hidden is not None:
+        hidden.append(last_hidden(out)[-keep:])
+    return out.logits[0, -keep:]
 
 
 def keep_positions(cache, kept: torch.Tensor) -> None:

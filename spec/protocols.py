@@ -42,7 +42,10 @@ class Drafter(Protocol):
     `makes_trees = True`, so that its rows get a runner each. `drafter.observe(n, accepted)` is
     told after each round that `seq[:n]` is now final and that `accepted` of the proposals were
     kept (a tree: the accepted path's length), so that a stateful source rolls back what was
-    rejected. `len(drafter)` is the number of positions its state holds (0 for none; reported by
+    rejected. A source that sets `needs_hidden = True` (an EAGLE- or Medusa-style head) is called
+    `observe(n, accepted, hidden)` instead: hidden [emitted, H], the target's last-layer hidden
+    states at the positions whose logits chose this round's emitted tokens (position n_before - 1
+    and the accepted proposals'; the last row is the one that chose seq[n - 1]). `len(drafter)` is the number of positions its state holds (0 for none; reported by
     trace=True). Implementations: spec.draft.ModelDraft (a draft model over a Runner),
     spec.lookup.PromptLookup, spec.treedraft.TreeDraft and LookupTree (trees)."""
 
@@ -101,15 +104,16 @@ class BatchDrafter(Protocol):
     """A draft source over the rows. `drafter.draft(seq, n, gs, live)` proposes, for each row b =
     live[j] (indices into the [B, L] buffer `seq`, in the batch's order), at most gs[j] tokens deep
     after seq[b, :n[b]]; returns one spec.tree.Tree per live row (a chain's tokens are also
-    written to seq[b, n[b]:], and Tree.tokens is a view of them). `observe(n, accepted, live)`
-    hears each live row's final length and kept count; `select(kept)` follows the batch when rows
+    written to seq[b, n[b]:], and Tree.tokens is a view of them). `observe(n, accepted, live,
+    hidden)` hears each live row's final length and kept count (hidden: each live row's target
+    hidden states, given where the drafter needs_hidden, else None); `select(kept)` follows the batch when rows
     leave (kept: indices into live). Implementations: spec.draft.ModelDraft (a draft model over a
     BatchRunner), spec.batch.EachRow (one model-free Drafter per row), spec.draft.NoDraft (plain
     decoding)."""
 
     def draft(self, seq: torch.Tensor, n: list[int], gs: list[int], live: list[int]) -> list[Tree]: ...
 
-    def observe(self, n: list[int], accepted: list[int], live: list[int]) -> None: ...
+    def observe(self, n: list[int], accepted: list[int], live: list[int], hidden: list | None = None) -> None: ...
 
     def select(self, kept: list[int]) -> None: ...
 

@@ -56,15 +56,26 @@ class _Runner:
     """What every runner shares: the model, how it counts positions (spec.positions), and
     the ids it holds (the "counted" positions are counted over the whole sequence)."""
 
+    # collect_hidden: keep the last layer's hidden states of the rows each call returns, in
+    # `hidden` (for a drafter that reads the target's hidden states, spec.protocols.Drafter)
+    collect_hidden = False
+    hidden: torch.Tensor | None = None
+
     def __init__(self, model, positions: str = "explicit"):
         self.model, self.positions = model, positions
         self.held = None
 
+    def _sink(self) -> list | None:
+        return [] if self.collect_hidden else None
+
     def _step(self, ids: torch.Tensor, cache, start: int, keep: int):
         """hf.step over `ids` fed on top of the `start` positions held, positions as the model counts."""
         self.held = ids if start == 0 or self.held is None else torch.cat([self.held[:start], ids])
-        return hf.step(self.model, ids, cache, position_ids=position_ids(self.positions, self.model, self.held, start),
-                       keep=keep, mask_len=mask_len(self.positions, self.held.numel()))
+        sink = self._sink()
+        out = hf.step(self.model, ids, cache, position_ids=position_ids(self.positions, self.model, self.held, start),
+                      keep=keep, mask_len=mask_len(self.positions, self.held.numel()), hidden=sink)
+        self.hidden = sink[0] if sink else None
+        return out
 
 
 class KVRunner(_Runner):
@@ -96,8 +107,11 @@ class KVRunner(_Runner):
         positions, mask = layout(tree, start, before.numel())
         ids = torch.cat([before, tree.tokens])
         self.held = ids if start == 0 or self.held is None else torch.cat([self.held[:start], ids])
-        return hf.tree_step(self.model, ids, self.cache, position_ids=positions.to(ids.device), mask=mask,
-                            keep=len(tree) + 1)
+        sink = self._sink()
+        logits = hf.tree_step(self.model, ids, self.cache, position_ids=positions.to(ids.device), mask=mask,
+                              keep=len(tree) + 1, hidden=sink)
+        self.hidden = sink[0] if sink else None
+        return logits
 
     def retain(self, base: int, path: list[int]) -> None:
         """Keep the sequence before `base` and, of the nodes cached from `base` on, the path."""
@@ -175,7 +189,11 @@ class SnapshotRunner(_Runner):
 
     def _feed(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
         if self.stepwise and ids.numel() > 1 and self.cache is not None:
-            rows = [self._feed(ids[i:i + 1], 1) for i in range(ids.numel())]
+            rows, states = [], []
+            for i in range(ids.numel()):
+                rows.append(self._feed(ids[i:i + 1], 1))
+                states.append(self.hidden)
+            self.hidden = torch.cat(states)[-(keep or ids.numel()):] if self.collect_hidden else None
             return torch.cat(rows)[-(keep or ids.numel()):]
         logits, self.cache = self._step(ids, self.cache, self.len, keep)
         self.len += ids.numel()
@@ -222,8 +240,10 @@ class RecomputeRunner(_Runner):
         held = ids if self.held is None else torch.cat([self.held, ids])
         self.held = held
         positions = position_ids(self.positions, self.model, held, 0)
+        sink = self._sink()
         logits, _ = hf.step(self.model, held, position_ids=positions, keep=keep or ids.numel(), use_cache=False,
-                            mask_len=mask_len(self.positions, held.numel()))
+                            mask_len=mask_len(self.positions, held.numel()), hidden=sink)
+        self.hidden = sink[0] if sink else None
         return logits
 
     def crop(self, keep: int) -> None:

@@ -116,6 +116,7 @@ def score(run, before: torch.Tensor, tree: Tree) -> torch.Tensor:
     if not len(tree):
         return run(before, keep=1)
     rows: list = [None] * (len(tree) + 1)
+    states: list = [None] * (len(tree) + 1)        # hidden states, for a runner that keeps them
     for i, leaf in enumerate(tree.leaves()):
         if i:
             run.crop(end - 1)                   # back to the sequence; the root is fed again
@@ -124,10 +125,13 @@ def score(run, before: torch.Tensor, tree: Tree) -> torch.Tensor:
                                f"it held when the tree came")
         path = tree.path(leaf)
         logits = run(torch.cat([before[len(run) - base:], tree.tokens[path]]), keep=len(path) + 1)
-        rows[0] = logits[0]
-        for depth, node in enumerate(path, 1):
+        hidden = getattr(run, "hidden", None)
+        for depth, node in enumerate([-1] + path):
             rows[node + 1] = logits[depth]
+            states[node + 1] = hidden[depth] if hidden is not None else None
     run.crop(end)                               # the accepted path is fed with the next round
+    if getattr(run, "collect_hidden", False):
+        run.hidden = torch.stack(states)
     return torch.stack(rows)
 
 

@@ -365,9 +365,9 @@ SOURCE_MUTANTS = {
                            "passed = torch.ones(g, dtype=torch.bool, device=p.device)"),
     # (c) the bonus token drawn from the draft's q instead of the target's p
     "bonus-from-q": (decode, "_decode",
-                     "k = _accept_row(seq[b], n[b], trees[j], chains[j], scores, processors[b], pick, target_run, j)",
-                     "k = _accept_bonus_from_q(drafter, seq[b], n[b], drafted[j], trees[j].q, "
-                     "_processed(processors[b], scores, seq[b], n[b]), pick)"),
+                     "k, path = _accept_row(seq[b], n[b], trees[j], scores, processors[b], pick, target_run, j)",
+                     "k, path = _accept_bonus_from_q(drafter, seq[b], n[b], drafted[j], trees[j].q, "
+                     "_processed(processors[b], scores, seq[b], n[b]), pick), None"),
 }
 
 

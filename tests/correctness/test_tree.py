@@ -493,3 +493,85 @@ def test_the_developer_pages_tree_drafter_keeps_the_sampling_law():
     counts = _joint_two(target, lambda gen: TwoGuesses(), 2000, seed=6)
     fit = _fit(counts, _exact_two(target), "TwoGuesses")
     assert not fit.rejects(1e-3), str(fit)
+
+
+# --- drafters that read the target's hidden states ---------------------------------------------------
+
+class Recording:
+    """A Drafter that needs the target's hidden states and records what it is told each round."""
+    needs_hidden = True
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+        self.makes_trees = getattr(inner, "makes_trees", False)
+
+    def draft(self, seq, n, g):
+        self.calls.append(["draft", n])
+        return self.inner.draft(seq, n, g)
+
+    def observe(self, n, accepted, hidden):
+        self.calls[-1] += [n, accepted, hidden.clone()]
+        self.inner.observe(n, accepted)
+
+    def __len__(self):
+        return 0
+
+
+def _last_layer(model, ids: list[int]) -> torch.Tensor:
+    out = model(input_ids=torch.tensor([ids]), output_hidden_states=True, use_cache=False)
+    return out.hidden_states[-1][0]
+
+
+@pytest.mark.parametrize("family, inner", [
+    ("llama", lambda: TreeDraft(cached_model("llama"), branches=2, nodes=5)),     # trees in one pass
+    ("llama", lambda: TreeDraft(cached_model("llama"), branches=1)),              # chains
+    ("openai-gpt", lambda: TreeDraft(cached_model("openai-gpt"), branches=2, nodes=5)),  # branch by branch
+])
+@torch.inference_mode()
+def test_a_drafter_that_needs_hidden_states_gets_the_targets_own(family, inner):
+    """Each round the drafter hears, for every emitted token, the target's last-layer state at the
+    position that chose it, equal to the model's own cache-free forward's; the output stays greedy's."""
+    target = cached_model(family)
+    prompt = [5, 9, 14, 3, 5, 9, 14, 3, 5]
+    drafter = Recording(inner())                    # a self-draft: its trees' paths are accepted
+    out = speculative_generate(target, drafter, prompt, gamma=3, max_new_tokens=16)
+    assert out.tokens == greedy_generate(target, prompt, max_new_tokens=16).tokens
+    full = _last_layer(target, prompt + out.tokens)
+    assert len(drafter.calls) == len(out.rounds) and out.accepted > 0
+    for (_, before, after, accepted, hidden), r in zip(drafter.calls, out.rounds):
+        assert hidden.shape == (after - before, full.shape[-1]) and accepted == r.accepted
+        torch.testing.assert_close(hidden, full[before - 1:after - 1], rtol=1e-6, atol=1e-6)
+
+
+def test_the_developer_pages_hidden_state_drafter_runs_as_written():
+    HiddenHead = _page_class("hiddenhead")["HiddenHead"]
+    target = cached_model("llama")
+    prompts = [[5, 9, 14, 3, 5, 9], [7, 7, 7]]
+    head = HiddenHead(target.get_output_embeddings())
+    assert isinstance(head, Drafter)
+    outs = speculative_generate(target, head, prompts, gamma=2, max_new_tokens=12)      # a batch: a copy a row
+    assert [o.tokens for o in outs] == [greedy_generate(target, p, max_new_tokens=12).tokens for p in prompts]
+    assert all(o.drafted > 0 for o in outs)
+
+
+def test_a_hidden_state_drafter_on_a_target_that_cannot_give_them_is_refused():
+    from transformers import T5Config, T5ForConditionalGeneration
+    HiddenHead = _page_class("hiddenhead")["HiddenHead"]
+    t5 = T5ForConditionalGeneration(T5Config(d_model=8, d_kv=4, d_ff=16, num_layers=1, num_heads=2, vocab_size=16,
+                                             decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)).eval()
+    with pytest.raises(ValueError, match="hidden states needs the target on a spec.runner path"):
+        speculative_generate(t5, HiddenHead(t5.lm_head), [3, 4], gamma=2, max_new_tokens=4)
+
+
+def test_the_tree_benchmark_recipe_runs_and_checks_exactness(target):
+    """recipes/bench_trees.py's measuring step, end to end on the tiny fixture model."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[2] / "recipes" / "bench_trees.py"
+    spec_ = importlib.util.spec_from_file_location("bench_trees", path)
+    module = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(module)
+    rows = module.bench(target, [[5, 6, 7, 5, 6, 7, 5]], {"tree": (TreeDraft(target, branches=2, nodes=4), 2),
+                                                          "lookup": (LookupTree(), 3)}, 8, 1)
+    assert set(rows) == {"greedy", "tree", "lookup"} and all(r["equal_to_greedy"] for r in rows.values())
+    assert rows["tree"]["tokens_per_target_pass"] > 2 and rows["greedy"]["drafted_per_round"] == 0
