@@ -28,7 +28,7 @@ from typing import Callable
 
 import torch
 
-from spec import choose, clock, decode, defaults, hf, measure, models, parallel, seq2seq, theory, validate
+from spec import choose, clock, decode, defaults, hf, hfref, measure, models, parallel, seq2seq, theory, validate
 from spec.diagnose import first_difference
 from spec.prompts import CODE_PROMPTS, SEED_PROMPTS
 from spec.records import (Calibration, Difference, InRun, PairInfo, Peer, PeerSummary, PromptRecord, Prompts,
@@ -329,10 +329,10 @@ def assisted_peer(pair: models.Pair, ps: Prompts, gamma, max_new_tokens: int, sa
     """{"hf_assisted": ids -> new tokens}: HF assisted generation at the run's gamma (the calibration
     gamma under the online controller), warmed up on the first prompt."""
     say("HF assisted generation: warm-up")
-    assistant, g = hf.assistant_for(pair.target, pair.draft), peer_gamma(gamma)
+    assistant, g = hfref.assistant_for(pair.target, pair.draft), peer_gamma(gamma)
 
     def run(ids, n=max_new_tokens):
-        return hf.hf_assisted(pair.target, assistant, torch.tensor(ids), g, n, ps.eos)
+        return hfref.hf_assisted(pair.target, assistant, torch.tensor(ids), g, n, ps.eos)
 
     run(ps.ids[0], min(16, max_new_tokens))
     return {"hf_assisted": run}

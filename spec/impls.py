@@ -27,7 +27,8 @@ is then skipped with that reason, not failed.
 
 Adapters: `openai:URL` (a served model: an OpenAI-compatible server with speculation, compared with
 `--reference openai:URL`, the same model served without; see spec/endpoint.py), `llama-cpp` (an engine: its own GGUF models, its own greedy reference and logits; see
-spec/llamacpp.py), `spec` (spec.speculative_generate; spec.PromptLookup when draft is None), `hf-assisted`
+spec/llamacpp.py), `spec` (spec.speculative_generate; spec.PromptLookup when draft is None), `spec-tree`
+(the same with tree drafts: spec.TreeDraft, or spec.LookupTree when draft is None), `hf-assisted`
 (HF assisted generation with the draft as assistant model), `hf-prompt-lookup` (HF prompt lookup
 decoding, no draft model), and any callable named `module:function` or `path/to/file.py:function`.
 """
@@ -43,9 +44,10 @@ from typing import Callable
 
 import torch
 
-from spec import hf
+from spec import hfref
 from spec.decode import speculative_generate
 from spec.lookup import PromptLookup
+from spec.treedraft import LookupTree, TreeDraft
 
 DRAFT_KINDS = ("model", "none", "any")
 OPTION_KWARGS = ("repetition_penalty", "no_repeat_ngram_size", "min_p", "min_new_tokens", "sequence_bias",
@@ -129,16 +131,29 @@ spec_generate.conformance_draft = "any"
 spec_generate.conformance_batch = True
 
 
+def spec_tree_generate(target, draft, input_ids, *, gamma, max_new_tokens, **options) -> list[int]:
+    """spec with tree drafts (spec.treedraft): the draft model as a TreeDraft (two branches a level,
+    up to 2 * gamma nodes, gamma deep), or without one a LookupTree: the reference decoder that
+    verifies trees, for the kit's black-box properties (which hold for any engine that uses trees)."""
+    tree = LookupTree() if draft is None else TreeDraft(draft, branches=2, nodes=2 * gamma)
+    return spec_generate(target, tree, input_ids, gamma=gamma, max_new_tokens=max_new_tokens, **options)
+
+
+spec_tree_generate.conformance_draft = "any"
+spec_tree_generate.conformance_batch = True
+spec_tree_generate.conformance_options = OPTION_KWARGS
+
+
 # --- Hugging Face generate() -----------------------------------------------------------------
 
 _assistants: dict = {}
 
 
 def _assistant(target, draft):
-    """hf.assistant_for, made once per (target, draft): widening the head deep-copies the draft."""
+    """hfref.assistant_for, made once per (target, draft): widening the head deep-copies the draft."""
     key = (id(target), id(draft))
     if key not in _assistants or _assistants[key][0] is not draft:
-        _assistants[key] = (draft, target, hf.assistant_for(target, draft))
+        _assistants[key] = (draft, target, hfref.assistant_for(target, draft))
     return _assistants[key][2]
 
 
@@ -157,7 +172,7 @@ def hf_assisted_generate(target, draft, input_ids, *, gamma, max_new_tokens, eos
     the only place HF reads them)."""
     if draft is None:
         raise NotImplementedError("hf-assisted needs a draft model")
-    return hf.hf_generate(target, input_ids, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
+    return hfref.hf_generate(target, input_ids, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
                        do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator,
                        assistant=_assistant(target, draft), gamma=gamma, **_hf_options(options))
 
@@ -166,7 +181,7 @@ def hf_prompt_lookup_generate(target, draft, input_ids, *, gamma, max_new_tokens
                               do_sample=False, temperature=1.0, top_k=None, top_p=None, generator=None,
                               **options) -> list[int]:
     """HF prompt lookup decoding: gamma = prompt_lookup_num_tokens (n-grams of up to 2 matched)."""
-    return hf.hf_generate(target, input_ids, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
+    return hfref.hf_generate(target, input_ids, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
                        do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator,
                        prompt_lookup_num_tokens=gamma, **_hf_options(options))
 
@@ -190,6 +205,7 @@ endpoint_generate = _engine("openai", "an openai:URL server runs its own model",
 
 BUILTIN = {
     "spec": spec_generate,
+    "spec-tree": spec_tree_generate,
     "hf-assisted": hf_assisted_generate,
     "hf-prompt-lookup": hf_prompt_lookup_generate,
     "llama-cpp": llama_cpp_generate,

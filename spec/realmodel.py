@@ -138,13 +138,13 @@ def load(say=print, dtype: torch.dtype = torch.float32, device: str = "cpu"):
 def _lookup_peers(target, max_new_tokens: int, eos, hf_lookup) -> tuple[dict, dict]:
     """({name: ids -> new tokens}, {name: setting}) for HF prompt lookup at each setting
     (prompt_lookup_num_tokens, max_matching_ngram_size): one pair, a list of pairs, or None."""
-    from spec import hf
+    from spec import hfref
 
     settings = [] if hf_lookup is None else [hf_lookup] if isinstance(hf_lookup[0], int) else list(hf_lookup)
     peers, named = {}, {}
     for num_tokens, max_ngram in settings:
         name = f"HF prompt lookup ({num_tokens}, {max_ngram})"
-        peers[name] = functools.partial(hf.hf_prompt_lookup, target, max_new_tokens=max_new_tokens, eos_token_id=eos,
+        peers[name] = functools.partial(hfref.hf_prompt_lookup, target, max_new_tokens=max_new_tokens, eos_token_id=eos,
                                         num_tokens=num_tokens, max_ngram=max_ngram)
         named[name] = (num_tokens, max_ngram)
     return peers, named
@@ -349,7 +349,7 @@ def run_cli(*, gamma, max_new_tokens: int, prompt_file: Path | None = None, chat
     lookup is timed too, as a peer), against plain greedy and HF prompt lookup, side by side per
     prompt. gamma None: DEFAULT_GAMMA. options: the command line's, written to results.json.
     `python -m spec --target DIR --draft FILE.gguf` is the same run with target_path=DIR and draft=FILE."""
-    from spec import decode, hf, measure
+    from spec import decode, hfref, measure
     from spec.lookup import PromptLookup
 
     if draft not in DRAFTS and target_path is None:
@@ -377,7 +377,7 @@ def run_cli(*, gamma, max_new_tokens: int, prompt_file: Path | None = None, chat
     say("warm-up")
     decode.greedy_generate(target, prompt_ids[0], max_new_tokens=4)
     decode.speculative_generate(target, ours, prompt_ids[0], gamma=gamma, max_new_tokens=8)
-    hf.hf_prompt_lookup(target, torch.tensor(prompt_ids[0]), 4)
+    hfref.hf_prompt_lookup(target, torch.tensor(prompt_ids[0]), 4)
     say("timing verify passes of 1 to 17 tokens (the verify line)")
     line = measure.verify_line(target, prompt_ids[0], max_gamma=16)
     hf_settings = _hf_settings(gamma, draft, lookup.max_ngram)

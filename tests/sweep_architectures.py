@@ -60,7 +60,7 @@ import architectures as archs  # noqa: E402
 from oracles import cache_free_greedy, model_cached_greedy, model_own_cached_greedy  # noqa: E402
 
 import spec  # noqa: E402
-from spec import hf as spec_hf  # noqa: E402
+from spec import hf as spec_hf  # noqa: E402, hfref
 from spec.models import perturbed_copy  # noqa: E402
 
 MAX_NEW = 24
@@ -174,7 +174,7 @@ def build_family(name: str):
 
 
 def hf_assisted(target, draft, prompt, gamma) -> list[int]:
-    """HF assisted generation, plain greedy, through spec's one HF peer (spec.hf.hf_generate: both
+    """HF assisted generation, plain greedy, through spec's one HF peer (spec.hfref.hf_generate: both
     models' own generation configs swapped for bare ones while it runs, every round drafting gamma)."""
     return spec_hf.hf_assisted(target, draft, torch.tensor(prompt), gamma, MAX_NEW)
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import pytest
 
-from spec import hf, impls
+from spec import hfref, impls
 from spec.conformance import test_sampling_law as law
 
 
 def hf_assisted_default_top_k(target, draft, input_ids, *, gamma, max_new_tokens, eos_token_id=None,
                               do_sample=False, temperature=1.0, top_k=None, top_p=None, generator=None):
     """hf-assisted with the bug: top_k=None reaches the GenerationConfig as None, so HF uses 50."""
-    return hf.hf_generate(target, input_ids, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
+    return hfref.hf_generate(target, input_ids, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
                              do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
                              generator=generator, assistant=impls._assistant(target, draft), gamma=gamma,
                              top_k_as_given=True)

@@ -36,7 +36,7 @@ from hypothesis.errors import InvalidArgument
 from hypothesis import strategies as st
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from spec import build_gpt_neox, greedy_generate, hf
+from spec import build_gpt_neox, greedy_generate, hf, hfref
 from spec.conformance.stats import goodness_of_fit, reference_probabilities
 from spec.models import perturbed_copy
 
@@ -293,7 +293,7 @@ def hf_greedy(arch, prompt, max_new_tokens, frozen):
     """HF's plain greedy generate() on the zoo's target, with the options `_frozen` made hashable."""
     thawed = {k: dict(v) if k == "sequence_bias" else [list(b) for b in v] if k == "bad_words_ids" else v
               for k, v in frozen}
-    return hf.hf_generate(zoo(arch)["target"], list(prompt), max_new_tokens=max_new_tokens, do_sample=False, **thawed)
+    return hfref.hf_generate(zoo(arch)["target"], list(prompt), max_new_tokens=max_new_tokens, do_sample=False, **thawed)
 
 
 def _frozen(options: dict) -> tuple:

@@ -18,7 +18,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spec import hf
+from spec import hfref
 from spec.conformance.kit import ARCHS, DRAFT_KINDS, final_replay, greedy, kit_settings, prompts, run, \
     skip_unless_takes, zoo
 from spec.diagnose import diagnose
@@ -62,6 +62,6 @@ def test_hf_batch_peer(arch):
     mask = torch.zeros_like(ids)
     for b, row in enumerate(rows):
         ids[b, width - len(row):], mask[b, width - len(row):] = torch.tensor(row), 1
-    theirs = hf.hf_greedy_batch(zoo(arch)["target"], ids, mask, 16)
+    theirs = hfref.hf_greedy_batch(zoo(arch)["target"], ids, mask, 16)
     for b, row in enumerate(rows):
         assert theirs[b] == greedy(arch, tuple(row), 16), f"property hf_batch_peer: HF's batch row {b} ({arch})"

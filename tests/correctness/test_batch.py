@@ -25,7 +25,7 @@ from oracles import assert_exact
 from stats import Oracle, goodness_of_fit
 from strategies import batches_of_prompts, gammas
 
-from spec import PromptLookup, batch, choose, greedy_generate, hf, speculative_generate
+from spec import batch, choose, greedy_generate, hf, hfref, PromptLookup, speculative_generate
 from spec.draft import ModelDraft
 from spec.models import build_gpt_neox, perturbed_copy
 from spec.tree import Tree
@@ -137,7 +137,7 @@ def test_rows_equal_hf_generate_on_the_same_left_padded_batch():
     mask = torch.zeros(3, 6, dtype=torch.long)
     for b, p in enumerate(prompts):
         ids[b, 6 - len(p):], mask[b, 6 - len(p):] = torch.tensor(p), 1
-    theirs = hf.hf_greedy_batch(model, ids, mask, max_new_tokens=16)
+    theirs = hfref.hf_greedy_batch(model, ids, mask, max_new_tokens=16)
     ours = speculative_generate(model, draft_model("llama"), ids, attention_mask=mask, gamma=4, max_new_tokens=16)
     assert [r.tokens for r in ours] == theirs
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from oracles import assert_exact
 
-from spec import greedy_generate, hf, speculative_generate
+from spec import greedy_generate, hf, hfref, speculative_generate
 
 PROMPT = [3, 141, 59, 26, 53, 58, 97, 93]
 
@@ -77,7 +77,7 @@ def test_eos_none_means_no_stopping(target, self_draft, continuation):
     prompt = [0] * 5
     ours = speculative_generate(target, self_draft, prompt, gamma=3, max_new_tokens=30)
     assert len(ours.tokens) == 30 and ours.stop_reason == "max_new_tokens"
-    assert ours.tokens == hf.hf_greedy(target, torch.tensor(prompt), 30)
+    assert ours.tokens == hfref.hf_greedy(target, torch.tensor(prompt), 30)
 
 
 def test_input_forms_agree(target, partial_draft):
@@ -156,5 +156,5 @@ def test_eos_lists_stop_where_hf_generate_stops(target, partial_draft, continuat
         run = greedy_generate(target, PROMPT, max_new_tokens=40, eos_token_id=eos)
     else:
         run = speculative_generate(target, partial_draft, PROMPT, gamma=3, max_new_tokens=40, eos_token_id=eos)
-    assert run.tokens == hf.hf_greedy(target, torch.tensor(PROMPT), 40, eos_token_id=eos)
+    assert run.tokens == hfref.hf_greedy(target, torch.tensor(PROMPT), 40, eos_token_id=eos)
     assert run.tokens == continuation[:pos + 1] and run.stop_reason == "eos"

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from oracles import assert_exact, reference_rounds
 from strategies import gammas, max_new_tokens_values, short_token_id_prompts, text_prompts, token_id_prompts
 
-from spec import greedy_generate, hf, speculative_generate
+from spec import greedy_generate, hfref, speculative_generate
 from spec.models import perturbed_copy
 
 VOCAB = 500  # ids every fixture model can embed (the tiny pair's "tokenizer")
@@ -23,7 +23,7 @@ VOCAB = 500  # ids every fixture model can embed (the tiny pair's "tokenizer")
 @given(prompt=token_id_prompts(VOCAB), max_new_tokens=max_new_tokens_values(48))
 def test_greedy_equals_hf_generate(target, prompt, max_new_tokens):
     ours = greedy_generate(target, prompt, max_new_tokens=max_new_tokens).tokens
-    theirs = hf.hf_greedy(target, torch.tensor(prompt), max_new_tokens)
+    theirs = hfref.hf_greedy(target, torch.tensor(prompt), max_new_tokens)
     assert len(ours) == max_new_tokens
     assert_exact(target, prompt, theirs, ours)
 
@@ -33,7 +33,7 @@ def test_greedy_with_eos_equals_hf_generate(target, prompt, max_new_tokens, data
     free = greedy_generate(target, prompt, max_new_tokens=max_new_tokens).tokens
     eos = free[data.draw(st.integers(0, len(free) - 1), label="eos position")]
     ours = greedy_generate(target, prompt, max_new_tokens=max_new_tokens, eos_token_id=eos)
-    theirs = hf.hf_greedy(target, torch.tensor(prompt), max_new_tokens, eos_token_id=eos)
+    theirs = hfref.hf_greedy(target, torch.tensor(prompt), max_new_tokens, eos_token_id=eos)
     assert_exact(target, prompt, theirs, ours.tokens)
     assert ours.tokens[-1] == eos and ours.stop_reason == "eos"
     assert eos not in ours.tokens[:-1]
@@ -107,7 +107,7 @@ def test_fp32_target_bf16_draft_equal_up_to_proven_ties(target_fp32, shallow_dra
 def test_speculative_equals_hf_assisted_generation(target, partial_draft, prompt, gamma):
     """A second peer: HF assisted generation with the same gamma gives the same tokens."""
     ours = speculative_generate(target, partial_draft, prompt, gamma=gamma, max_new_tokens=24).tokens
-    theirs = hf.hf_assisted(target, hf.assistant_for(target, partial_draft), torch.tensor(prompt), gamma, 24)
+    theirs = hfref.hf_assisted(target, hfref.assistant_for(target, partial_draft), torch.tensor(prompt), gamma, 24)
     assert_exact(target, prompt, theirs, ours)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spec import build_gpt_neox, greedy_generate, hf, neox
+from spec import build_gpt_neox, greedy_generate, hf, hfref, neox
 
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=512)
 
@@ -237,9 +237,9 @@ def test_widths(target, random_draft):
 
 
 def test_assistant_for_widens_a_copy_with_zero_rows(target, random_draft):
-    assert hf.assistant_for(target, target) is target
+    assert hfref.assistant_for(target, target) is target
     before = random_draft.get_output_embeddings().weight.clone()
-    wide = hf.assistant_for(target, random_draft)
+    wide = hfref.assistant_for(target, random_draft)
     assert wide is not random_draft
     assert (hf.logit_width(wide), hf.vocab_rows(wide)) == (640, 640)
     assert torch.equal(wide.get_output_embeddings().weight[:512], before)
@@ -247,42 +247,42 @@ def test_assistant_for_widens_a_copy_with_zero_rows(target, random_draft):
     assert torch.count_nonzero(wide.get_input_embeddings().weight[512:]) == 0
     assert torch.equal(random_draft.get_output_embeddings().weight, before) and hf.logit_width(random_draft) == 512
     with pytest.raises(ValueError, match="draft: logit width 640 exceeds the target's 512"):
-        hf.assistant_for(random_draft, target)
+        hfref.assistant_for(random_draft, target)
 
 
 PROMPT = [3, 141, 59, 26]
 
 
 def test_hf_greedy_with_no_eos_and_one_eos(target):
-    free = hf.hf_greedy(target, torch.tensor(PROMPT), 24)
+    free = hfref.hf_greedy(target, torch.tensor(PROMPT), 24)
     assert free == greedy_generate(target, PROMPT, max_new_tokens=24).tokens and len(free) == 24
     a = free[9]
-    assert hf.hf_greedy(target, torch.tensor([PROMPT]), 24, eos_token_id=a) == free[:free.index(a) + 1]
-    assert hf.hf_greedy(target, torch.tensor(PROMPT), 24, eos_token_id=999) == free
+    assert hfref.hf_greedy(target, torch.tensor([PROMPT]), 24, eos_token_id=a) == free[:free.index(a) + 1]
+    assert hfref.hf_greedy(target, torch.tensor(PROMPT), 24, eos_token_id=999) == free
 
 
 def test_hf_greedy_with_an_eos_list(target):
-    free = hf.hf_greedy(target, torch.tensor(PROMPT), 24)
+    free = hfref.hf_greedy(target, torch.tensor(PROMPT), 24)
     a, b = free[9], free[15]
-    both = hf.hf_greedy(target, torch.tensor(PROMPT), 24, eos_token_id=[b, a])
+    both = hfref.hf_greedy(target, torch.tensor(PROMPT), 24, eos_token_id=[b, a])
     assert both == free[:min(free.index(a), free.index(b)) + 1]
 
 
 def test_greedy_config_means_no_eos_when_none(target):
-    cfg = hf._greedy_config(7, None)
+    cfg = hfref._greedy_config(7, None)
     assert (cfg.do_sample, cfg.max_new_tokens, cfg.eos_token_id, cfg.num_beams, cfg.pad_token_id) == \
         (False, 7, None, 1, 0)
-    cfg = hf._greedy_config(3, 5)
+    cfg = hfref._greedy_config(3, 5)
     assert cfg.eos_token_id == 5 and cfg.pad_token_id == 5
-    cfg = hf._greedy_config(3, [9, 4])  # a list: its first id pads
+    cfg = hfref._greedy_config(3, [9, 4])  # a list: its first id pads
     assert cfg.eos_token_id == [9, 4] and cfg.pad_token_id == 9
 
 
 def test_hf_assisted_sets_gamma_for_the_call_and_matches_greedy(target, partial_draft, monkeypatch):
     """HF reads gamma from the assistant's generation_config: set there while generate() runs,
-    put back after it (hf.hf_generate)."""
+    put back after it (hfref.hf_generate)."""
     free = greedy_generate(target, PROMPT, max_new_tokens=20).tokens
-    assistant = hf.assistant_for(target, partial_draft)
+    assistant = hfref.assistant_for(target, partial_draft)
     before, seen, generate = assistant.generation_config.to_dict(), [], target.generate
 
     def watched(*args, **kwargs):
@@ -291,11 +291,11 @@ def test_hf_assisted_sets_gamma_for_the_call_and_matches_greedy(target, partial_
         return generate(*args, **kwargs)
 
     monkeypatch.setattr(target, "generate", watched)
-    out = hf.hf_assisted(target, assistant, torch.tensor(PROMPT), gamma=3, max_new_tokens=20)
+    out = hfref.hf_assisted(target, assistant, torch.tensor(PROMPT), gamma=3, max_new_tokens=20)
     assert seen == [(3, "constant", 0.0)] and assistant.generation_config.to_dict() == before
     assert out == free
     stop = free[12]
-    assert hf.hf_assisted(target, assistant, torch.tensor(PROMPT), gamma=2, max_new_tokens=20,
+    assert hfref.hf_assisted(target, assistant, torch.tensor(PROMPT), gamma=2, max_new_tokens=20,
                           eos_token_id=stop) == free[:free.index(stop) + 1]
 
 

@@ -13,7 +13,7 @@ import copy
 import pytest
 import torch
 
-from spec import greedy_generate, hf
+from spec import greedy_generate, hfref
 from spec.models import perturbed_copy
 
 PROMPT = [3, 141, 59, 26, 53, 58, 97, 93]
@@ -36,21 +36,21 @@ def eos_target(target):
 def test_hf_greedy_without_eos_runs_to_max_new_tokens(eos_target):
     model, free, eos = eos_target
     before = model.generation_config.to_dict()
-    out = hf.hf_greedy(model, torch.tensor(PROMPT), NEW, eos_token_id=None)
+    out = hfref.hf_greedy(model, torch.tensor(PROMPT), NEW, eos_token_id=None)
     assert len(out) == NEW and out == free
     assert model.generation_config.to_dict() == before  # the model's own config is put back
 
 
 def test_hf_greedy_with_eos_stops_there(eos_target):
     model, free, eos = eos_target
-    out = hf.hf_greedy(model, torch.tensor(PROMPT), NEW, eos_token_id=eos)
+    out = hfref.hf_greedy(model, torch.tensor(PROMPT), NEW, eos_token_id=eos)
     assert out == free[:free.index(eos) + 1]
 
 
 def test_hf_assisted_without_eos_runs_to_max_new_tokens(eos_target):
     model, free, _ = eos_target
-    assistant = hf.assistant_for(model, perturbed_copy(model, noise=0.1, seed=3, dtype=torch.float32))
-    out = hf.hf_assisted(model, assistant, torch.tensor(PROMPT), 3, NEW, eos_token_id=None)
+    assistant = hfref.assistant_for(model, perturbed_copy(model, noise=0.1, seed=3, dtype=torch.float32))
+    out = hfref.hf_assisted(model, assistant, torch.tensor(PROMPT), 3, NEW, eos_token_id=None)
     assert out == free
 
 
@@ -59,7 +59,7 @@ def test_hf_prompt_lookup_without_eos_runs_to_max_new_tokens(eos_target):
     # a prompt that repeats itself, so that lookup drafts something
     prompt = PROMPT * 3
     expected = greedy_generate(model, prompt, max_new_tokens=NEW).tokens
-    out = hf.hf_prompt_lookup(model, torch.tensor(prompt), NEW, eos_token_id=None)
+    out = hfref.hf_prompt_lookup(model, torch.tensor(prompt), NEW, eos_token_id=None)
     assert out == expected and len(out) == NEW
 
 
@@ -86,12 +86,12 @@ def test_peer_table_withholds_speed_when_outputs_differ():
 
 
 def test_hf_assisted_puts_both_configs_back_even_when_generate_fails(eos_target, monkeypatch):
-    """One HF peer layer (hf.hf_generate): gamma is set on the assistant's generation_config only for
+    """One HF peer layer (hfref.hf_generate): gamma is set on the assistant's generation_config only for
     the call; afterwards, and after a failing call, target and assistant hold their own configs."""
     model, free, _ = eos_target
-    assistant = hf.assistant_for(model, perturbed_copy(model, noise=0.1, seed=3, dtype=torch.float32))
+    assistant = hfref.assistant_for(model, perturbed_copy(model, noise=0.1, seed=3, dtype=torch.float32))
     before = model.generation_config.to_dict(), assistant.generation_config.to_dict()
-    assert hf.hf_assisted(model, assistant, torch.tensor(PROMPT), 4, NEW) == free
+    assert hfref.hf_assisted(model, assistant, torch.tensor(PROMPT), 4, NEW) == free
     assert (model.generation_config.to_dict(), assistant.generation_config.to_dict()) == before
     seen = []
 
@@ -101,6 +101,6 @@ def test_hf_assisted_puts_both_configs_back_even_when_generate_fails(eos_target,
 
     monkeypatch.setattr(model, "generate", failing)
     with pytest.raises(RuntimeError, match="generate failed"):
-        hf.hf_assisted(model, assistant, torch.tensor(PROMPT), 4, NEW)
+        hfref.hf_assisted(model, assistant, torch.tensor(PROMPT), 4, NEW)
     assert seen == [4] and assistant.generation_config.num_assistant_tokens != 4
     assert (model.generation_config.to_dict(), assistant.generation_config.to_dict()) == before

@@ -22,7 +22,7 @@ import gate
 import thresholds
 from perfkit import (NEW_TOKENS, REPEATS, acceptance, assert_same_tokens, overhead, prediction, report,
                      side_by_side)
-from spec import greedy_generate, hf, speculative_generate, theory
+from spec import greedy_generate, hfref, speculative_generate, theory
 
 pytestmark = pytest.mark.perf
 HARDWARE = "cpu"
@@ -33,7 +33,7 @@ def _greedy_ours(pair):
 
 
 def _greedy_hf(pair):
-    return [hf.hf_greedy(pair.target, torch.tensor(p), NEW_TOKENS) for p in pair.prompts]
+    return [hfref.hf_greedy(pair.target, torch.tensor(p), NEW_TOKENS) for p in pair.prompts]
 
 
 @pytest.mark.parametrize("impl", ["hf_generate", "greedy_generate"])
@@ -87,7 +87,7 @@ def test_speculative_speedup(benchmark, cpu_pair, cpu_greedy, cpu_costs, cpu_ver
 
 def _assisted(pair, assistant, schedule):
     def run(prompt):
-        return hf.hf_assisted(pair.target, assistant, torch.tensor(prompt), 5, NEW_TOKENS, schedule=schedule)
+        return hfref.hf_assisted(pair.target, assistant, torch.tensor(prompt), 5, NEW_TOKENS, schedule=schedule)
     return run
 
 
@@ -95,11 +95,11 @@ def _assisted(pair, assistant, schedule):
 def test_hf_assisted_speedup(benchmark, cpu_pair, cpu_greedy, cpu_costs, schedule):
     """HF assisted generation (5 draft tokens a round; "heuristic": HF's default schedule,
     +2 after a fully accepted round, -1 otherwise), the same draft (widened by
-    hf.assistant_for), against HF generate's greedy decoding."""
-    assistant = hf.assistant_for(cpu_pair.target, cpu_pair.draft)
+    hfref.assistant_for), against HF generate's greedy decoding."""
+    assistant = hfref.assistant_for(cpu_pair.target, cpu_pair.draft)
 
     def greedy(prompt):
-        return hf.hf_greedy(cpu_pair.target, torch.tensor(prompt), NEW_TOKENS)
+        return hfref.hf_greedy(cpu_pair.target, torch.tensor(prompt), NEW_TOKENS)
 
     run = side_by_side(benchmark, greedy, _assisted(cpu_pair, assistant, schedule), cpu_pair.prompts, rounds=2)
     assert_same_tokens(cpu_pair.target, cpu_pair.prompts, run.baseline, run.candidate, f"HF assisted ({schedule})")
@@ -112,7 +112,7 @@ def test_faster_than_hf_assisted(benchmark, cpu_pair, cpu_greedy, cpu_costs, cpu
     """Ours (gamma 5) against HF assisted generation on the same pair, timed side by side:
     the ratio is HF's time / ours, per prompt. Gated for HF's constant schedule (the same
     gamma every round); the heuristic schedule is reported."""
-    assistant = hf.assistant_for(cpu_pair.target, cpu_pair.draft)
+    assistant = hfref.assistant_for(cpu_pair.target, cpu_pair.draft)
 
     def ours(prompt):
         return speculative_generate(cpu_pair.target, cpu_pair.draft, prompt, gamma=5, max_new_tokens=NEW_TOKENS)

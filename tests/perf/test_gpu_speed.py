@@ -26,7 +26,7 @@ import torch
 
 import thresholds
 from perfkit import SEED_PROMPTS, acceptance, assert_same_tokens, prediction, report, side_by_side
-from spec import build_gpt_neox, clock, greedy_generate, hf, load_pair, speculative_generate, theory
+from spec import build_gpt_neox, clock, greedy_generate, hfref, load_pair, speculative_generate, theory
 from spec.measure import batch_step_time, cost_ratio, verify_cost
 from spec.models import SHIPPED_PAIR
 from synthetic import SyntheticDraft
@@ -125,7 +125,7 @@ def test_seed_experiment_speedup(benchmark, real_pair, gpu_scale, rehearsal):
 
     run = side_by_side(benchmark, greedy, spec, prompts, rounds=gpu_scale.repeats, device=device)
     # The seed's oracle too: HF generate(do_sample=False).
-    hf_tokens = [hf.hf_greedy(target, torch.tensor(p), new_tokens, eos_token_id=eos) for p in prompts]
+    hf_tokens = [hfref.hf_greedy(target, torch.tensor(p), new_tokens, eos_token_id=eos) for p in prompts]
     assert_same_tokens(target, prompts, hf_tokens, run.baseline, "greedy_generate vs HF generate")
     assert_same_tokens(target, prompts, run.baseline, [r.tokens for r in run.candidate], "speculative")
     _gate(benchmark, device, key, run, costs, verify, eos_stops=True, rehearsal=rehearsal)

@@ -13,7 +13,7 @@ import copy
 import pytest
 import torch
 
-from spec import PromptLookup, greedy_generate, hf, realmodel, speculative_generate
+from spec import PromptLookup, greedy_generate, hfref, realmodel, speculative_generate
 from spec.models import encode_prompt
 from spec.prompts import SEED_PROMPTS
 
@@ -63,7 +63,7 @@ def test_chat_template_wraps_the_prompt(smollm2):
 def test_greedy_equals_hf_generate_without_eos(smollm2, chat_prompts, greedy_outputs):
     """The model's generation_config has an EOS: eos_token_id=None must still mean NEW tokens."""
     model, _ = smollm2
-    theirs = hf.hf_greedy(model, torch.tensor(chat_prompts[0]), NEW, eos_token_id=None)
+    theirs = hfref.hf_greedy(model, torch.tensor(chat_prompts[0]), NEW, eos_token_id=None)
     assert len(theirs) == NEW and theirs == greedy_outputs[0]
 
 
@@ -81,7 +81,7 @@ def test_prompt_lookup_equals_greedy_with_chat_and_eos(smollm2, chat_prompts, gr
 
 def test_hf_prompt_lookup_equals_greedy(smollm2, chat_prompts, greedy_outputs):
     model, _ = smollm2
-    assert hf.hf_prompt_lookup(model, torch.tensor(chat_prompts[1]), NEW, num_tokens=8, max_ngram=3) == \
+    assert hfref.hf_prompt_lookup(model, torch.tensor(chat_prompts[1]), NEW, num_tokens=8, max_ngram=3) == \
         greedy_outputs[1]
 
 
