@@ -24,7 +24,7 @@ import statistics
 import torch
 
 from spec import clock, experiment, greedy_generate, load_pair, speculative_generate, theory
-from spec.measure import batch_step_time
+from spec.experiment.measure import batch_step_time
 
 
 def one_size(pair, prompts: list[list[int]], *, gamma: int, max_new_tokens: int, repeats: int) -> dict:

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx2
 
-from spec.endpoint import Endpoint
+from spec.conformance.endpoint import Endpoint
 from spec.prompts import SEED_PROMPTS
 
 

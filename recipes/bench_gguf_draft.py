@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct fp32 (PyTorch, 1 thread) with its own Q4_1 GGUF drafting in llama.cpp (1 thread):
 per seed prompt, back to back, greedy and speculative at gamma 2..8 and "auto"; per gamma: the measured
 speedup over greedy (total times), alpha, tokens/round, c (draft time per drafted token over greedy's time
-per token), and Theorem 3.8 flat and with the verify pass priced (spec.measure.verify_line).
+per token), and Theorem 3.8 flat and with the verify pass priced (spec.experiment.measure.verify_line).
 Needs the `llama` extra and the model in the cache (`python -m spec.realmodel`).
 
   OMP_NUM_THREADS=1 python recipes/bench_gguf_draft.py [--tokens 128] [--gammas 2,3,4,5,6,8,auto]
@@ -15,7 +15,7 @@ import torch
 
 from spec import clock, greedy_generate, realmodel, speculative_generate, theory
 from spec.gguf_draft import GGUFDraft
-from spec.measure import verify_line
+from spec.experiment.measure import verify_line
 from spec.models import encode_prompt
 from spec.prompts import SEED_PROMPTS
 

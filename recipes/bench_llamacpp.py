@@ -28,7 +28,8 @@ def main() -> None:
 
     import llama_cpp
 
-    from spec import llamacpp, realmodel
+    from spec import realmodel
+    from spec.conformance import llamacpp
     from spec.prompts import SEED_PROMPTS
 
     model, tokenizer = realmodel.load()

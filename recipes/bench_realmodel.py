@@ -15,7 +15,7 @@ import time
 import torch
 
 from spec import PromptLookup, realmodel, theory
-from spec.measure import verify_line
+from spec.experiment.measure import verify_line
 from spec.models import encode_prompt
 from spec.prompts import SEED_PROMPTS
 

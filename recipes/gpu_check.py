@@ -36,7 +36,7 @@ if str(ROOT) not in sys.path:  # a source checkout run as `python recipes/gpu_ch
     sys.path.insert(0, str(ROOT))
 
 from spec import clock  # noqa: E402
-from spec.report import machine_info  # noqa: E402
+from spec.experiment.report import machine_info  # noqa: E402
 
 # Cheapest and most informative first: with no local pythia weights the synthetic shapes are the
 # measurement; the real pair loads 47 GB and the split target needs 2+ GPUs.

@@ -7,8 +7,8 @@ Writes results.json and results.png to --out. Exit status: 0 when every
 speculative output equals greedy (or differs only at a proven numerical tie),
 1 when one does not, 2 for bad options, missing weights or an unusable device.
 
-This file parses options and prints; the steps live in spec/experiment.py and the
-rendering in spec/report.py. Only the standard library and spec.defaults are
+This file parses options and prints; the steps live in spec/experiment/__init__.py and the
+rendering in spec/experiment/report.py. Only the standard library and spec.defaults are
 imported before the options are parsed, so --help and option errors are instant.
 A subcommand is one line in SUBCOMMANDS.
 """
@@ -25,7 +25,7 @@ from pathlib import Path
 from spec import defaults
 
 # name -> "module:function": `python -m spec NAME ARGS...` calls function(ARGS) for its exit status.
-SUBCOMMANDS: dict[str, str] = {"conform": "spec.conform:main"}  # python -m spec conform: the conformance kit
+SUBCOMMANDS: dict[str, str] = {"conform": "spec.conformance.conform:main"}  # python -m spec conform: the conformance kit
 
 EPILOG = (
     "pair: by default the small GPT-NeoX pair shipped in spec/assets/pair (trained on Python source);\n"
@@ -235,8 +235,8 @@ def run(args, experiment) -> int:
 
 def run_experiment(args, experiment, say):
     """The experiment's steps in order, each given the options it reads; prints the header and the
-    report. Returns spec.records.Results."""
-    from spec import report
+    report. Returns spec.experiment.records.Results."""
+    from spec.experiment import report
 
     pair, pair_info = experiment.load(args.target, args.draft, device=args.device, target_dtype=args.target_dtype,
                                       draft_dtype=args.draft_dtype, tp=args.tp, seed=args.seed,
@@ -272,7 +272,7 @@ def options(args) -> dict:
 
 def verdict(args, results, say) -> int:
     """Ties and failures said, and the exit status: 1 when an output differs from greedy beyond a tie."""
-    from spec import report
+    from spec.experiment import report
 
     for line in report.tie_lines(results.records):
         print(line)
@@ -286,7 +286,7 @@ def verdict(args, results, say) -> int:
 
 
 def write_outputs(args, results, say) -> None:
-    from spec import report
+    from spec.experiment import report
 
     json_path, png_path = args.out / "results.json", args.out / "results.png"
     report.write_json(json_path, results)

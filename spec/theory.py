@@ -52,7 +52,7 @@ def corollary_bound(alpha: float, c: float) -> float | None:
 def expected_speedup_costed(alpha: float, gamma: int, c: float, verify_slope: float = 0.0,
                             verify_fixed: float = 1.0) -> float:
     """Theorem 3.8 with the verify pass priced at its cost: a (gamma+1)-token target pass
-    costing verify_fixed + verify_slope * gamma one-token steps (spec.measure.verify_line
+    costing verify_fixed + verify_slope * gamma one-token steps (spec.experiment.measure.verify_line
     fits both). verify_fixed = 1, verify_slope = 0 is the theorem (a pass bound by reading
     the weights, as on a GPU); a small model on one CPU core measured 1.2 to 1.6 steps for
     gamma 5 to 10, and SmolLM2-135M ~1.5 already at gamma 1 (fixed > 1)."""

@@ -1,5 +1,5 @@
 """A small OpenAI-compatible completions server over spec itself, in a thread of the test process, so the
-endpoint adapter (spec/endpoint.py) and every endpoint property (spec/conformance/endpoints.py) run in
+endpoint adapter (spec/conformance/endpoint.py) and every endpoint property (spec/conformance/endpoints.py) run in
 the default pytest without vLLM.
 
 It serves the kit's seeded tiny Llama (kit.zoo("llama"): fp64 target, its 10%-noise copy as the draft;

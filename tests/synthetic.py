@@ -32,7 +32,7 @@ class SyntheticDraft(torch.nn.Module):
     """`draft` with acceptance rate `alpha` against the target whose greedy continuations are given.
 
     references: {prompt (tuple of ids): the target's greedy continuation (ids)}. A prompt
-    not in it (e.g. the one spec.measure times the steps with) gets only wrong proposals.
+    not in it (e.g. the one spec.experiment.measure times the steps with) gets only wrong proposals.
     Positions past the end of a continuation are proposed wrong as well."""
 
     def __init__(self, draft: torch.nn.Module, references: Mapping[Sequence[int], Sequence[int]], alpha: float,

@@ -19,11 +19,12 @@ import spec.__main__ as cli
 import spec.choose
 import spec.decode
 import spec.models
-from spec import defaults, experiment, report, theory
+from spec import defaults, experiment, theory
+from spec.experiment import report
 from spec.models import build_gpt_neox, truncated_copy
 from spec.prompts import CODE_PROMPTS, SEED_PROMPTS
-from spec.records import Difference, InRun, PairInfo, Prompts, Results, Summary, Theory
-from spec.report import TABLE_COLUMNS
+from spec.experiment.records import Difference, InRun, PairInfo, Prompts, Results, Summary, Theory
+from spec.experiment.report import TABLE_COLUMNS
 
 N = 12  # new tokens per prompt: enough for several multi-token rounds, cheap on a shared CPU
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import spec.__main__ as cli
-from spec import conform
+from spec.conformance import conform
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -73,7 +73,7 @@ def test_pytest_run_of_the_kit_fails_when_a_decoder_ran_nothing(pytester, tmp_pa
 
 
 TOKEN_CHANGED = '''
-from spec.impls import spec_generate
+from spec.conformance.impls import spec_generate
 from spec import greedy_generate
 
 def generate(target, draft, input_ids, *, gamma, max_new_tokens, **options):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 import onesided
-from spec import impls
+from spec.conformance import impls
 from spec.conformance import test_one_sided as one_sided
 
 

@@ -1,4 +1,4 @@
-"""The endpoint adapter (spec/endpoint.py) and the endpoint properties (spec/conformance/endpoints.py)
+"""The endpoint adapter (spec/conformance/endpoint.py) and the endpoint properties (spec/conformance/endpoints.py)
 against in-process OpenAI-compatible servers over spec (tests/endpoint_server.py): the speculative
 server passes every property against the plain one, and each broken server (one bug class each) is
 rejected by the property that guards that class."""
@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spec import impls
+from spec.conformance import impls
 from spec.conformance import endpoints, kit
-from spec.endpoint import Endpoint, EndpointError, base_url
+from spec.conformance.endpoint import Endpoint, EndpointError, base_url
 
 from endpoint_proxy import BUGS as PROXY_BUGS
 from endpoint_proxy import Proxy
@@ -149,7 +149,7 @@ def test_a_logprob_limit_leaves_other_temperatures_untested(endpoint_server):
 def test_conform_cli_on_endpoints(endpoint_server, tmp_path, capsys, bug, keyword, expected_exit):
     """`python -m spec conform --impl openai:URL --reference openai:URL` (in-process): the speculative
     server passes every endpoint property; a broken one exits 1."""
-    from spec import conform
+    from spec.conformance import conform
     out = tmp_path / "conformance.json"
     argv = ["--impl", f"openai:{endpoint_server(True, bug).url}", "--reference",
             f"openai:{endpoint_server(False).url}", "--budget", "0.25", "-k", keyword, "--out", str(out)]
@@ -255,7 +255,7 @@ def test_a_proxy_without_a_bug_changes_nothing(endpoint_server, noise):
 def test_a_known_crash_is_not_sent_again(endpoint_server, tmp_path, capsys):
     """A server that says it is vLLM 0.32.0 (owned_by and GET /version) gets no top_k sampling request (it
     killed that engine): the case is an expected failure naming the finding, and the run passes."""
-    from spec import conform
+    from spec.conformance import conform
     posing = endpoint_server(True, None, "small")
     posing.owner, posing.version = "vllm", "0.32.0"
     try:
@@ -326,7 +326,7 @@ def test_conform_cli_on_vllm(vllm_servers, tmp_path, capsys, kind):
     passes but the findings above, which fail (exit 1) where the engine's scheduler mixed the requests
     (every run here did); the slow sampling-option laws are left out (skipped without SPEC_VLLM_PYTHON;
     minutes: the servers start)."""
-    from spec import conform
+    from spec.conformance import conform
     out = tmp_path / "conformance.json"
     argv = ["--impl", f"openai:{vllm_servers(kind).url}", "--reference", f"openai:{vllm_servers(None).url}",
             "--budget", "0.25", "-k", "endpoint and not sampling_options", "--out", str(out)]
@@ -341,7 +341,7 @@ def test_llamacpp_server_is_refused_with_the_reason(llamacpp_servers):
     token for token and says so up front (skipped without llama-cpp-python[server] or the GGUF)."""
     lookup, plain = llamacpp_servers
     impl = impls.load(f"openai:{lookup.url}", reference=f"openai:{plain.url}")
-    from spec import endpoint
+    from spec.conformance import endpoint
     with pytest.raises(EndpointError, match="refused a prompt given as token ids"):
         endpoint.pair(impl)
 

@@ -1,5 +1,5 @@
 """spec.gguf_draft: a GGUF file run by llama.cpp drafting for a PyTorch target, on tiny seeded Llamas
-written as GGUFs by spec.llamacpp.llama_gguf. Greedy exactness, the cache following the final
+written as GGUFs by spec.conformance.llamacpp.llama_gguf. Greedy exactness, the cache following the final
 sequence (checked against a fresh llama.cpp context every round, and in llama.cpp's own KV cache),
 the sampling law (chi-square over the first two tokens), the refusals; each check has a broken
 variant it must reject. Skipped with the reason without the `llama` extra. About 10 s."""
@@ -13,7 +13,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from spec import greedy_generate, llamacpp, speculative_generate
+from spec import greedy_generate, speculative_generate
+from spec.conformance import llamacpp
 from spec.conformance import kit
 from spec.conformance.stats import goodness_of_fit, reference_probabilities
 from spec.draft import Pick

@@ -17,22 +17,55 @@ MAX_FUNCTION_LINES = 60
 LONG_ALLOWED = {"speculative_generate"}  # the decode loop: Algorithm 1 on one screen
 
 
+# The package by audience: the runtime (spec/*.py), the experiment (spec/experiment/) and the kit's
+# modules (spec/conformance/, its property modules test_*.py aside). Names are dotted below spec.
+PACKAGES = ("experiment", "conformance")
+COMMAND_LINES = {"__main__", "realmodel"}      # runtime-level files that drive the experiment
+
+
+def _name(path: Path) -> str:
+    parts = path.relative_to(SPEC).with_suffix("").parts
+    return ".".join(parts[:-1]) if parts[-1] == "__init__" and len(parts) > 1 else ".".join(parts)
+
+
 def _modules() -> dict[str, ast.Module]:
-    return {p.stem: ast.parse(p.read_text(encoding="utf-8")) for p in sorted(SPEC.glob("*.py"))}
+    paths = sorted(SPEC.glob("*.py")) + [p for pkg in PACKAGES for p in sorted((SPEC / pkg).glob("*.py"))
+                                         if not p.name.startswith("test_")]
+    return {_name(p): ast.parse(p.read_text(encoding="utf-8")) for p in paths
+            if _name(p) != "conformance"}
 
 
 def _spec_imports(tree: ast.Module) -> set[str]:
-    """spec modules a module imports, at the top or inside a function."""
+    """spec modules a module imports, at the top or inside a function (dotted below spec, as
+    `_modules` names them: `from spec.experiment import report` is experiment.report)."""
     out = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            out |= {a.name.split(".")[1] for a in node.names if a.name.startswith("spec.")}
+            out |= {a.name[len("spec."):] for a in node.names if a.name.startswith("spec.")}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             if node.module == "spec":
                 out |= {a.name for a in node.names}
             elif node.module.startswith("spec."):
-                out.add(node.module.split(".")[1])
-    return out
+                base = node.module[len("spec."):]
+                subs = {f"{base}.{a.name}" for a in node.names}
+                found = subs & _MODULE_NAMES
+                out |= found or {base}
+    return {m if m in _MODULE_NAMES else m.split(".")[0] for m in out}
+
+
+_MODULE_NAMES = set(_modules())
+
+
+def test_the_runtime_imports_neither_the_experiment_nor_the_kit():
+    """Layout by audience: spec/*.py (the command lines aside) import nothing from spec/experiment/
+    or spec/conformance/; the experiment imports nothing from the kit."""
+    modules = _modules()
+    for name, tree in modules.items():
+        reached = {m.split(".")[0] for m in _spec_imports(tree)}
+        if "." not in name and name not in PACKAGES and name not in COMMAND_LINES:
+            assert not reached & set(PACKAGES), f"spec/{name}.py imports {sorted(reached & set(PACKAGES))}"
+        if name.split(".")[0] == "experiment":
+            assert "conformance" not in reached, f"{name} imports the conformance kit"
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -67,7 +100,7 @@ def test_cycle_finder_finds_a_cycle():
 
 
 def test_no_long_functions_in_spec():
-    long = [f"spec/{name}.py:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines"
+    long = [f"spec/{name.replace('.', '/')}.py:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines"
             for name, tree in _modules().items() for node in ast.walk(tree)
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
             and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES and node.name not in LONG_ALLOWED]
@@ -212,7 +245,7 @@ def test_spec_imports_nothing_from_tests():
     assert not found, "\n".join(found)
 
 
-CLI_MODULES = {"__main__", "conform"}   # the command lines: they parse options and pass values on
+CLI_MODULES = {"__main__", "conformance.conform"}   # the command lines: they parse options and pass values on
 
 
 def _namespace_readers(module: str, tree: ast.Module) -> list[str]:
@@ -233,7 +266,7 @@ def _namespace_readers(module: str, tree: ast.Module) -> list[str]:
 
 def test_only_the_command_lines_read_parsed_options():
     """Library functions take explicit arguments, not argparse namespaces: spec/__main__.py and
-    spec/conform.py parse options and pass their values on; a module's own `main(argv)` that
+    spec/conformance/conform.py parse options and pass their values on; a module's own `main(argv)` that
     parses its options may read them."""
     found = [f for module, tree in _modules().items() if module not in CLI_MODULES
              for f in _namespace_readers(module, tree)]

@@ -1,4 +1,4 @@
-"""llama.cpp through the conformance kit (spec/llamacpp.py, spec/conformance/test_engine.py), kept
+"""llama.cpp through the conformance kit (spec/conformance/llamacpp.py, spec/conformance/test_engine.py), kept
 short: skipped with the reason without the `llama` extra (and the real-model cases without the real
 model in the cache)."""
 
@@ -10,14 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from spec import impls, llamacpp, realmodel
+from spec import realmodel
+from spec.conformance import impls, llamacpp
 from spec.conformance import kit
 
 pytestmark = pytest.mark.skipif(llamacpp.available() is not None, reason=str(llamacpp.available()))
 
 
 def test_the_kits_llama_written_as_gguf_is_the_same_model(tmp_path):
-    """spec.llamacpp.llama_gguf: llama.cpp runs the kit's seeded 640-wide Llama with PyTorch's logits
+    """spec.conformance.llamacpp.llama_gguf: llama.cpp runs the kit's seeded 640-wide Llama with PyTorch's logits
     (to fp32 rounding; q/k permuted to llama.cpp's rope layout) and its greedy output."""
     from spec import greedy_generate
     model = copy.deepcopy(kit.zoo("llama")["target"]).float()

@@ -1,5 +1,5 @@
 """Endpoint properties: a speculative server (`spec`) against the same model served without speculation
-(`ref`), both spec.endpoint.Endpoint. Each check returns its evidence (a line for the report) or raises
+(`ref`), both spec.conformance.endpoint.Endpoint. Each check returns its evidence (a line for the report) or raises
 Violation with the counterexample. The reference's own logprobs are the evidence for a divergence: the
 top-2 gap at the first divergent position, against the engine's measured noise (the same positions'
 logprobs from the reference alone and among concurrent requests, `measure_noise`), so a numerical tie
@@ -274,7 +274,7 @@ class Untested(Exception):
 
 def _refusable(who: str, call):
     """`call()`'s answer, or Untested when the server refuses the request with a 4xx."""
-    from spec.endpoint import EndpointError
+    from spec.conformance.endpoint import EndpointError
     try:
         return call()
     except EndpointError as err:

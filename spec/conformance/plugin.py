@@ -8,7 +8,7 @@ Nothing heavy is imported until a test asks for `impl`.
 
 `--impl A,B,...`: spec, hf-assisted, hf-prompt-lookup, llama-cpp, openai:URL (with --conform-reference
 openai:URL), module:function or
-path/to/file.py:function (see spec/impls.py for the interface); every property that takes `impl`
+path/to/file.py:function (see spec/conformance/impls.py for the interface); every property that takes `impl`
 runs once per decoder named. `--conform-budget B` scales every example count and sample size by B
 (default 1: the kit against spec fits in about a minute of a CPU).
 """
@@ -19,7 +19,7 @@ import os
 
 import pytest
 
-IMPLS = pytest.StashKey()     # name -> spec.impls.Impl, loaded on first use
+IMPLS = pytest.StashKey()     # name -> spec.conformance.impls.Impl, loaded on first use
 ITEM_IMPL = pytest.StashKey()  # nodeid -> impl name, for the items that take one
 RAN = pytest.StashKey()        # impl name -> whether any of its properties ran (passed, failed or xfailed)
 OURS = pytest.StashKey()       # node ids (without parameters) of the tests this plugin parametrized
@@ -64,7 +64,7 @@ def loaded(config, name: str):
     """The Impl named `name`, loaded once per session; a bad name is a usage error."""
     cache = config.stash.setdefault(IMPLS, {})
     if name not in cache:
-        from spec import impls
+        from spec.conformance import impls
         try:
             cache[name] = impls.load(name, model=config.getoption("--conform-model"),
                                      reference=config.getoption("--conform-reference"))
@@ -98,7 +98,7 @@ def pytest_generate_tests(metafunc):
 
 @pytest.fixture(scope="session")
 def impl(request):
-    """The decoder under test (spec.impls.Impl)."""
+    """The decoder under test (spec.conformance.impls.Impl)."""
     return loaded(request.config, request.param)
 
 

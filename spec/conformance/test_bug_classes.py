@@ -9,7 +9,7 @@ semantics (HF's own plain greedy generate() with the same options is the referen
                    bans) drawn from the free greedy continuation, so they bite; a verify row must
                    see exactly its own prefix for a multi-token key (the class of SGLang #10617:
                    logit bias ignored under speculation).
-Each runs only against decoders that take the option (spec.impls); each has a negative control
+Each runs only against decoders that take the option (spec.conformance.impls); each has a negative control
 (`*_power`): the same check, at the same example count, must reject spec with the option dropped.
 The sampling side of these classes (min_p, logit bias, q from processed logits, penalties per
 token, a bf16 draft) is in test_sampling_law.py.
@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from spec.conformance import kit
 from spec.conformance.kit import ARCHS, DRAFT_KINDS, check_against_hf, greedy, kit_settings, prompts, skip_unless_takes
-from spec.impls import Impl, spec_generate
+from spec.conformance.impls import Impl, spec_generate
 
 
 def min_new_tokens_property(impl, budget, draft_kind, examples=8):

@@ -1,7 +1,7 @@
 """Endpoint properties: a served model (`--impl openai:URL`, a server with speculation) against the same
 model served without it (`--reference openai:URL`; pytest: --conform-reference). The reference is the
 engine's own plain decoding, the evidence its own logprobs, the noise measured on it (alone vs among
-concurrent requests). The checks are spec/conformance/endpoints.py; the adapter spec/endpoint.py.
+concurrent requests). The checks are spec/conformance/endpoints.py; the adapter spec/conformance/endpoint.py.
 
   endpoint_greedy_exact            the seed prompts (tokenized by the reference's /tokenize)
   endpoint_greedy_search           hypothesis: token-id prompts (ids the server has emitted or tokenized;
@@ -43,7 +43,7 @@ TOP_LOGPROBS = 20     # what vLLM gives by default (--max-logprobs 20)
 def servers(impl):
     if impl.engine != "openai":
         pytest.skip(f"{impl.name} is not a served model (endpoint properties run for --impl openai:URL)")
-    from spec import endpoint
+    from spec.conformance import endpoint
     try:
         spec, ref = endpoint.pair(impl)
     except endpoint.EndpointError as err:

@@ -1,12 +1,12 @@
 """Engine properties: a decoder under test that brings its own models and its own reference
-(`--impl llama-cpp`; spec/llamacpp.py). The reference is the engine's own plain greedy decoding,
+(`--impl llama-cpp`; spec/conformance/llamacpp.py). The reference is the engine's own plain greedy decoding,
 the evidence the engine's own logits.
 
   engine_greedy_exact      speculative greedy output (prompt lookup, or a draft model) equals the
                            engine's own plain greedy output, token for token, on the seed prompts;
                            each divergence diagnosed from the engine's logits
   engine_greedy_exact_tiny the same, under hypothesis (prompts, gamma 1..8, 1..24 tokens), on the
-                           kit's seeded 640-wide Llama written as an f32 GGUF (spec.llamacpp.llama_gguf;
+                           kit's seeded 640-wide Llama written as an f32 GGUF (spec.conformance.llamacpp.llama_gguf;
                            the draft model is its 10%-noise copy): fast enough to search
   engine_divergences_are_ties  every divergence is a numerical tie: the greedy top-2 gap at the
                            divergent position is within the engine's measured noise (the largest
@@ -14,7 +14,7 @@ the evidence the engine's own logits.
                            file), not a logic bug
   engine_sampling_law      speculative sampling (prompt lookup, or the draft model; gamma 2): the joint
                            law of the first 3 new tokens equals the law of llama.cpp's own sampler chain
-                           (spec.llamacpp.sampler_law: top-k, top-p and min-p at temperature 1, then the
+                           (spec.conformance.llamacpp.sampler_law: top-k, top-p and min-p at temperature 1, then the
                            temperature) on the engine's own logits, on the kit's tiny Llama GGUF; so
                            neither PyTorch's kernels nor HF's order of the filters count. With its
                            negative controls (engine_sampling_power): the law the samples are tested
@@ -22,7 +22,7 @@ the evidence the engine's own logits.
   engine_sampling_determinism  the same seed gives the same samples, another seed others
 
 Models: the real SmolLM2-135M-Instruct Q4_1 GGUF (spec.realmodel fetches it) and the same weights
-dequantized to an f32 GGUF (spec.llamacpp.dequantized_gguf), or the file given with --model
+dequantized to an f32 GGUF (spec.conformance.llamacpp.dequantized_gguf), or the file given with --model
 (python -m spec conform --impl llama-cpp --model path/to/model.gguf).
 """
 
@@ -64,7 +64,8 @@ def _close_engines():
 
 @functools.cache
 def model_file(variant: str, given: str | None):
-    from spec import llamacpp, realmodel
+    from spec import realmodel
+    from spec.conformance import llamacpp
 
     if variant == "model":
         return given
@@ -81,7 +82,7 @@ _engines: dict = {}
 
 
 def engine(path: str):
-    from spec import llamacpp
+    from spec.conformance import llamacpp
     if path not in _engines:
         _engines[path] = llamacpp.Engine(path, threads=THREADS)
     return _engines[path]
@@ -103,7 +104,7 @@ def outcome(path: str, drafter: str, draft_path: str, n: int):
 
 
 def _needs_llama_cpp():
-    from spec import llamacpp
+    from spec.conformance import llamacpp
     missing = llamacpp.available()
     if missing:
         pytest.skip(missing)
@@ -151,7 +152,7 @@ def test_engine_divergences_are_ties(impl, budget, variant, drafter, record_prop
 @functools.cache
 def tiny_file(which: str) -> str:
     """kit.zoo's Llama ("target", or the "partial" draft) as an f32 GGUF in a scratch folder."""
-    from spec import llamacpp
+    from spec.conformance import llamacpp
     model = copy.deepcopy(kit.zoo("llama")[which]).float()
     folder = Path(tempfile.mkdtemp(prefix="spec-kit-gguf-"))
     return str(llamacpp.llama_gguf(model, folder / f"llama-{which}.gguf"))
@@ -192,7 +193,7 @@ def engine_law(e, sampler: dict, temperature_first: bool = False) -> dict:
     """{first LAW_JOINT tokens: probability} under llama.cpp's sampler chain on engine `e`'s own
     logits (one-token passes), every sequence of nonzero probability enumerated.
     temperature_first: HF's order instead (the temperature before top-p and min-p), for the control."""
-    from spec import llamacpp
+    from spec.conformance import llamacpp
     law = {}
 
     def extend(seq: tuple, prob: float):

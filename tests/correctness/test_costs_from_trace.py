@@ -1,4 +1,4 @@
-"""gamma="auto" and spec.measure recomputed from the numbers they ran on.
+"""gamma="auto" and spec.experiment.measure recomputed from the numbers they ran on.
 
 Auto mode: a real run with trace=True records each round's draft and verify times; the
 rule AutoGamma documents (capped-geometric alpha with a 0.7 x 4 prior, draft time per
@@ -8,7 +8,7 @@ first round left out, then Theorem 3.8's optimal gamma priced with that line) is
 here, written out independently, and every round's drafted count must equal the gamma it
 implies (capped by the tokens left), exactly.
 
-spec.measure: its clock is replaced by a scripted one, so each timed interval is a number
+spec.experiment.measure: its clock is replaced by a scripted one, so each timed interval is a number
 chosen here; the medians, c and slopes it reports must equal those computed by hand.
 """
 
@@ -86,7 +86,7 @@ def test_replay_is_sensitive_to_what_it_checks():
     assert replay_auto_gamma(cheap)[-1] == 16 and replay_auto_gamma(dear)[-1] == 1
 
 
-# --- spec.measure on a scripted clock ------------------------------------------------------------
+# --- spec.experiment.measure on a scripted clock ------------------------------------------------------------
 
 
 MEASURE_PROMPT = [3, 141, 59, 26, 5, 8, 13]   # 7 tokens: no timed pass below is that long
@@ -95,7 +95,7 @@ MEASURE_PROMPT = [3, 141, 59, 26, 5, 8, 13]   # 7 tokens: no timed pass below is
 class ScriptedClock:
     """time.perf_counter replaced by a clock that stands still except inside the models'
     forward passes: each pass after a prefill (a 7-token input) moves it on by the next of
-    `durations`, so every interval spec.measure times around a pass is a number chosen here,
+    `durations`, so every interval spec.experiment.measure times around a pass is a number chosen here,
     however often it reads the clock."""
 
     def __init__(self, durations, models):
@@ -133,7 +133,7 @@ def clock(monkeypatch):
 
 
 def test_step_time_is_the_median_after_warmup(target, clock):
-    from spec.measure import step_time
+    from spec.experiment.measure import step_time
     c = clock([50.0, 40.0, 3.0, 1.0, 4.0, 1.5, 9.0], target)
     assert step_time(target, MEASURE_PROMPT, steps=5, warmup=2) == 3.0     # median of 3, 1, 4, 1.5, 9
     assert c.passes == 7
@@ -143,7 +143,7 @@ def test_step_time_is_the_median_after_warmup(target, clock):
 
 
 def test_cost_ratio_interleaves_and_averages(target, partial_draft, clock):
-    from spec.measure import cost_ratio
+    from spec.experiment.measure import cost_ratio
     from spec.runner import path_of
     path_of(target), path_of(partial_draft)  # the runner probe's passes run before the clock is scripted
     # steps=6: each of the four blocks times 1 warmup + 3 steps: draft, target, draft, target
@@ -156,7 +156,7 @@ def test_cost_ratio_interleaves_and_averages(target, partial_draft, clock):
 
 
 def test_pass_times_and_verify_cost(target, clock):
-    from spec.measure import pass_times, verify_cost
+    from spec.experiment.measure import pass_times, verify_cost
     # repeats 3, gammas [0, 2, 5] interleaved: 0, 2, 5, 0, 2, 5, 0, 2, 5
     c = clock([1.0, 2.0, 3.0, 1.2, 2.5, 2.0, 0.9, 1.0, 9.0], target)
     assert pass_times(target, MEASURE_PROMPT, [0, 2, 5], repeats=3) == {0: 1.0, 2: 2.0, 5: 3.0}
@@ -166,7 +166,7 @@ def test_pass_times_and_verify_cost(target, clock):
 
 
 def test_verify_slope_by_least_squares(target, clock):
-    from spec.measure import verify_slope
+    from spec.experiment.measure import verify_slope
     # max_gamma 8: passes for gamma 0, 2, 4, 8; medians 10, 12, 14, 18 (one repeat each): slope 1 a
     # token, 0.1 one-token steps
     clock([10.0, 12.0, 14.0, 18.0], target)
@@ -184,7 +184,7 @@ def test_verify_slope_by_least_squares(target, clock):
 
 def test_step_time_and_cost_ratio_defaults(target, partial_draft, clock):
     """Defaults: 4 warmup + 32 timed steps; cost_ratio's four blocks of 4 + 16."""
-    from spec.measure import cost_ratio, step_time
+    from spec.experiment.measure import cost_ratio, step_time
     c = clock([1.0] * 4 + [float(i) for i in range(1, 33)], target)
     assert step_time(target, MEASURE_PROMPT) == 16.5 and c.passes == 36
     c = clock([1.0] * 80, target, partial_draft)
@@ -195,7 +195,7 @@ def test_cost_ratio_runs_the_draft_as_the_loop_does(target, partial_draft, clock
     """draft_impl="plain": the draft runs in spec.neox, never through the model's forward, so
     the scripted clock (moved only by forward passes) sees no draft time at all; its KV buffer
     must hold the prompt, the warmup and the steps."""
-    from spec.measure import cost_ratio
+    from spec.experiment.measure import cost_ratio
     c = clock([9.0] * 4 + [1.0, 2.0, 3.0] + [9.0] * 4 + [3.0, 3.0, 4.0], target, partial_draft)
     costs = cost_ratio(target, partial_draft, MEASURE_PROMPT, steps=6, warmup=4, draft_impl="plain")
     assert c.passes == 14 and costs.draft_step_s == 0.0  # two target blocks of 4 warmup + 3 steps, nothing else
@@ -203,7 +203,7 @@ def test_cost_ratio_runs_the_draft_as_the_loop_does(target, partial_draft, clock
 
 
 def test_cost_ratio_checks_the_prompt_against_the_draft(target, partial_draft):
-    from spec.measure import cost_ratio
+    from spec.experiment.measure import cost_ratio
     with pytest.raises(ValueError, match=r"^input_ids holds token id 600, outside the draft's vocabulary \[0, 600\)$"):
         cost_ratio(target, build_small_draft(), [1, 600], steps=2, warmup=1)
 
@@ -214,7 +214,7 @@ def build_small_draft():
 
 
 def test_pass_counts_at_the_defaults(target, clock):
-    from spec.measure import verify_cost, verify_slope
+    from spec.experiment.measure import verify_cost, verify_slope
     c = clock([2.0] * 16, target)
     assert verify_cost(target, MEASURE_PROMPT, 3) == 1.0 and c.passes == 16      # 8 repeats of 2 passes
     c = clock([2.0] * 24, target)
@@ -222,7 +222,7 @@ def test_pass_counts_at_the_defaults(target, clock):
 
 
 def test_sync_waits_for_cuda_only(monkeypatch):
-    from spec import measure
+    from spec.experiment import measure
     calls = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
     measure.sync("cpu")
@@ -296,7 +296,7 @@ def test_auto_gamma_alpha_is_capped_at_0_999():
 
 
 def test_cost_ratio_default_draft_impl_is_auto(target, partial_draft, clock):
-    from spec.measure import cost_ratio
+    from spec.experiment.measure import cost_ratio
     c = clock([1.0] * 8, target, partial_draft)          # auto picks the plain draft: only target passes move it
     assert cost_ratio(target, partial_draft, MEASURE_PROMPT, steps=2, warmup=1).draft_step_s == 0.0
     assert c.passes == 4

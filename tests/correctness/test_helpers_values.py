@@ -1,6 +1,6 @@
 """The helpers around the loop, value by value: spec.validate's checks at their boundaries
 (single EOS id vs a list, bools refused, top_p at 1, the padding gap at its limit),
-spec.models' builders (seeded, dtype, noise level, truncation), and spec.report's table,
+spec.models' builders (seeded, dtype, noise level, truncation), and spec.experiment.report's table,
 cells and JSON (expected strings written out by hand)."""
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ import pytest
 import torch
 import transformers
 
-from spec import build_gpt_neox, clock, experiment, report, validate
+from spec import build_gpt_neox, clock, experiment, validate
+from spec.experiment import report
 from spec.models import SHAPES, gpt_neox_config, perturbed_copy, truncated_copy
-from spec.records import Difference, InRun, Peer, PeerSummary, PromptRecord, Summary, Theory
+from spec.experiment.records import Difference, InRun, Peer, PeerSummary, PromptRecord, Summary, Theory
 
 # --- spec.validate -----------------------------------------------------------------------------
 
@@ -206,7 +207,7 @@ def test_truncated_copy_is_the_first_layers(target):
     assert truncated_copy(target, num_layers=1).get_output_embeddings().weight.dtype == torch.float64
 
 
-# --- spec.report ------------------------------------------------------------------------------
+# --- spec.experiment.report ------------------------------------------------------------------------------
 
 
 def test_short_prompt_escapes_and_cuts():

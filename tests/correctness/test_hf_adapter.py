@@ -67,8 +67,8 @@ def test_peer_table_withholds_speed_when_outputs_differ():
     """The CLI's peer table: a peer that stopped early did other work, so no speed ratio."""
     import types
 
-    from spec import report
-    from spec.records import Peer, PromptRecord
+    from spec.experiment import report
+    from spec.experiment.records import Peer, PromptRecord
     greedy = list(range(10, 30))
 
     def rec(i, toks):  # greedy 2.5 s, speculative 1.0 / 1.7 s: HF 2.5x greedy's speed, ours 1.7x HF's

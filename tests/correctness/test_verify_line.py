@@ -1,11 +1,12 @@
-"""The verify pass priced as a fixed cost plus a per-token slope (spec.measure.verify_line,
+"""The verify pass priced as a fixed cost plus a per-token slope (spec.experiment.measure.verify_line,
 spec.theory with verify_fixed, spec.realmodel.predicted_speedup); values worked by hand."""
 
 from __future__ import annotations
 
 import pytest
 
-from spec import measure, realmodel, theory
+from spec import realmodel, theory
+from spec.experiment import measure
 
 
 def test_verify_line_recovers_fixed_and_slope(monkeypatch, target):

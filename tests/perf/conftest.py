@@ -9,7 +9,7 @@ import torch
 
 from perfkit import GPU_SCALE, NEW_TOKENS, REHEARSAL_SCALE, GpuScale, seeded_pair, shipped_pair
 from spec import greedy_generate
-from spec.measure import cost_ratio, verify_cost
+from spec.experiment.measure import cost_ratio, verify_cost
 from spec.models import SHIPPED_PAIR
 
 

@@ -27,7 +27,7 @@ import torch
 import thresholds
 from perfkit import SEED_PROMPTS, acceptance, assert_same_tokens, prediction, report, side_by_side
 from spec import build_gpt_neox, clock, greedy_generate, hfref, load_pair, speculative_generate, theory
-from spec.measure import batch_step_time, cost_ratio, verify_cost
+from spec.experiment.measure import batch_step_time, cost_ratio, verify_cost
 from spec.models import SHIPPED_PAIR
 from synthetic import SyntheticDraft
 

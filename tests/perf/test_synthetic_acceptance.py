@@ -22,7 +22,7 @@ import torch
 
 from perfkit import NEW_TOKENS, acceptance, assert_same_tokens, prediction, report, side_by_side
 from spec import build_gpt_neox, greedy_generate, speculative_generate, theory
-from spec.measure import cost_ratio
+from spec.experiment.measure import cost_ratio
 from synthetic import SyntheticDraft, tokens_per_round_interval
 
 pytestmark = pytest.mark.perf

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from spec import greedy_generate, speculative_generate
 from spec.clock import timed
-from spec.measure import cost_ratio
+from spec.experiment.measure import cost_ratio
 from spec.models import load_pair
 from spec.parallel import describe
 

@@ -88,7 +88,7 @@ def test_hf_prompt_lookup_equals_greedy(smollm2, chat_prompts, greedy_outputs):
 @pytest.fixture(scope="session")
 def q4_draft(smollm2):
     """SmolLM2's own Q4_1 GGUF (the file the fp32 folder was made from) in llama.cpp."""
-    from spec import llamacpp
+    from spec.conformance import llamacpp
     if llamacpp.available() is not None:
         pytest.skip(llamacpp.available())
     from spec.gguf_draft import GGUFDraft
@@ -128,7 +128,7 @@ def test_q4_gguf_draft_samples(smollm2, chat_prompts, q4_draft):
 
 def test_a_gguf_of_another_model_is_refused(smollm2, tmp_path):
     """A GGUF with another vocabulary (the kit's tiny Llama, 640 tokens) cannot draft for SmolLM2."""
-    from spec import llamacpp
+    from spec.conformance import llamacpp
     if llamacpp.available() is not None:
         pytest.skip(llamacpp.available())
     from spec.conformance import kit

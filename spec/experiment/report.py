@@ -1,6 +1,6 @@
 """Reporting for `python -m spec`: the results table, results.json and results.png.
 
-Everything here renders the typed records of spec/records.py (the per-prompt records and the
+Everything here renders the typed records of spec/experiment/records.py (the per-prompt records and the
 summary that spec.experiment builds), and results.json is their `to_json()`, so the JSON file
 and the printed table show the same numbers. matplotlib is optional (the `plots` extra);
 without it `plot` returns False.
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from spec.records import Calibration, PairInfo, PromptRecord, Prompts, Results, Summary
+    from spec.experiment.records import Calibration, PairInfo, PromptRecord, Prompts, Results, Summary
 
 PLOTS_HINT = 'plots need matplotlib: pip install "spec[plots]" (or pip install matplotlib)'
 

@@ -1,7 +1,7 @@
 """The seed experiment, step by step: what `python -m spec` runs.
 
 Each step is one function of explicit arguments that returns the loaded pair or typed records
-(spec/records.py); spec/report.py renders the records and spec/__main__.py, the only reader of
+(spec/experiment/records.py); spec/experiment/report.py renders the records and spec/__main__.py, the only reader of
 the command line, parses options, calls the steps in order and prints. The steps:
 
   setup      seed, threads, transformers' own logging silenced, the output folder
@@ -28,10 +28,11 @@ from typing import Callable
 
 import torch
 
-from spec import choose, clock, decode, defaults, hf, hfref, measure, models, parallel, seq2seq, theory, validate
+from spec import choose, clock, decode, defaults, hf, hfref, models, parallel, seq2seq, theory, validate
+from spec.experiment import measure
 from spec.diagnose import first_difference
 from spec.prompts import CODE_PROMPTS, SEED_PROMPTS
-from spec.records import (Calibration, Difference, InRun, PairInfo, Peer, PeerSummary, PromptRecord, Prompts,
+from spec.experiment.records import (Calibration, Difference, InRun, PairInfo, Peer, PeerSummary, PromptRecord, Prompts,
                           Results, Summary, Theory)
 
 DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16, "fp16": torch.float16}

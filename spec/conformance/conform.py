@@ -2,7 +2,7 @@
 
 Runs the property tests of spec/conformance (shipped with the package; pytest, in-process, with the
 kit's own configuration, spec/conformance/kit.ini) against the decoder named by --impl
-(spec/impls.py: spec, hf-assisted, hf-prompt-lookup, llama-cpp, openai:URL with --reference openai:URL,
+(spec/conformance/impls.py: spec, hf-assisted, hf-prompt-lookup, llama-cpp, openai:URL with --reference openai:URL,
 module:function or
 path/to/file.py:function), prints one row per property and case (pass / FAIL / skipped / xfail,
 with the evidence: hypothesis's smallest counterexample and the diagnosis, or the p-value and the
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from spec import clock
 
-KIT = Path(__file__).resolve().parent / "conformance"
+KIT = Path(__file__).resolve().parent
 NOTHING_RAN = 3
 
 
@@ -108,7 +108,7 @@ def _usage_error(args) -> str | None:
         import pytest  # noqa: F401
     except ImportError as err:
         return f"the conformance kit needs pytest and hypothesis ({err}): pip install 'spec[conform]'"
-    from spec import impls
+    from spec.conformance import impls
     try:
         impls.load(args.impl, model=args.model, reference=args.reference)
     except Exception as err:

@@ -26,8 +26,8 @@ A callable may also raise NotImplementedError("why") for an option it does not s
 is then skipped with that reason, not failed.
 
 Adapters: `openai:URL` (a served model: an OpenAI-compatible server with speculation, compared with
-`--reference openai:URL`, the same model served without; see spec/endpoint.py), `llama-cpp` (an engine: its own GGUF models, its own greedy reference and logits; see
-spec/llamacpp.py), `spec` (spec.speculative_generate; spec.PromptLookup when draft is None), `spec-tree`
+`--reference openai:URL`, the same model served without; see spec/conformance/endpoint.py), `llama-cpp` (an engine: its own GGUF models, its own greedy reference and logits; see
+spec/conformance/llamacpp.py), `spec` (spec.speculative_generate; spec.PromptLookup when draft is None), `spec-tree`
 (the same with tree drafts: spec.TreeDraft, or spec.LookupTree when draft is None), `hf-assisted`
 (HF assisted generation with the draft as assistant model), `hf-prompt-lookup` (HF prompt lookup
 decoding, no draft model), and any callable named `module:function` or `path/to/file.py:function`.
@@ -65,7 +65,7 @@ class Impl:
     engine: str | None = None      # an engine adapter (llama-cpp): runs its own models, see test_engine.py
     model: str | None = None       # --model: the engine's model file
     batch: bool = False            # takes a list of prompts (conformance_batch)
-    url: str | None = None         # openai:URL: the server under test (spec/endpoint.py)
+    url: str | None = None         # openai:URL: the server under test (spec/conformance/endpoint.py)
     reference: str | None = None   # openai:URL: the same model served without speculation
 
     def takes_draft(self, draft) -> str | None:
@@ -199,9 +199,9 @@ def _engine(engine: str, runs: str, properties: str):
 
 
 llama_cpp_generate = _engine("llama-cpp", "llama-cpp runs its own GGUF models",
-                             "engine_* (spec/conformance/test_engine.py, spec/llamacpp.py)")
+                             "engine_* (spec/conformance/test_engine.py, spec/conformance/llamacpp.py)")
 endpoint_generate = _engine("openai", "an openai:URL server runs its own model",
-                            "endpoint_* (spec/conformance/test_endpoint.py, spec/endpoint.py)")
+                            "endpoint_* (spec/conformance/test_endpoint.py, spec/conformance/endpoint.py)")
 
 BUILTIN = {
     "spec": spec_generate,
@@ -252,7 +252,7 @@ def load(name: str, model: str | None = None, reference: str | None = None) -> I
     with the server at `reference`, openai:URL; `model` the served model's name, default the one the
     server lists) or module:function / file.py:function.
     `model`: a model file for the engine adapters that take one (llama-cpp); refused for the others."""
-    from spec import endpoint
+    from spec.conformance import endpoint
     url = endpoint.parse_name(name)
     if url is not None:
         if reference is None:

@@ -1,4 +1,4 @@
-"""The experiment's results as typed records: what spec.experiment measures, spec.report renders
+"""The experiment's results as typed records: what spec.experiment measures, spec.experiment.report renders
 and results.json holds.
 
 A record keeps what was measured (the decoders' Results, the wall times of every repeat) and

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from spec import batch, choose, hf
-from spec.clock import now, sync  # noqa: F401  (sync: re-exported for callers of spec.measure.sync)
+from spec.clock import now, sync  # noqa: F401  (sync: re-exported for callers of spec.experiment.measure.sync)
 from spec.validate import check_pair, model_device
 
 
