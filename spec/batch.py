@@ -38,6 +38,7 @@ import weakref
 import torch
 
 from spec import hf, runner
+from spec.options import RunnerPath
 from spec.tree import Tree, retain as retain_tree, score as score_tree
 from spec.validate import as_prompt, model_device
 
@@ -286,11 +287,14 @@ def unbatched(model, path: str, positions: str) -> str | None:
     return known[1]
 
 
-def _why_not(model, path: str, positions: str) -> str | None:
-    if path in ("state-snapshot", "state-stepwise"):
+def _why_not(model, name: str, positions: str) -> str | None:
+    if name not in tuple(RunnerPath):       # a draft run unprobed, by recompute
+        return f"it runs on the {name} path, with no cache rows can share"
+    path = RunnerPath(name)
+    if path.restores_state:
         return (f"it runs on the {path} path (a recurrent state, or a cache that cannot be cut back): "
                 f"restoring one row's state would restore the whole batch's")
-    if path != "kv-cache":
+    if not path.has_cache:
         return f"it runs on the {path} path, with no cache rows can share"
     if positions != "explicit":
         return (f"its positions are not 0-based ({positions!r}: counted around pad tokens, or inferred by the "

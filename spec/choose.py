@@ -32,10 +32,11 @@ from transformers import PreTrainedModel
 
 from spec import batch, hf, neox, parallel, runner, seq2seq
 from spec.draft import ModelDraft, NoDraft, Pick
+from spec.options import DraftImpl, RunnerPath
 from spec.protocols import BatchDrafter, BatchRunner, Drafter, Runner
 from spec.validate import as_prompt, check_model, check_pair, model_device
 
-DRAFT_IMPLS = ("auto", "plain", "hf", "compiled")
+DRAFT_IMPLS = tuple(DraftImpl)
 UNCACHED = "recompute (uncached)"   # a draft no cached path reproduces: run by recompute all the same
 
 
@@ -144,7 +145,7 @@ def _refuse_batch(models: dict, draft_impl: str, *, share_encoder: bool, **encod
         if parallel.is_split(model):
             raise ValueError(f"{role}: a batch of prompts needs a model whole on one device; this one is split "
                              f"({parallel.describe(model)})")
-    if "draft" in models and draft_impl not in ("auto", "hf"):
+    if "draft" in models and not DraftImpl(draft_impl).batches:
         raise ValueError(f"draft_impl={draft_impl!r}: a batch runs the draft on its own forward, over a "
                          f"left-padded cache; use draft_impl='hf' or 'auto'")
 
@@ -190,14 +191,15 @@ def _path(model, role: str, impl: str) -> tuple[str, str]:
         except runner.UnsupportedModelError as e:
             raise runner.UnsupportedModelError(f"{role}: {e}", e.runs_uncached) from None
     if impl not in DRAFT_IMPLS:
-        raise ValueError(f"draft_impl must be one of {', '.join(map(repr, DRAFT_IMPLS))}, got {impl!r}")
+        raise ValueError(f"draft_impl must be one of {', '.join(map(repr, map(str, DRAFT_IMPLS)))}, got {impl!r}")
+    impl = DraftImpl(impl)
     parallel.check_draft(model, impl)
-    if impl == "plain" or (impl == "auto" and neox.supports(model) and not parallel.is_split(model)):
+    if impl is DraftImpl.PLAIN or (impl is DraftImpl.AUTO and neox.supports(model) and not parallel.is_split(model)):
         return "plain", "explicit"
-    if impl == "compiled":
+    if impl is DraftImpl.COMPILED:
         return "compiled", "explicit"
     if not isinstance(model, PreTrainedModel):   # a wrapper (a synthetic draft): run unprobed
-        return "kv-cache", "explicit"
+        return RunnerPath.KV_CACHE, "explicit"
     try:
         return runner.verdict(model)
     except runner.UnsupportedModelError as e:

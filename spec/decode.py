@@ -23,6 +23,7 @@ import torch
 from spec import accept, choose, clock, hf, parallel, sampling, theory
 from spec.autogamma import AutoGamma
 from spec.draft import FixedGamma, Pick
+from spec.options import GammaMode
 from spec.processors import Processors
 from spec.validate import check_options, check_positions, stop_ids
 
@@ -212,8 +213,9 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
 
 def _policy(gamma: int | str):
     """What makes each row's GammaPolicy: AutoGamma for gamma="auto", else a fixed gamma."""
-    if isinstance(gamma, str):
+    if isinstance(gamma, str) and GammaMode(gamma).in_the_loop:     # (check_options admits no other name)
         return AutoGamma
+    assert isinstance(gamma, int)
     return lambda: FixedGamma(gamma)
 
 

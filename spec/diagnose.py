@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from spec import choose
+from spec.options import Verdict
 from spec.validate import model_device
 
 # Relative rounding floor per dtype (a few ulps of the largest logit), used when the
@@ -51,13 +52,13 @@ class Divergence:
     gap_block: float         # the same inside one multi-token pass
     noise: float             # rounding noise between the two paths
     dtype: str
-    verdict: str             # "tie" or "bug"
+    verdict: Verdict         # "tie" or "bug"
 
     def __str__(self) -> str:
         return (f"first divergence at new token {self.position}: greedy {self.expected}, got {self.actual}; "
                 f"target top-2 logit gap {self.gap_step:.3g} (one-token step) / {self.gap_block:.3g} (block verify), "
                 f"noise {self.noise:.3g} ({self.dtype}): "
-                + ("numerical tie" if self.verdict == "tie" else "BUG (gap beyond the dtype's noise)"))
+                + ("numerical tie" if self.verdict == Verdict.TIE else "BUG (gap beyond the dtype's noise)"))
 
 
 def first_difference(expected: list[int], actual: list[int]) -> int | None:
@@ -112,4 +113,4 @@ def diagnose(target, prompt_ids, expected: list[int], actual: list[int], **encod
     is_tie = (exp_tok is not None and act_tok is not None and {exp_tok, act_tok} <= top2
               and min(gap_step, gap_block) <= noise)
     return Divergence(i, exp_tok, act_tok, gap_step, gap_block, noise, str(dtype).replace("torch.", ""),
-                      "tie" if is_tie else "bug")
+                      Verdict.TIE if is_tie else Verdict.BUG)

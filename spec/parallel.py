@@ -27,6 +27,7 @@ import hashlib
 import torch
 
 from spec import hf
+from spec.options import GammaMode
 
 
 def _devices(model) -> list[str]:
@@ -78,7 +79,7 @@ def check(target, draft=None, *, gamma=None, draft_impl: str = "auto", prompt: t
     tp = hf.tensor_parallel_size(target)
     if tp == 1:
         return
-    if gamma == "auto":
+    if gamma == GammaMode.AUTO:
         raise ValueError(f"gamma='auto' with a tensor-parallel target ({describe(target)}): each rank would time "
                          f"its own passes and choose its own gamma, and the ranks' passes must match; "
                          f"pass a fixed gamma")

@@ -39,6 +39,7 @@ import torch
 from transformers import PreTrainedModel
 
 from spec import hf
+from spec.options import RunnerPath
 from spec.tree import Tree, layout
 from spec.positions import choose as choose_positions, counted_pad, cross_length, mask_len, position_ids
 
@@ -80,7 +81,7 @@ class _Runner:
 
 class KVRunner(_Runner):
     """A DynamicCache of full layers (hf.new_cache), cropped to `keep`."""
-    path = "kv-cache"
+    path = RunnerPath.KV_CACHE
 
     def __init__(self, model, positions: str = "explicit"):
         super().__init__(model, positions)
@@ -179,7 +180,7 @@ class SnapshotRunner(_Runner):
     however many rounds were rejected before it: were the copy taken where the restored state
     stands, it would never move past the last fully accepted round while rounds keep rejecting,
     and every pass would re-feed everything since then."""
-    path = "state-snapshot"
+    path = RunnerPath.SNAPSHOT
     stepwise = False
 
     def __init__(self, model, positions: str = "explicit"):
@@ -228,13 +229,13 @@ class StepwiseSnapshotRunner(SnapshotRunner):
     (a multi-token pass on top of a state drops that state: Mamba's full-sequence scan in
     transformers 5.24 takes no initial state). A verify pass becomes gamma+1 steps: exact,
     with no saving from the block."""
-    path = "state-stepwise"
+    path = RunnerPath.STEPWISE
     stepwise = True
 
 
 class RecomputeRunner(_Runner):
     """No cache: each pass runs the model over every token held so far."""
-    path = "recompute"
+    path = RunnerPath.RECOMPUTE
 
     def __call__(self, ids: torch.Tensor, keep: int = 0) -> torch.Tensor:
         held = ids if self.held is None else torch.cat([self.held, ids])
@@ -432,7 +433,7 @@ def _probe(model) -> tuple[str, str]:
     if reason is None:
         positions = choose_positions(model, ids, full, lambda a, b: _close(a, b, tol))
         for path, cls in RUNNERS.items():
-            if path == "kv-cache" and hf.cache_kwarg(model) not in ("cache", "past_key_values"):
+            if path is RunnerPath.KV_CACHE and hf.cache_kwarg(model) not in ("cache", "past_key_values"):
                 reasons.append(f"{path}: the forward takes no attention cache")
                 continue
             try:

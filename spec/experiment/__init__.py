@@ -29,11 +29,12 @@ from typing import Callable
 import torch
 
 from spec import choose, clock, decode, defaults, hf, hfref, models, parallel, seq2seq, theory, validate
-from spec.experiment import measure
 from spec.diagnose import first_difference
+from spec.experiment import measure
+from spec.experiment.records import (Calibration, Difference, InRun, PairInfo, Peer, PeerSummary, PromptRecord,
+                                     Prompts, Results, Summary, Theory)
+from spec.options import GammaMode
 from spec.prompts import CODE_PROMPTS, SEED_PROMPTS
-from spec.experiment.records import (Calibration, Difference, InRun, PairInfo, Peer, PeerSummary, PromptRecord, Prompts,
-                          Results, Summary, Theory)
 
 DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -292,7 +293,7 @@ def choose_gamma(pair: models.Pair, ps: Prompts, cost: measure.Costs, *, gamma, 
     """(gamma to run, calibration record or None). gamma "calibrated": Theorem 3.8's optimum
     for alpha from a short run at CALIBRATION_GAMMA and the measured c and verify slope,
     chosen once. "auto": the API's online controller, re-chosen every round. A number: itself."""
-    if gamma != "calibrated":
+    if gamma != GammaMode.CALIBRATED:
         return gamma, None
     g0, n0, top = defaults.CALIBRATION_GAMMA, defaults.CALIBRATION_TOKENS, defaults.MAX_AUTO_GAMMA
     say(f"calibrating gamma: {n0} tokens at gamma={g0} on prompt 1")

@@ -258,3 +258,18 @@ def test_a_target_whose_head_is_wider_than_its_embedding_is_refused_up_front(tar
 def test_bad_batch_masks_name_what_is_wrong(target, input_ids, attention_mask, match):
     with pytest.raises(ValueError, match=match):
         greedy_generate(target, input_ids, attention_mask=attention_mask, max_new_tokens=2)
+
+
+def test_option_names_are_enums_that_equal_the_words_users_type():
+    """spec.options: each member equals its string (so callers and results.json keep the words), and
+    carries what the code branches on."""
+    import json
+
+    from spec.options import DraftImpl, GammaMode, RunnerPath, Verdict
+    assert RunnerPath.KV_CACHE == "kv-cache" and json.dumps([RunnerPath.SNAPSHOT, Verdict.TIE]) == '["state-snapshot", "tie"]'
+    assert [p for p in RunnerPath if p.restores_state] == [RunnerPath.SNAPSHOT, RunnerPath.STEPWISE]
+    assert [p for p in RunnerPath if not p.has_cache] == [RunnerPath.RECOMPUTE]
+    assert [d for d in DraftImpl if d.batches] == ["auto", "hf"]
+    assert GammaMode("auto").in_the_loop and not GammaMode("calibrated").in_the_loop
+    with pytest.raises(ValueError):
+        DraftImpl("fast")
