@@ -255,7 +255,8 @@ class RecomputeRunner(_Runner):
         return 0 if self.held is None else self.held.numel()
 
 
-RUNNERS = {r.path: r for r in (KVRunner, SnapshotRunner, StepwiseSnapshotRunner, RecomputeRunner)}
+RUNNERS: dict[str, type[_Runner]] = {r.path: r for r in (KVRunner, SnapshotRunner, StepwiseSnapshotRunner,
+                                                          RecomputeRunner)}
 
 # How far a runner's logits may stray from the cache-free forward's, relative to the
 # largest logit. Rounding alone, measured on tiny random models (CPU): up to 3e-7 in fp32

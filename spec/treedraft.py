@@ -17,6 +17,7 @@ import torch
 
 from spec import choose, hf
 from spec.lookup import PromptLookup
+from spec.protocols import Runner
 from spec.tree import Tree, score
 
 
@@ -39,8 +40,8 @@ class TreeDraft:
         self.branches, self.nodes = _count("branches", branches), _count("nodes", nodes)
         choose.check({"draft": model})
         self.width = min(hf.logit_width(model), hf.vocab_rows(model))
-        self.run = None                 # the draft model's Runner, made for the first sequence
-        self.seen = None                # the ids it holds
+        self.run: Runner | None = None  # the draft model's Runner, made for the first sequence
+        self.seen = torch.zeros(0, dtype=torch.long)    # the ids it holds
 
     def __repr__(self) -> str:
         return f"TreeDraft({type(self.model).__name__}, branches={self.branches}, nodes={self.nodes})"
@@ -48,27 +49,28 @@ class TreeDraft:
     def __deepcopy__(self, memo):       # one per row of a batch: the model shared, the state not
         return TreeDraft(self.model, self.branches, self.nodes)
 
-    def _sync(self, seq: torch.Tensor, n: int) -> torch.Tensor:
-        """Cut the runner back to what it shares with seq[:n - 1]; the ids it must be fed, root last."""
+    def _sync(self, seq: torch.Tensor, n: int) -> tuple[Runner, torch.Tensor]:
+        """The runner, cut back to what it shares with seq[:n - 1]; and the ids it must be fed, root last."""
         if self.run is None:
             self.run = choose.runs({"draft": self.model}, seq[:n], draft_impl="hf").runs[0]
             self.seen = seq[:0].clone()
-        held = min(len(self.run), n - 1, self.seen.numel())
-        differs = (self.seen[:held] != seq[:held]).nonzero()
-        self.run.crop(int(differs[0]) if differs.numel() else held)
-        start = len(self.run)
+        run = self.run
+        held = min(len(run), n - 1, self.seen.numel())
+        differs = (self.seen[:held] != seq[:held].to(self.seen.device)).nonzero()
+        run.crop(int(differs[0]) if differs.numel() else held)
+        start = len(run)
         self.seen = seq[:n].clone()
-        return seq[start:n]
+        return run, seq[start:n]
 
     @torch.inference_mode()
     def draft(self, seq: torch.Tensor, n: int, g: int) -> Tree:
-        before = self._sync(seq, n)
-        end = len(self.run) + before.numel()
+        run, before = self._sync(seq, n)
+        end = len(run) + before.numel()
         tokens: list[int] = []
         parents: list[int] = []
         path_logp: list[float] = []
         level = [-1]
-        logp = torch.log_softmax(self.run(before, keep=1)[-1, :self.width].double(), -1)[None]
+        logp = torch.log_softmax(run(before, keep=1)[-1, :self.width].double(), -1)[None]
         for depth in range(g):
             room = self.nodes - len(tokens)
             if room <= 0 or not level:
@@ -89,11 +91,11 @@ class TreeDraft:
             if depth + 1 == g or len(tokens) >= self.nodes:
                 break
             # the draft's next-token logits at the new level, every node given its own path
-            self.run.crop(end - 1)                      # the root is fed again with the tree
+            run.crop(end - 1)                           # the root is fed again with the tree
             tree = Tree(torch.tensor(tokens, dtype=torch.long, device=seq.device), tuple(parents))
-            rows = score(self.run, seq[len(self.run):n], tree)
+            rows = score(run, seq[len(run):n], tree)
             logp = torch.log_softmax(rows[[i + 1 for i in level], :self.width].double(), -1)
-        self.run.crop(end)
+        run.crop(end)
         return Tree(torch.tensor(tokens, dtype=torch.long, device=seq.device), tuple(parents))
 
     def observe(self, n: int, accepted: int) -> None:
@@ -144,7 +146,6 @@ class LookupTree:
             windows = history[:n - 1].unfold(0, k, 1)
             hits = (windows == history[n - k:]).all(1).nonzero().flatten().tolist()
             if hits:
-                out = []
                 return [_repeat(history[hit + k:].tolist(), limit) for hit in reversed(hits[-self.branches:])]
         return []
 
