@@ -104,7 +104,8 @@ class Rows:
 
     def __call__(self, feeds: list[torch.Tensor], keep: int, trees: list | None = None) -> torch.Tensor:
         if trees is not None and any(t is not None for t in trees):
-            raise ValueError("a shared left-padded batch verifies chains only; tree drafts run on EachRunner")
+            raise ValueError("draft: a tree came from a drafter that does not say it makes trees; set "
+                             "`makes_trees = True` on its class, so that a batch gives each row a runner of its own")
         M = max(f.numel() for f in feeds)
         short = [i for i, (f, n) in enumerate(zip(feeds, self.lengths)) if n + f.numel() < M]
         if short:
@@ -197,8 +198,10 @@ class EachRow:
         out = []
         for b, g in zip(live, gs):
             made = self.drafters[b].draft(seq[b], n[b], g)
-            if isinstance(made, Tree):
-                made.check(g, self.width if self.width is not None else int(made.tokens.max(initial=0)) + 1)
+            if isinstance(made, Tree) and len(made) == 0:
+                made = Tree.chain(seq[b, n[b]:n[b]])     # nothing proposed (whatever the empty tensor's dtype)
+            elif isinstance(made, Tree):
+                made.check(g, self.width if self.width is not None else int(made.tokens.max()) + 1)
                 if made.is_chain:           # verified as a chain: its tokens where chains are
                     seq[b, n[b]:n[b] + len(made)] = made.tokens
             else:

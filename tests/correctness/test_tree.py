@@ -575,3 +575,30 @@ def test_the_tree_benchmark_recipe_runs_and_checks_exactness(target):
                                                           "lookup": (LookupTree(), 3)}, 8, 1)
     assert set(rows) == {"greedy", "tree", "lookup"} and all(r["equal_to_greedy"] for r in rows.values())
     assert rows["tree"]["tokens_per_target_pass"] > 2 and rows["greedy"]["drafted_per_round"] == 0
+
+
+def test_a_drafter_returning_trees_without_the_flag_is_told_to_set_it_and_an_empty_tree_is_nothing():
+    """A batch on a shared cache cannot verify trees: a drafter that returns them without
+    `makes_trees` is refused naming the flag. An empty tree (even a float torch.tensor([])) is a round
+    with nothing proposed."""
+    target = cached_model("llama")
+
+    class Unflagged:
+        def __init__(self, empty=False):
+            self.empty = empty
+
+        def draft(self, seq, n, g):
+            return Tree(torch.tensor([]), ()) if self.empty or g < 1 else _tree([1, 2], [-1, -1])
+
+        def observe(self, n, accepted):
+            pass
+
+        def __len__(self):
+            return 0
+
+    with pytest.raises(ValueError, match="makes_trees = True"):
+        speculative_generate(target, Unflagged(), [[4, 5], [6, 7, 8]], gamma=2, max_new_tokens=4)
+    out = speculative_generate(target, Unflagged(empty=True), [4, 5], gamma=2, max_new_tokens=4)
+    assert out.tokens == greedy_generate(target, [4, 5], max_new_tokens=4).tokens and out.drafted == 0
+    single = speculative_generate(target, Unflagged(), [4, 5], gamma=2, max_new_tokens=4)   # one prompt: fine
+    assert single.tokens == out.tokens
