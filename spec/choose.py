@@ -192,8 +192,8 @@ def _path(model, role: str, impl: str) -> tuple[str, str]:
             raise runner.UnsupportedModelError(f"{role}: {e}", e.runs_uncached) from None
     if impl not in DRAFT_IMPLS:
         raise ValueError(f"draft_impl must be one of {', '.join(map(repr, map(str, DRAFT_IMPLS)))}, got {impl!r}")
+    parallel.check_draft(model, impl)         # (the name as the caller gave it, for its messages)
     impl = DraftImpl(impl)
-    parallel.check_draft(model, impl)
     if impl is DraftImpl.PLAIN or (impl is DraftImpl.AUTO and neox.supports(model) and not parallel.is_split(model)):
         return "plain", "explicit"
     if impl is DraftImpl.COMPILED:
