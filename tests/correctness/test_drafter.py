@@ -123,3 +123,14 @@ def test_a_torch_module_that_keeps_the_drafter_protocol_is_a_drafter(target):
     ids = [5, 6, 7, 5, 6, 7, 5, 6]
     run = speculative_generate(target, source, ids, gamma=3, max_new_tokens=20)
     assert run.tokens == greedy_generate(target, ids, max_new_tokens=20).tokens and source.calls == len(run.rounds)
+
+
+def test_one_prompts_draft_runs_the_way_draft_impl_says(target, random_draft):
+    """draft_impl reaches the single prompt's draft runner (the output cannot show it: no draft_impl
+    changes a token): "hf" runs the draft's own forward on the probed path, "plain" and "auto" the
+    plain-tensor GPT-NeoX draft."""
+    from spec import choose, neox, runner
+    runs = {impl: choose.rows({"target": target, "draft": random_draft}, [1, 2, 3], room=8,
+                              draft_impl=impl).drafter.run.runs[0] for impl in ("hf", "plain", "auto")}
+    assert isinstance(runs["hf"], runner.KVRunner)
+    assert isinstance(runs["plain"], neox.NeoXDraft) and isinstance(runs["auto"], neox.NeoXDraft)
