@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import inspect
 import weakref
+from typing import Any
 
 import torch
 from transformers import DynamicCache, StaticCache
@@ -28,14 +29,27 @@ from transformers.cache_utils import DynamicLayer
 CACHE_KWARGS = ("cache", "past_key_values", "cache_params", "state")
 
 
-@functools.lru_cache(maxsize=None)
 def forward_params(model_class: type) -> frozenset[str]:
-    return frozenset(inspect.signature(model_class.forward).parameters)
+    """The keywords `model_class.forward` takes (read once per class)."""
+    return _forward_params(model_class)
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_params(model_class: type) -> frozenset[str]:
+    return frozenset(inspect.signature(getattr(model_class, "forward")).parameters)
 
 
 def cache_kwarg(model) -> str | None:
     params = forward_params(type(model))
     return next((k for k in CACHE_KWARGS if k in params), None)
+
+
+def _cache_name(model) -> str:
+    """cache_kwarg for a model known to take a cache (batches and trees run only on those)."""
+    name = cache_kwarg(model)
+    if name is None:
+        raise ValueError(f"{type(model).__name__}'s forward takes no cache ({', '.join(CACHE_KWARGS)})")
+    return name
 
 
 def returned_cache(out):
@@ -256,8 +270,8 @@ def batch_step(model, ids: torch.Tensor, cache, *, position_ids: torch.Tensor, a
     `position_ids` [B, m] and a 2-D `attention_mask` [B, cached + m] (0 at padding, as HF's
     left-padded generate passes it). Returns the logits of the last `keep` columns, [B, keep, V]."""
     params = forward_params(type(model))
-    kwargs = {"input_ids": ids, "attention_mask": attention_mask, "position_ids": position_ids, "use_cache": True,
-              cache_kwarg(model): cache}
+    kwargs: dict[str, Any] = {"input_ids": ids, "attention_mask": attention_mask, "position_ids": position_ids,
+                              "use_cache": True, _cache_name(model): cache}
     if "logits_to_keep" in params:
         kwargs["logits_to_keep"] = keep
     return model(**kwargs).logits[:, -keep:]
@@ -291,8 +305,8 @@ def tree_step(model, ids: torch.Tensor, cache, *, position_ids: torch.Tensor, ma
     else:
         attention_mask = additive(masks.get("sliding_attention", mask))
     params = forward_params(type(model))
-    kwargs = {"input_ids": ids[None], "attention_mask": attention_mask, "position_ids": position_ids[None],
-              "use_cache": True, cache_kwarg(model): cache}
+    kwargs: dict[str, Any] = {"input_ids": ids[None], "attention_mask": attention_mask,
+                              "position_ids": position_ids[None], "use_cache": True, _cache_name(model): cache}
     if "logits_to_keep" in params:
         kwargs["logits_to_keep"] = keep
     if hidden is not None:

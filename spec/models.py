@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GPTNeoXConfig, GPTNeoXForCausalLM
@@ -87,7 +88,7 @@ def truncated_copy(model, *, num_layers: int, dtype: torch.dtype | None = None):
 class Pair:
     target: torch.nn.Module
     draft: torch.nn.Module
-    tokenizer: object | None
+    tokenizer: Any           # a transformers tokenizer, or None
 
 
 GGUF_HINT = "pip install 'spec[gguf]' (the gguf and accelerate packages)"
@@ -138,9 +139,9 @@ def _load(name_or_path: str, role: str, dtype: torch.dtype, device: str, tp_size
                                 f"does not exist)")
     if tp_size is not None and (not isinstance(tp_size, int) or isinstance(tp_size, bool) or tp_size < 1):
         raise ValueError(f"tp_size must be an integer >= 1, got {tp_size!r}")
-    tp = tp_size is not None and tp_size > 1
+    tp = tp_size if tp_size is not None and tp_size > 1 else None     # the processes to split over
     if tp and _gguf(name_or_path):
-        _check_tp(role, name_or_path, tp_size, None)
+        _check_tp(role, name_or_path, tp, None)
     gguf = _gguf(name_or_path)
     if gguf is not None:
         _check_gguf_support(role, name_or_path)
@@ -159,9 +160,9 @@ def _load(name_or_path: str, role: str, dtype: torch.dtype, device: str, tp_size
             from spec.seq2seq import auto_class
             auto = auto_class(config)
         if tp:  # split over the torchrun group (spec.parallel); each rank holds its share of every layer
-            _check_tp(role, name_or_path, tp_size, config)
+            _check_tp(role, name_or_path, tp, config)
             return auto.from_pretrained(source, dtype=dtype, local_files_only=True,
-                                        **hf.tensor_parallel_kwargs(tp_size)).eval()
+                                        **hf.tensor_parallel_kwargs(tp)).eval()
         model = auto.from_pretrained(source, dtype=dtype, local_files_only=True)
     except (OSError, ValueError) as err:
         if tp and isinstance(err, ValueError):  # ours (_check_tp) as it is; transformers' with the role

@@ -23,6 +23,7 @@ spec decodes a split target with the same loop as a whole one; what makes that e
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import torch
 
@@ -49,7 +50,7 @@ def describe(model) -> str:
         backend = dist.get_backend(hf.tensor_parallel_group(model)) if dist.is_initialized() else "?"
         return f"tensor parallel over {tp} processes ({backend}; transformers' plan for {type(model).__name__})"
     if len(where := _devices(model)) > 1:
-        return f"device_map over {', '.join(where)} ({len(hf.device_map(model))} parts)"
+        return f"device_map over {', '.join(where)} ({len(hf.device_map(model) or {})} parts)"
     return f"whole on {next(model.parameters()).device}"
 
 
@@ -88,7 +89,7 @@ def check(target, draft=None, *, gamma=None, draft_impl: str = "auto", prompt: t
     if options.get("do_sample"):
         mine["generator (random state)"] = _random_state(generator, prompt.device)
     group = hf.tensor_parallel_group(target)
-    everyone = [None] * dist.get_world_size(group)
+    everyone: list[Any] = [None] * dist.get_world_size(group)     # each rank's `mine`, once gathered
     dist.all_gather_object(everyone, mine, group=group)
     for key in mine:
         values = [theirs.get(key) for theirs in everyone]

@@ -34,12 +34,14 @@ from __future__ import annotations
 import copy
 import re
 import weakref
+from typing import Any, Callable
 
 import torch
 from transformers import PreTrainedModel
 
 from spec import hf
 from spec.options import RunnerPath
+from spec.protocols import Runner
 from spec.tree import Tree, layout
 from spec.positions import choose as choose_positions, counted_pad, cross_length, mask_len, position_ids
 
@@ -64,7 +66,7 @@ class _Runner:
 
     def __init__(self, model, positions: str = "explicit"):
         self.model, self.positions = model, positions
-        self.held = None
+        self.held: torch.Tensor | None = None
 
     def _sink(self) -> list | None:
         return [] if self.collect_hidden else None
@@ -118,6 +120,7 @@ class KVRunner(_Runner):
         """Keep the sequence before `base` and, of the nodes cached from `base` on, the path."""
         kept = torch.tensor(list(range(base)) + [base + i for i in path], dtype=torch.long)
         hf.keep_positions(self.cache, kept)
+        assert self.held is not None                # feed_tree came first
         self.held = self.held[kept.to(self.held.device)]
 
 
@@ -186,7 +189,7 @@ class SnapshotRunner(_Runner):
     def __init__(self, model, positions: str = "explicit"):
         super().__init__(model, positions)  # self.held: every id fed so far, a restore re-feeds from them
         self.cache, self.len = None, 0
-        self.saved = None           # (length, cache copy) at the last commit point
+        self.saved: tuple[int, Any] | None = None       # (length, cache copy) at the last commit point
 
     def _feed(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
         if self.stepwise and ids.numel() > 1 and self.cache is not None:
@@ -217,6 +220,7 @@ class SnapshotRunner(_Runner):
                 at, cache = 0, None
             self.len, self.cache = at, cache
             if keep > at:
+                assert self.held is not None        # keep < self.len: something was fed
                 self._feed(self.held[at:keep], 1)
         self.saved = None           # commit: the next pass saves the state it starts from
 
@@ -255,8 +259,9 @@ class RecomputeRunner(_Runner):
         return 0 if self.held is None else self.held.numel()
 
 
-RUNNERS: dict[str, type[_Runner]] = {r.path: r for r in (KVRunner, SnapshotRunner, StepwiseSnapshotRunner,
-                                                          RecomputeRunner)}
+# Typed as what they make, so that the type check holds each class to the Runner protocol.
+RUNNERS: dict[str, Callable[[Any, str], Runner]] = {r.path: r for r in (KVRunner, SnapshotRunner,
+                                                                        StepwiseSnapshotRunner, RecomputeRunner)}
 
 # How far a runner's logits may stray from the cache-free forward's, relative to the
 # largest logit. Rounding alone, measured on tiny random models (CPU): up to 3e-7 in fp32
@@ -467,7 +472,8 @@ def unsupported_head(model) -> str | None:
     if isinstance(head, torch.nn.ModuleList):
         return (f"its LM head is {len(head)} heads (one per codebook, as in MusicGen): spec decodes "
                 f"a single stream of tokens")
-    if getattr(head, "weight", None) is None or getattr(head.weight, "ndim", 0) != 2:
+    weight = getattr(head, "weight", None)
+    if weight is None or getattr(weight, "ndim", 0) != 2:
         return "it has no single LM head (get_output_embeddings() gives no [vocab, hidden] weight)"
     return None
 

@@ -103,9 +103,14 @@ def _encoder_kwarg(model) -> str:
     return _kwarg_of(type(model.get_encoder()), "input_features") or "input_ids"
 
 
-@functools.lru_cache(maxsize=None)
 def _kwarg_of(module_class: type, name: str) -> str | None:
-    return name if name in inspect.signature(module_class.forward).parameters else None
+    """`name` if `module_class.forward` takes it, else None (read once per class)."""
+    return _kwarg_of_class(module_class, name)
+
+
+@functools.lru_cache(maxsize=None)
+def _kwarg_of_class(module_class: type, name: str) -> str | None:
+    return name if name in inspect.signature(getattr(module_class, "forward")).parameters else None
 
 
 def _features(value, model, device) -> torch.Tensor:
