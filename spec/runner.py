@@ -215,12 +215,12 @@ class SnapshotRunner(_Runner):
 
     def crop(self, keep: int) -> None:
         if keep < self.len:
+            assert self.held is not None            # something was fed
             at, cache = self.saved if self.saved is not None else (0, None)
             if keep < at:           # behind the copy (the loop never goes there): start over
                 at, cache = 0, None
             self.len, self.cache = at, cache
             if keep > at:
-                assert self.held is not None        # keep < self.len: something was fed
                 self._feed(self.held[at:keep], 1)
         self.saved = None           # commit: the next pass saves the state it starts from
 
