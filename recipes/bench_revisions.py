@@ -56,10 +56,15 @@ def export(rev: str, into: Path) -> Path:
     return into
 
 
-def import_spec(where: Path) -> dict:
-    """The `spec` package found under `where`, imported fresh: its modules, by name."""
+def _drop_spec() -> None:
+    """Forget every imported `spec` module (another revision's go in next)."""
     for name in [m for m in sys.modules if m == "spec" or m.startswith("spec.")]:
         del sys.modules[name]
+
+
+def import_spec(where: Path) -> dict:
+    """The `spec` package found under `where`, imported fresh: its modules, by name."""
+    _drop_spec()
     sys.path.insert(0, str(where))
     try:
         import spec  # noqa: F401 - imported for its side effect on sys.modules
@@ -73,8 +78,7 @@ def import_spec(where: Path) -> dict:
 
 def activate(modules: dict):
     """Put one revision's modules into sys.modules (for its lazy imports); its `spec` package."""
-    for name in [m for m in sys.modules if m == "spec" or m.startswith("spec.")]:
-        del sys.modules[name]
+    _drop_spec()
     sys.modules.update(modules)
     return modules["spec"]
 

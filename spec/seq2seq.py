@@ -35,8 +35,6 @@ not applied, exactly as for decoder-only models: spec decodes the model's own ar
 
 from __future__ import annotations
 
-import functools
-import inspect
 import weakref
 from dataclasses import dataclass
 
@@ -100,17 +98,7 @@ def _start_token(model) -> int | None:
 
 
 def _encoder_kwarg(model) -> str:
-    return _kwarg_of(type(model.get_encoder()), "input_features") or "input_ids"
-
-
-def _kwarg_of(module_class: type, name: str) -> str | None:
-    """`name` if `module_class.forward` takes it, else None (read once per class)."""
-    return _kwarg_of_class(module_class, name)
-
-
-@functools.lru_cache(maxsize=None)
-def _kwarg_of_class(module_class: type, name: str) -> str | None:
-    return name if name in inspect.signature(getattr(module_class, "forward")).parameters else None
+    return "input_features" if "input_features" in hf.forward_params(type(model.get_encoder())) else "input_ids"
 
 
 def _features(value, model, device) -> torch.Tensor:
@@ -283,7 +271,7 @@ class Decoder:
     def __init__(self, model, encoder_outputs: BaseModelOutput, masks: TokenMasks = TokenMasks()):
         self.model, self.encoder_outputs, self.masks = model, encoder_outputs, masks
         self.cache = new_cache(model)
-        self.positions = _kwarg_of(type(model), "decoder_position_ids") is not None
+        self.positions = "decoder_position_ids" in hf.forward_params(type(model))
         self.cache_kwarg = hf.cache_kwarg(model) or "past_key_values"
         self.encoder_mask = torch.ones(encoder_outputs.last_hidden_state.shape[:2], dtype=torch.long,
                                        device=encoder_outputs.last_hidden_state.device)
