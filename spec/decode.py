@@ -259,10 +259,11 @@ def _decode(chosen: choose.ChosenRows, policies: list, *, max_new_tokens: int, s
             emitted.append(out)
             paths.append(path)
 
-        # 5. Roll back: each row keeps all but its newest token, fed next round.
+        # 5. Roll back: each row keeps all but its newest token, fed next round. The verify pass's
+        #    hidden states are read first: a runner that restores a state re-feeds on crop.
+        hidden = _hidden_states(target_run, drafted, paths, emitted) if chosen.hidden else None
         target_run.crop([n[b] - 1 for b in live])
-        drafter.observe(n, accepted, live, hidden=_hidden_states(target_run, drafted, paths, emitted)
-                        if chosen.hidden else None)
+        drafter.observe(n, accepted, live, hidden=hidden)
         t2 = _clock(device, timed)
 
         for j, b in enumerate(live):
