@@ -48,10 +48,16 @@ class AutoGamma:
         self.sum_y += verify_s
         self.sum_xx += drafted * drafted
         self.sum_xy += drafted * verify_s
+        alpha, c, slope = self.priced()
+        self.gamma = theory.optimal_gamma(alpha, c, self.max_gamma, verify_slope=slope)
+
+    def priced(self) -> tuple[float, float, float]:
+        """What gamma is chosen from: (alpha, c, verify slope), both costs in one-token target
+        steps, a step being the verify line's intercept (a pass drafting nothing), not the mean
+        pass: priced against the mean pass, a dearer pass for a longer gamma would lower c."""
         step, slope = self.verify_line()
         alpha = self.successes / (self.successes + self.failures)
-        c = (self.draft_s / self.draft_steps) / step
-        self.gamma = theory.optimal_gamma(min(alpha, 0.999), c, self.max_gamma, verify_slope=slope / step)
+        return min(alpha, 0.999), (self.draft_s / self.draft_steps) / step, slope / step
 
     def verify_line(self) -> tuple[float, float]:
         """(time of a pass drafting nothing, added time per drafted token): least squares,

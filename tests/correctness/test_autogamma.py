@@ -77,3 +77,43 @@ def test_first_round_is_not_timed():
     assert auto.passes == 0 and auto.gamma == 5
     auto.observe(drafted=5, accepted=2, draft_s=5 * DRAFT_S, verify_s=STEP_S)
     assert auto.passes == 1 and auto.verify_line() == (STEP_S, 0.0)
+
+
+def test_costs_are_priced_in_one_token_steps_not_in_the_mean_pass():
+    """A scripted clock: a verify pass of exactly 10 ms + 1 ms a drafted token, a draft of 2 ms a
+    token, rounds alternating 2 and 6 drafted. c is draft time over the line's intercept (0.2),
+    not over the mean pass (2/14), and the slope is in steps (0.1, shrunk a little by the prior);
+    the two pricings choose different gammas here, and the controller must take the first."""
+    auto = AutoGamma()
+    auto.observe(drafted=4, accepted=4, draft_s=9.0, verify_s=9.0)            # prefill round, untimed
+    for i in range(400):
+        g = 2 if i % 2 else 6
+        auto.observe(drafted=g, accepted=g if g == 6 else g - 1, draft_s=2e-3 * g, verify_s=10e-3 + 1e-3 * g)
+    alpha, c, slope = auto.priced()
+    assert c == pytest.approx(0.2, rel=0.02) and slope == pytest.approx(0.1, rel=0.05)
+    right = theory.optimal_gamma(alpha, c, auto.max_gamma, verify_slope=slope)
+    mean_priced = theory.optimal_gamma(alpha, 2e-3 / 14e-3, auto.max_gamma, verify_slope=1e-3 / 14e-3)
+    assert right != mean_priced and auto.gamma == right
+
+
+@pytest.mark.parametrize("max_gamma", [1, 3, 7])
+def test_at_full_acceptance_gamma_climbs_to_max_gamma_and_never_past_it(max_gamma):
+    """Every draft accepted at a near-free draft cost: Theorem 3.8 always wants a longer gamma, and
+    the controller must stop at max_gamma (the loop sizes its token buffer by it)."""
+    auto = AutoGamma(start=1, max_gamma=max_gamma)
+    seen = []
+    for _ in range(50):
+        g = auto.gamma
+        seen.append(g)
+        auto.observe(drafted=g, accepted=g, draft_s=1e-6 * g, verify_s=10e-3)
+    assert max(seen) <= max_gamma and auto.gamma == max_gamma
+
+
+def test_auto_gamma_in_the_loop_stays_within_max_gamma_on_a_self_draft():
+    """End to end: a draft identical to the target (alpha 1) under gamma="auto"; no round drafts
+    more than the controller's max_gamma, and the output is greedy's."""
+    from spec import build_gpt_neox, greedy_generate, speculative_generate
+    target = build_gpt_neox("tiny-draft", seed=3, vocab_size=64)
+    out = speculative_generate(target, target, [1, 2, 3], gamma="auto", max_new_tokens=80)
+    assert out.tokens == greedy_generate(target, [1, 2, 3], max_new_tokens=80).tokens
+    assert out.accepted == out.drafted > 0 and max(out.drafted_per_round) <= AutoGamma().max_gamma
