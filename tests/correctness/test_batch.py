@@ -370,3 +370,19 @@ def test_a_drafter_that_cannot_be_copied_is_refused_for_a_batch_naming_it(target
         speculative_generate(target, Locked(), [[3, 4, 5], [6]], gamma=2, max_new_tokens=3)
     assert speculative_generate(target, Locked(), [3, 4, 5], gamma=2, max_new_tokens=3).tokens == \
         greedy_generate(target, [3, 4, 5], max_new_tokens=3).tokens
+
+
+def test_a_short_rows_eos_between_its_own_minimum_and_the_widest_rows_stops_it(target, fp64_partial_draft):
+    """min_new_tokens in a ragged batch, the other direction: the SHORT row's EOS falls at its own
+    new token m = min_new_tokens, which a count from the widest row's prompt (8 tokens longer) would
+    still mask. The row must stop there, as its solo run does, in both decoders."""
+    short, wide = [12, 40], [3, 4, 5, 6, 7, 8, 9, 10, 11, 30]
+    free = greedy_generate(target, short, max_new_tokens=24).tokens
+    m = next(j for j in range(3, 16) if free[j] not in free[:j])    # the first time this token comes
+    options = dict(max_new_tokens=24, eos_token_id=free[m], min_new_tokens=m)
+    solo = greedy_generate(target, short, **options)
+    assert solo.stop_reason == "eos" and len(solo.tokens) == m + 1      # the case under test
+    for outs in (speculative_generate(target, fp64_partial_draft, [short, wide], gamma=4, **options),
+                 greedy_generate(target, [short, wide], **options)):
+        assert outs[0].tokens == solo.tokens and outs[0].stop_reason == "eos"
+        assert outs[1].tokens == greedy_generate(target, wide, **options).tokens
