@@ -608,3 +608,19 @@ def test_a_drafter_returning_trees_without_the_flag_is_told_to_set_it_and_an_emp
     assert out.tokens == greedy_generate(target, [4, 5], max_new_tokens=4).tokens and out.drafted == 0
     single = speculative_generate(target, Unflagged(), [4, 5], gamma=2, max_new_tokens=4)   # one prompt: fine
     assert single.tokens == out.tokens
+
+
+@pytest.mark.parametrize("branches, nodes, g", [(2, 1, 4), (2, 3, 4), (3, 5, 3), (2, 6, 6), (3, 7, 2), (4, 9, 5)])
+def test_tree_drafters_keep_their_node_budget_and_depth(branches, nodes, g):
+    """A tree never has more than `nodes` nodes nor more than g levels, and a budget the width and
+    depth can fill is filled (the round's target pass is sized by it)."""
+    model = cached_model("llama")
+    history = [3, 5, 7, 9, 3, 5, 8, 1, 3, 5, 7, 2, 3, 5, 9, 4, 3, 5, 7, 9, 3, 5]    # "3 5" followed four ways
+    for drafter in (TreeDraft(model, branches=branches, nodes=nodes),
+                    LookupTree(max_ngram=2, min_ngram=2, branches=branches, nodes=nodes)):
+        seq = torch.tensor(history + [0] * 16)
+        tree = drafter.draft(seq, len(history), g)
+        depth = max(tree.depths(), default=0)
+        assert len(tree) <= nodes and depth <= g, (drafter, len(tree), depth)
+        if isinstance(drafter, TreeDraft):           # each level keeps the `branches` likeliest paths
+            assert len(tree) == min(nodes, branches * g), (drafter, len(tree))
