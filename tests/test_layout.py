@@ -162,8 +162,14 @@ def test_the_protocols_exist_and_every_runner_and_drafter_keeps_them():
     for name, module in runners.items():
         keep = inspect.signature(getattr(modules[module], name).__call__).parameters["keep"]
         assert keep.default == 0, f"{name}: keep defaults to {keep.default!r}, not 0 (all rows)"
+    # every drafter keeps the protocol, the built-in ones and any added as docs/DEVELOPING.md says (a new
+    # spec/lastseen.py must not break this test): each is found, and its class has the protocol's methods
+    import importlib
     drafters = _classes_with(DRAFTER_METHODS)
-    assert set(drafters) == {"ModelDraft", "PromptLookup", "EachRow", "NoDraft", "GGUFDraft", "TreeDraft", "LookupTree"}
+    assert {"ModelDraft", "PromptLookup", "EachRow", "NoDraft", "GGUFDraft", "TreeDraft", "LookupTree"} <= set(drafters)
+    for name, module in drafters.items():
+        cls = getattr(importlib.import_module(f"spec.{module}"), name)
+        assert DRAFTER_METHODS <= set(dir(cls)), name
     # the loop's forms keep the batched protocols: one loop runs every prompt count
     for proto, classes in ((protocols.BatchRunner, (batch.Rows, batch.EachRunner)),
                            (protocols.BatchDrafter, (draft.ModelDraft, batch.EachRow, draft.NoDraft))):
