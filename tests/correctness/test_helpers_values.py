@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from oracles import assert_logits_close
 
 from spec import build_gpt_neox, clock, experiment, validate
 from spec.experiment import report
@@ -192,9 +193,9 @@ def test_perturbed_copy_by_its_documented_rule():
     z_pair = torch.randn(2, generator=gen, dtype=torch.float64)
     z_w = torch.randn(2, 3, generator=gen, dtype=torch.float64)
     assert torch.equal(out.scalar, toy.scalar)
-    # (the std is taken in fp32, so the match is to fp32 precision)
-    assert torch.allclose(out.pair, toy.pair + z_pair * 0.5 * toy.pair.detach().std(), rtol=0, atol=1e-7)
-    assert torch.allclose(out.w, toy.w + z_w * 0.5 * toy.w.detach().std(), rtol=0, atol=1e-7)
+    # (the std is taken in fp32, so the match is to fp32's rounding)
+    assert_logits_close(out.pair, toy.pair + z_pair * 0.5 * toy.pair.detach().std(), torch.float32)
+    assert_logits_close(out.w, toy.w + z_w * 0.5 * toy.w.detach().std(), torch.float32)
 
 
 def test_truncated_copy_is_the_first_layers(target):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from oracles import assert_logits_close
 from transformers import (MinNewTokensLengthLogitsProcessor, MinPLogitsWarper, NoBadWordsLogitsProcessor,
                           NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor,
                           SequenceBiasLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper)
@@ -161,7 +162,7 @@ def test_min_p_matches_hf_warper_after_temperature_and_top_k(min_p, temperature,
         expected = MinPLogitsWarper(min_p)(None, expected).softmax(-1)[0]
         got = probabilities(logits[0], temperature, top_k, None, min_p)
         assert torch.equal(got > 0, expected > 0), (logits, min_p)
-        torch.testing.assert_close(got, expected, rtol=1e-12, atol=0)
+        assert_logits_close(got, expected)
 
 
 @pytest.mark.parametrize("kwargs, name", [(dict(min_new_tokens=-1), "min_new_tokens"),

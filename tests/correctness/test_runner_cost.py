@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from fedcount import fed_per_round
+from oracles import assert_logits_close
 
 from spec import greedy_generate, runner
 
@@ -76,4 +77,5 @@ def test_snapshot_runner_stays_exact_after_any_crop(name):
                 continue
             start = len(run)
             got = run(ids[start:at], keep=at - start)
-            assert torch.allclose(got, full[start:at], rtol=0, atol=1e-6), f"{name}: positions {start}..{at - 1}"
+            # Mamba's head hands back fp32 logits from an fp64 model: a bound from fp32's epsilon
+            assert_logits_close(got, full[start:at], what=f"{name}: positions {start}..{at - 1}")

@@ -65,6 +65,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from oracles import assert_logits_close
 from stats import (Oracle, TableLM, binomial_z, goodness_of_fit, noisy_table, random_table,
                    reference_probabilities, widen, z_two_sided)
 
@@ -512,7 +513,7 @@ def test_probabilities_match_reference_processing(options):
         logits[3] = -math.inf
         ours = sampling.probabilities(logits, options.get("temperature", 1.0), options.get("top_k"),
                                       options.get("top_p"))
-        assert torch.allclose(ours, reference_probabilities(logits, **options), atol=1e-12)
+        assert_logits_close(ours, reference_probabilities(logits, **options), what=str(options))
 
 
 def test_same_seed_same_tokens_other_seed_other_tokens(target, partial_draft):

@@ -12,6 +12,7 @@ import math
 
 import pytest
 import torch
+from oracles import assert_logits_close
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from spec import sampling
@@ -43,17 +44,16 @@ def test_probabilities_equal_hf_warpers(options):
     ours = sampling.probabilities(logits, options.get("temperature", 1.0), options.get("top_k"), options.get("top_p"))
     want = hf_probabilities(logits, **options)
     assert ours.dtype == torch.float64 and ours.shape == logits.shape
-    assert torch.allclose(ours, want, rtol=0, atol=1e-15)
+    assert_logits_close(ours, want)
     assert torch.equal(ours > 0, want > 0)  # the same tokens may be sampled
 
 
 def test_plain_softmax_by_hand():
     logits = torch.tensor([0.0, math.log(2.0), math.log(5.0)], dtype=torch.float64)
-    assert torch.allclose(sampling.probabilities(logits), torch.tensor([0.125, 0.25, 0.625], dtype=torch.float64),
-                          atol=1e-15)
+    assert_logits_close(sampling.probabilities(logits), torch.tensor([0.125, 0.25, 0.625], dtype=torch.float64))
     # temperature 0.5 squares the odds: 1 : 4 : 25
     t = sampling.probabilities(logits, temperature=0.5)
-    assert torch.allclose(t, torch.tensor([1, 4, 25], dtype=torch.float64) / 30, atol=1e-15)
+    assert_logits_close(t, torch.tensor([1, 4, 25], dtype=torch.float64) / 30)
 
 
 def test_top_k_keeps_every_token_tied_with_the_kth():
@@ -62,7 +62,7 @@ def test_top_k_keeps_every_token_tied_with_the_kth():
     ours = sampling.probabilities(logits, top_k=2)
     # kept: 3.0 and the three 2.0s
     w = torch.tensor([math.e, 0, 1, 1, 0, 1], dtype=torch.float64)
-    assert torch.allclose(ours, w / w.sum(), atol=1e-15)
+    assert_logits_close(ours, w / w.sum())
     assert torch.equal(ours, hf_probabilities(logits, top_k=2))
 
 
@@ -99,7 +99,7 @@ def test_top_p_keeps_the_smallest_set_reaching_top_p(top_p, kept):
     mass = [0.5, 0.25, 0.125, 0.125][:kept]
     want = torch.tensor(mass + [0.0] * (4 - kept), dtype=torch.float64) / sum(mass)
     # the last two tokens tie: which of them a 3-token nucleus keeps is the sort's choice
-    assert torch.allclose(ours.sort(descending=True).values, want, atol=1e-12), (top_p, ours)
+    assert_logits_close(ours.sort(descending=True).values, want, what=f"top_p {top_p}")
     assert int((ours > 0).sum()) == int((hf_probabilities(DYADIC, top_p=top_p) > 0).sum()) == kept
 
 
@@ -108,7 +108,7 @@ def test_top_p_exactly_on_a_boundary_keeps_the_set_that_reaches_it():
     probs = torch.tensor([0.5, 0.25, 0.125, 0.125], dtype=torch.float64)
     assert float(probs.log().softmax(-1)[:2].sum()) == 0.75  # the boundary is exact in fp64
     ours = sampling.probabilities(probs.log(), top_p=0.75)
-    assert torch.allclose(ours, torch.tensor([2 / 3, 1 / 3, 0, 0], dtype=torch.float64), atol=1e-15)
+    assert_logits_close(ours, torch.tensor([2 / 3, 1 / 3, 0, 0], dtype=torch.float64))
     # HF's TopPLogitsWarper differs here: it drops tokens whose ascending cumulative mass is
     # <= 1 - top_p, and its rounded sum 1/8 + 1/8 lands a hair above 1/4, so it keeps three.
     # Off the exact boundary the two agree (the test above).
@@ -143,7 +143,7 @@ def test_minus_infinity_logits_never_get_mass():
 def test_temperature_extremes_against_fp64(temperature):
     logits = torch.tensor([1.0, 3.0, 2.9, -2.0], dtype=torch.float64)
     want = (logits / temperature).softmax(-1)
-    assert torch.allclose(sampling.probabilities(logits, temperature=temperature), want, atol=1e-15)
+    assert_logits_close(sampling.probabilities(logits, temperature=temperature), want)
     if temperature <= 1e-2:
         # 3.0 vs 2.9: odds e^(0.1 / T), 1 : e^10 at T = 0.01
         assert sampling.probabilities(logits, temperature=temperature)[1] > 1 - 1e-4
@@ -161,7 +161,7 @@ def test_reduced_precision_logits_are_processed_in_fp32(dtype):
         ours = sampling.probabilities(logits, opts.get("temperature", 1.0), opts.get("top_k"), opts.get("top_p"))
         assert ours.dtype == torch.float32
         want = hf_probabilities(logits.double(), **opts)
-        assert torch.allclose(ours.double(), want, rtol=0, atol=1e-6)
+        assert_logits_close(ours.double(), want, torch.float32, str(opts))   # fp32's bound: processed in fp32
         assert torch.equal(ours > 0, want > 0)
 
 

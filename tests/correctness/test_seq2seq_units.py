@@ -12,6 +12,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 import torch
+from oracles import assert_logits_close
 from seq2seq_models import CORE, VOCAB, build, encoder_inputs, encoder_output
 
 from spec import seq2seq
@@ -50,10 +51,10 @@ def test_decoder_fed_in_blocks_and_cropped_matches_the_cache_free_decoder(family
         everything = run(ids[start:at])                             # keep=0: every row fed
         assert len(run) == at
         assert everything.shape == (at - start, full.shape[-1])
-        assert torch.allclose(everything, full[start:at], rtol=0, atol=1e-9), f"{family}: {start}..{at - 1}"
+        assert_logits_close(everything, full[start:at], what=f"{family}: {start}..{at - 1}")
         run.crop(start)
         last = run(ids[start:at], keep=1)                           # keep=1: the last row only
-        assert torch.allclose(last, full[at - 1:at], rtol=0, atol=1e-9)
+        assert_logits_close(last, full[at - 1:at], what=f"{family}: {at - 1}")
 
 
 @torch.no_grad()
@@ -65,10 +66,10 @@ def test_decoder_applies_its_masks_by_the_position_each_row_predicts():
     ids = torch.randint(3, VOCAB, (8,), generator=torch.Generator().manual_seed(6))
     full = masks.apply(_reference(model, encoded, ids), 0)
     run = Decoder(model, encoded, masks)
-    assert torch.allclose(run(ids[:3]), full[:3], rtol=0, atol=1e-9)
-    assert torch.allclose(run(ids[3:7], keep=2), full[5:7], rtol=0, atol=1e-9)
+    assert_logits_close(run(ids[:3]), full[:3])
+    assert_logits_close(run(ids[3:7], keep=2), full[5:7])
     run.crop(4)
-    assert torch.allclose(run(ids[4:8], keep=3), full[5:8], rtol=0, atol=1e-9)
+    assert_logits_close(run(ids[4:8], keep=3), full[5:8])
     assert full[0].isfinite().sum() == 1 and full[5].isfinite().sum() == 1     # forced BOS, forced EOS rows
     assert full[1, 7] == -float("inf") and full[2, 7] != -float("inf")      # begin suppression: position 2 only
     assert (full[:, 5] == -float("inf")).all()
@@ -100,9 +101,9 @@ def test_a_bart_with_a_deeper_decoder_gets_caches_of_its_decoders_depth():
     ids = torch.randint(3, VOCAB, (16,), generator=torch.Generator().manual_seed(5))
     full = _reference(model, encoded, ids)
     run = Decoder(model, encoded)
-    assert torch.allclose(run(ids[:9]), full[:9], rtol=0, atol=1e-9)
+    assert_logits_close(run(ids[:9]), full[:9])
     run.crop(6)
-    assert torch.allclose(run(ids[6:16], keep=4), full[12:16], rtol=0, atol=1e-9)
+    assert_logits_close(run(ids[6:16], keep=4), full[12:16])
 
 
 @torch.no_grad()

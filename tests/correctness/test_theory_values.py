@@ -8,8 +8,13 @@ import re
 
 import pytest
 import torch
+from oracles import relative_tolerance
 
 from spec import theory
+
+
+# Scalar float arithmetic rounds a few ulps; a bound of 256 fp64 eps (oracles) catches any slip in a formula.
+REL = relative_tolerance(torch.float64)
 
 
 def test_eq1_small_cases_by_hand():
@@ -22,22 +27,22 @@ def test_eq1_small_cases_by_hand():
 
 def test_theorem_3_8_small_cases_by_hand():
     # (1 - 0.5^3) / ((1 - 0.5)(2 * 0.25 + 1)) = 1.75 / 1.5
-    assert theory.expected_speedup(0.5, 2, 0.25) == pytest.approx(1.75 / 1.5, rel=1e-15)
-    assert theory.expected_speedup(0.8, 4, 0.0) == pytest.approx((1 - 0.8**5) / 0.2, rel=1e-14)
+    assert theory.expected_speedup(0.5, 2, 0.25) == pytest.approx(1.75 / 1.5, rel=REL)
+    assert theory.expected_speedup(0.8, 4, 0.0) == pytest.approx((1 - 0.8**5) / 0.2, rel=REL)
     # costed: the verify pass at 1 + slope * gamma steps: 1.75 / (0.5 + 1 + 0.1 * 2)
-    assert theory.expected_speedup_costed(0.5, 2, 0.25, 0.1) == pytest.approx(1.75 / 1.7, rel=1e-15)
+    assert theory.expected_speedup_costed(0.5, 2, 0.25, 0.1) == pytest.approx(1.75 / 1.7, rel=REL)
     assert theory.expected_speedup_costed(0.5, 2, 0.25) == theory.expected_speedup(0.5, 2, 0.25)
 
 
 def test_theorem_3_11_small_cases_by_hand():
     # (1 - alpha)(gamma c_hat + gamma + 1) / (1 - alpha^(gamma+1)) = 0.5 * (0.5 + 3) / 0.875
-    assert theory.arithmetic_growth(0.5, 2, 0.25) == pytest.approx(0.5 * 3.5 / 0.875, rel=1e-15)
+    assert theory.arithmetic_growth(0.5, 2, 0.25) == pytest.approx(0.5 * 3.5 / 0.875, rel=REL)
     assert theory.arithmetic_growth(1.0, 3, 0.0) == 1.0      # every drafted token kept: no waste
     assert theory.arithmetic_growth(0.0, 3, 0.5) == 5.5      # nothing kept: all gamma drafts and their verify
 
 
 def test_corollary_3_9_by_hand_and_at_alpha_equal_c():
-    assert theory.corollary_bound(0.8, 0.1) == pytest.approx(1.8 / 1.1, rel=1e-15)
+    assert theory.corollary_bound(0.8, 0.1) == pytest.approx(1.8 / 1.1, rel=REL)
     assert theory.corollary_bound(0.3, 0.3) is None          # needs alpha > c strictly
     assert theory.corollary_bound(0.2, 0.5) is None
     assert theory.corollary_bound(0.5, 0.0) == 1.5
@@ -81,7 +86,7 @@ def test_alpha_from_accepted_small_cases():
 def test_alpha_from_distributions_small_case():
     p = torch.tensor([[0.5, 0.5, 0.0], [1.0, 0.0, 0.0]])
     q = torch.tensor([[0.25, 0.25, 0.5], [0.5, 0.5, 0.0]])
-    assert theory.alpha_from_distributions(p, q) == pytest.approx((0.5 + 0.5) / 2, abs=1e-15)
+    assert theory.alpha_from_distributions(p, q) == pytest.approx((0.5 + 0.5) / 2, rel=relative_tolerance(torch.float32))
 
 
 def test_implied_alpha_end_points_and_values():
@@ -93,7 +98,7 @@ def test_implied_alpha_end_points_and_values():
 
 def test_implied_c_by_hand():
     # alpha 0.5, gamma 2: 1.75 tokens a round; a speedup of 1.25 means a round costs 1.4 steps: c = 0.2
-    assert theory.implied_c(1.25, 0.5, 2) == pytest.approx(0.2, rel=1e-14)
+    assert theory.implied_c(1.25, 0.5, 2) == pytest.approx(0.2, rel=REL)
     assert theory.implied_c(1.75, 0.5, 2) == 0.0
 
 

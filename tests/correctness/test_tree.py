@@ -12,7 +12,7 @@ import torch
 from architectures import BY_NAME, cached_model, draft_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from oracles import assert_exact
+from oracles import assert_exact, assert_logits_close
 from stats import TableLM, goodness_of_fit, noisy_table, random_table
 from strategies import short_prompts_for_tiny_vocab
 
@@ -216,7 +216,9 @@ def test_one_pass_gives_every_node_its_paths_own_logits(family):
     for node in [-1] + list(range(len(tree))):
         path = tree.path(node) if node >= 0 else []
         want = hf.authors_forward(model, torch.cat([seq, tree.tokens[path]]))[-1]
-        torch.testing.assert_close(logits[node + 1], want, rtol=1e-6, atol=1e-6)
+        # fp32's bound on fp64 models: HF's eager attention takes its softmax in fp32, and a tree's row
+        # sums its exps in another order than the path's own row (masked siblings between): 1.6 fp32 eps
+        assert_logits_close(logits[node + 1], want, torch.float32, f"{family}, node {node}")
 
 
 @pytest.mark.parametrize("family", ["mamba", "openai-gpt", "bloom"])
@@ -237,7 +239,7 @@ def test_runners_without_tree_masks_are_fed_branch_by_branch(family):
     for node in [-1] + list(range(len(tree))):
         p = tree.path(node) if node >= 0 else []
         want = hf.authors_forward(model, torch.cat([seq, tree.tokens[p]]))[-1]
-        torch.testing.assert_close(logits[node + 1], want, rtol=1e-5, atol=1e-5)
+        assert_logits_close(logits[node + 1], want, what=f"{family}, node {node}")   # Mamba's logits: fp32
 
 
 @torch.inference_mode()
@@ -251,7 +253,7 @@ def test_keeping_the_path_drops_the_other_branches_from_the_cache():
     assert len(run) == seq.numel() + 2
     nxt = run(torch.tensor([9]), keep=1)[-1]
     want = hf.authors_forward(model, torch.cat([seq, torch.tensor([6, 7, 9])]))[-1]
-    torch.testing.assert_close(nxt, want, rtol=1e-6, atol=1e-6)
+    assert_logits_close(nxt, want, torch.float32)   # the kept keys came from the tree pass (fp32 softmax)
 
 
 # --- greedy: exact over trees, prompts and families ----------------------------------------------
