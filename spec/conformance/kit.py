@@ -119,7 +119,7 @@ def _bias(z, ctx, sequence_bias):
 BF16_OFFSET = 256.0
 
 
-def shifted_logits(model, offset: float, spread: float = 4.0):
+def shifted_logits(model, offset: float, spread: float = 4.0, rows=None):
     """A copy of the GPT-NeoX `model` whose every logit is `offset` higher, in its own weights, so every
     runner computes the shift: the same law in exact arithmetic (a softmax ignores a common shift;
     in fp32 it moves by 1e-5), but large logits, which bf16 rounds coarsely.
@@ -127,18 +127,21 @@ def shifted_logits(model, offset: float, spread: float = 4.0):
     With h = g * x + b the final norm's output (x normalised: sum(x) = 0), adding a * u with u = 1 / g
     to every head row adds a * u.b to every logit whatever x is; the norm's bias gains a vector e
     orthogonal to every head row (so the rows' own products are unchanged) that makes u.(b + e)
-    nonzero, and a is chosen to make a * u.(b + e) = offset. `spread`: the largest entry of e."""
+    nonzero, and a is chosen to make a * u.(b + e) = offset. `spread`: the largest entry of e.
+    `rows`: only these token ids' logits are shifted (the others are left as they were), default all."""
     m = copy.deepcopy(model)
     norm, head = m.gpt_neox.final_layer_norm, m.get_output_embeddings()
     with torch.no_grad():
-        g, b, rows = norm.weight.double(), norm.bias.double(), head.weight.double()
+        g, b, weights = norm.weight.double(), norm.bias.double(), head.weight.double()
         u = 1 / g
-        span = torch.linalg.qr(rows.T).Q
+        span = torch.linalg.qr(weights.T).Q
         r = u - span @ (span.T @ u)           # u with the head rows' span removed
         e = spread * r / r.abs().max()
         a = offset / float(u @ (b + e))
         norm.bias.copy_((b + e).to(norm.bias.dtype))
-        head.weight.copy_((rows + a * u).to(head.weight.dtype))
+        lift = a * u if rows is None else torch.zeros_like(weights).index_add_(
+            0, torch.tensor(list(rows)), (a * u).expand(len(rows), -1).contiguous())
+        head.weight.copy_((weights + lift).to(head.weight.dtype))
     return m
 
 
@@ -148,6 +151,95 @@ def small_pair_bf16():
     with every logit shifted by BF16_OFFSET (its fp32 law is the small pair's draft's, to 1e-5)."""
     target, draft = small_pair()
     return copy.deepcopy(target).to(torch.float32), shifted_logits(draft, BF16_OFFSET).to(torch.bfloat16)
+
+
+GAP_TOKEN = 0           # p = 0.22 after SMALL_PROMPT, where the residual also has mass elsewhere
+GAP_OFFSET = -1e4       # exp(-1e4) is 0 in any float: the draft's q of GAP_TOKEN is exactly 0
+
+
+@functools.cache
+def small_pair_gap():
+    """The small pair with a draft whose support misses target mass: the draft's logit of GAP_TOKEN
+    is lowered by 1e4 in its own weights (shifted_logits on that row only), so q(GAP_TOKEN) = 0 in
+    every context and at any temperature, while the target's first token is GAP_TOKEN 22% of the
+    time. After a rejection the residual norm(max(0, p - q)) must keep that mass (it is p's there).
+    After SMALL_PROMPT the residual is 0.22 at GAP_TOKEN and 0.12 at token 2: a decoder that
+    normalises it over the draft's support (q > 0) only still has a token to draw, never GAP_TOKEN,
+    so its first token is never GAP_TOKEN (89 of 400 expected)."""
+    target, draft = small_pair()
+    return target, shifted_logits(draft, GAP_OFFSET, rows=[GAP_TOKEN])
+
+
+# --- the layout pair: a node's greedy token depends on its position and on exactly what it sees ---
+
+LAYOUT_VOCAB = 640
+LAYOUT_DECOY = LAYOUT_VOCAB - 1   # the decoy draft's first choice everywhere (no kit prompt holds it)
+LAYOUT_KINDS = ("decoy", "self", "none")
+
+
+def _zero_mean_basis(d: int) -> torch.Tensor:
+    """d - 1 orthonormal rows, each summing to 0 (so a layer norm only rescales their combinations)."""
+    centred = torch.eye(d, dtype=torch.float64) - 1.0 / d
+    return torch.linalg.qr(centred[:, :d - 1]).Q.T
+
+
+def _layout_target(seed: int = 7, d: int = 16, scale: float = 100.0, gain: float = 8.0):
+    """One GPT-2 block by hand (see layout_pair); fp64."""
+    gen = torch.Generator().manual_seed(seed)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=LAYOUT_VOCAB, n_embd=d, n_layer=1, n_head=1, n_positions=512,
+                                       bos_token_id=None, eos_token_id=None, tie_word_embeddings=False,
+                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)).double().eval()
+    e = _zero_mean_basis(d)
+    token_angle = 2 * math.pi * torch.rand(LAYOUT_VOCAB, generator=gen, dtype=torch.float64)
+    position_angle = 2 * math.pi * torch.rand(512, generator=gen, dtype=torch.float64)
+    head_angle = 2 * math.pi * torch.randperm(LAYOUT_VOCAB, generator=gen).double() / LAYOUT_VOCAB
+    t, block = model.transformer, model.transformer.h[0]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        for norm in (block.ln_1, block.ln_2, t.ln_f):
+            norm.weight.fill_(1.0)
+        t.wte.weight.copy_(token_angle.cos()[:, None] * e[0] + token_angle.sin()[:, None] * e[1])
+        t.wpe.weight.copy_(position_angle.cos()[:, None] * e[2] + position_angle.sin()[:, None] * e[3])
+        block.attn.c_attn.weight[:, 2 * d] = e[0] + e[2]         # value: a(token) + b(position), as 2-D
+        block.attn.c_attn.weight[:, 2 * d + 1] = e[1] + e[3]     # (query and key stay 0: equal weights)
+        block.attn.c_proj.weight[0] = gain * e[4]                # the mean value, into the plane e4, e5
+        block.attn.c_proj.weight[1] = gain * e[5]
+        model.lm_head.weight.copy_(scale * (head_angle.cos()[:, None] * e[4] + head_angle.sin()[:, None] * e[5]))
+    return model
+
+
+@functools.cache
+def layout_pair() -> dict:
+    """A target whose greedy token at a tree node depends on the node's position and on exactly which
+    tokens it sees, and two drafts for it: {"target", "self", "decoy", "none"}.
+
+    The target (fp64, 640 ids, learned absolute positions: GPT-2) is one block set by hand: query and
+    key weights are 0, so a position attends with equal weight to every position it may see, and the
+    attention output is the mean, over the visible positions j, of a(t_j) + b(p_j): a 2-D vector, a(t)
+    a unit vector at a random angle per token id, b(p) one per position id. The MLP is 0 and the head
+    reads only the angle of that mean: token v's logit is 100 cos(psi_v - angle) (times the final
+    norm's scale), the psi_v 640 equal steps round the circle in a random order, so the greedy token is
+    the angle quantised to steps of 0.0098 rad. A node that sees one token more (an earlier sibling),
+    one fewer (an ancestor masked), or sits at another position id (root + its place in the flattened
+    tree, not root + its depth) moves the mean by about one visible position's share, which turns the
+    angle by about 1 / sqrt(n) rad at n visible positions (0.2 at 25): tens of steps, so the greedy
+    token after that node changes, unless the shift happens to point along the mean (a few percent of
+    such nodes). Correct one-pass tree verification computes exactly the path's own forward.
+
+    "decoy": the target in fp32 with the logit of LAYOUT_DECOY raised by 2000 in every context (the final
+    norm's bias gains a component along a direction only that head row reads): the draft's first
+    choice is always LAYOUT_DECOY, its second the target's argmax, so a tree drafted from its top
+    tokens has the target's token as a LATER sibling: a node that a sibling leak, or a position
+    counted in the flattened order, reaches. "self": the target (the first children right: the
+    positions of deeper nodes matter)."""
+    target = _layout_target()
+    decoy = copy.deepcopy(target).float()
+    e = _zero_mean_basis(decoy.config.n_embd).float()
+    with torch.no_grad():
+        decoy.transformer.ln_f.bias.copy_(e[6])
+        decoy.lm_head.weight[LAYOUT_DECOY] += 2000.0 * e[6]
+    return {"target": target, "self": target, "decoy": decoy, "none": None}
 
 
 def reference_processed(logits: torch.Tensor, context, repetition_penalty=None, no_repeat_ngram_size=None,
@@ -226,6 +318,20 @@ def joint_fit(name: str, samples: list[tuple], law: dict):
     worst = sorted(rows, key=lambda r: -abs(r[0]))[:10]
     table = "\n".join(f"    {str(list(s)):<14} {o:>7} {e:>10.1f} {z:>+8.2f}" for z, s, o, e in worst)
     return fit, f"    {'tokens':<14} {'observed':>7} {'expected':>10} {'z':>8}\n{table}"
+
+
+def expect_rejected(prop: str, what: str, fit, alpha: float, table: str = "", underpowered: bool = False) -> None:
+    """A negative control's verdict: the fit of a deliberately broken sampler must reject. One that
+    does not FAILS the run (an AssertionError: the property has lost the power it claims at this
+    budget), never an expected failure; only a control named `underpowered` (listed beside its
+    property as below the check's power at this sample size, and said so in docs/CONFORMANCE.md) is
+    reported as xfail instead."""
+    if fit.rejects(alpha):
+        return
+    if underpowered:
+        pytest.xfail(f"{what}: below the check's power at n = {fit.n} ({fit})")
+    raise AssertionError(f"property {prop}: {what} not rejected at n = {fit.n} (raise --conform-budget): "
+                         f"{fit}\n{table}")
 
 
 # --- running the decoder under test ----------------------------------------------------------------
