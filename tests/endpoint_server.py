@@ -13,8 +13,11 @@ return_tokens_as_token_ids, ignore_eos, stop_token_ids, min_tokens, seed, logpro
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
+import time
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import torch
@@ -39,6 +42,17 @@ BUGS = {
 }
 
 
+@dataclass
+class Gathering:
+    """Server.held_together's barrier: `parties` requests, `joined` so far, `full` once all were in flight."""
+    parties: int
+    timeout: float
+    joined: int = 0
+    full: bool = False
+    closed: bool = False
+    deadline: float = 0.0
+
+
 class Server:
     def __init__(self, speculative: bool, bug: str | None = None, pair: str = "llama", max_logprobs: int = 640):
         if bug is not None and bug not in BUGS:
@@ -54,6 +68,10 @@ class Server:
         self.owner, self.version = "spec", None       # what GET /v1/models and /version say it is
         self.lock = threading.Lock()          # one decode at a time (torch runs one thread here)
         self.in_flight = 0
+        # in_flight changes under the decoding lock (a request's count waits behind a decode in progress, as
+        # the proxy's controls have always seen it); a gathering's members wait on them, the lock released
+        self.arrivals = threading.Condition(self.lock)
+        self.gathering: Gathering | None = None
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -63,6 +81,51 @@ class Server:
     def stop(self):
         self.httpd.shutdown()
         self.httpd.server_close()
+
+    @contextlib.contextmanager
+    def held_together(self, parties: int, timeout: float = 60.0):
+        """While open, the next `parties` completion requests are each held on arrival until all of
+        them are in flight (a barrier; `timeout` seconds at most, counted from the first), then
+        decoded as requests that were in flight together. So a test's concurrent requests overlap
+        whatever the load on the machine: left to the scheduler, a request can finish before the
+        next one arrives, and a loaded box made the batch-shape control pass half the time. Yields
+        the Gathering (`joined`: how many arrived, `full`: whether all did in time)."""
+        gathering = Gathering(parties, timeout)
+        with self.arrivals:
+            if self.gathering is not None:
+                raise RuntimeError("one gathering at a time")
+            self.gathering = gathering
+        try:
+            yield gathering
+        finally:
+            with self.arrivals:
+                self.gathering = None
+                gathering.closed = True
+                self.arrivals.notify_all()
+
+    def arrive(self) -> bool:
+        """A completion request is in flight: hold it while a gathering it joins fills; whether it was
+        crowded (other requests in flight beside it)."""
+        with self.arrivals:
+            self.in_flight += 1
+            self.arrivals.notify_all()
+            gathering = self.gathering
+            if gathering is None or gathering.joined >= gathering.parties:
+                return self.in_flight > 1
+            gathering.joined += 1
+            gathering.deadline = gathering.deadline or time.monotonic() + gathering.timeout
+            while gathering.joined < gathering.parties and not gathering.closed:
+                left = gathering.deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self.arrivals.wait(left)
+            gathering.full = gathering.joined >= gathering.parties
+            return gathering.full or self.in_flight > 1
+
+    def leave(self) -> None:
+        with self.arrivals:
+            self.in_flight -= 1
+            self.arrivals.notify_all()
 
     # --- decoding -------------------------------------------------------------------------
 
@@ -207,17 +270,14 @@ def _handler(server: Server):
             if self.path != "/v1/completions":
                 self._send(404, {"error": {"message": f"no route {self.path}"}})
                 return
-            with server.lock:
-                server.in_flight += 1
-                crowded = server.in_flight > 1
+            crowded = server.arrive()
             try:
                 with server.lock:
                     status, out = 200, server.complete(body, crowded)
             except (ValueError, KeyError, TypeError) as err:
                 status, out = 400, {"error": {"message": str(err)}}
             finally:   # before the answer goes out: the client's next request must not count this one
-                with server.lock:
-                    server.in_flight -= 1
+                server.leave()
             if status == 200 and body.get("stream"):
                 self._send_events(server.stream_events(out))
             else:

@@ -111,13 +111,29 @@ def test_stops_and_their_controls(endpoint_server, bug):
     (endpoints.concurrency, "batch-shape", "equal each alone", "in flight"),
     (endpoints.logprobs, "draft-logprobs", "equal the reference's", "reported logprob")], ids=["concurrency", "logprobs"])
 @pytest.mark.parametrize("broken", [False, True])
-def test_concurrency_logprobs_and_their_controls(endpoint_server, noise, check, bug, passes, fails, broken):
-    spec, ref = pair(endpoint_server, bug if broken else None)
+def test_concurrency_logprobs_and_their_controls(endpoint_server, noise, check, bug, passes, fails, broken,
+                                                 monkeypatch):
+    """The requests a check sends at once (endpoints.concurrently) are held by the speculative server
+    until all of them are in flight (Server.held_together), so they overlap however loaded the
+    machine is: the batch-shape control cannot pass by its requests running one after another."""
+    server = endpoint_server(True, bug if broken else None)
+    spec, ref = Endpoint(server.url), Endpoint(endpoint_server(False).url)
+    at_once, gathered = endpoints.concurrently, []
+
+    def held_together(calls, workers=8):
+        with server.held_together(min(len(calls), workers)) as gathering:
+            out = at_once(calls, workers)
+        gathered.append((gathering.joined, gathering.parties, gathering.full))
+        return out
+
+    monkeypatch.setattr(endpoints, "concurrently", held_together)
     if not broken:
         assert passes in check(spec, ref, PROMPTS, N, noise)
     else:
         with pytest.raises(endpoints.Violation, match=fails):
             check(spec, ref, PROMPTS, N, noise)
+    if check is endpoints.concurrency:
+        assert gathered == [(2 * len(PROMPTS), 2 * len(PROMPTS), True)]   # every crowd request in flight at once
 
 
 SAMPLES = 300
