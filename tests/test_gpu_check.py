@@ -76,3 +76,42 @@ def test_the_table_gives_a_skipped_or_failed_case_its_reason_beside_its_numbers(
     assert rows[1].startswith("test_gpu_speed::test_seed_experiment_speedup[gpu]") and "skipped" in rows[1]
     assert rows[1].endswith("no local weights for the real pair: pythia-12b")
     assert rows[2].endswith("AssertionError: speedup 0.70x below the floor 0.8x | measured_speedup=0.7 alpha=0.8")
+
+
+CASES_BY_MARKER = """
+import pytest
+
+
+@pytest.mark.gpu
+def test_marked_with_no_gpu_in_its_name():
+    pass
+
+
+@pytest.mark.parametrize("gpu_device", [pytest.param("cuda", marks=pytest.mark.gpu, id="cuda0"),
+                                        pytest.param("cpu", id="gpu")])
+def test_device(gpu_device):        # [cuda0] is marked; [gpu] is only named so
+    pass
+
+
+@pytest.mark.parametrize("gpu_device", ["cuda"], ids=["gpu"])
+def test_on_cuda_and_named_gpu_but_unmarked(gpu_device):
+    pass
+
+
+def test_plain():
+    pass
+"""
+
+
+def test_on_a_gpu_machine_the_cases_are_the_gpu_marked_ones_whatever_their_ids(pytester):
+    """With CUDA (rehearse=False) the recipe runs what `pytest -m gpu` selects: a case carrying the gpu
+    marker, whatever its id or parameters, and no case that only has "gpu" in its id or a cuda
+    gpu_device parameter. Collected here on any machine, no GPU needed."""
+    pytester.makeini("[pytest]\nmarkers =\n    gpu: needs a CUDA GPU\n")
+    pytester.makepyfile(test_cases=CASES_BY_MARKER)
+    marked = ["test_marked_with_no_gpu_in_its_name", "test_device[cuda0]"]
+    by_marker = pytester.inline_run("--collect-only", "-p", "no:cacheprovider", "-m", "gpu")
+    assert [i.name for i in by_marker.getcalls("pytest_collection_finish")[0].session.items] == marked
+    recorder = _recipe().Recorder(rehearse=False, budget_s=1e9, write=lambda: None)
+    picked = pytester.inline_run("--collect-only", "-p", "no:cacheprovider", plugins=[recorder])
+    assert [i.name for i in picked.getcalls("pytest_collection_finish")[0].session.items] == marked
