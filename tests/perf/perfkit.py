@@ -111,6 +111,13 @@ class SideBySide:
                 for i in items]
 
     @property
+    def round_speedups(self) -> list[float]:
+        """Per side-by-side round (repeat): the mean over items of that round's baseline time / candidate
+        time. Their spread is what the gate weighs a verdict against (gate.judge)."""
+        return [statistics.fmean(b / c for b, c in zip(base, cand))
+                for base, cand in zip(self.baseline_s, self.candidate_s)]
+
+    @property
     def mean_speedup(self) -> float:
         """The mean of the per-item speedups (the seed notebook's summary: 1.29x on an A100)."""
         return statistics.fmean(self.speedups)

@@ -7,8 +7,10 @@ run, token-identical, the speedup at least tests/perf/baseline.json's ratio less
 tolerance, and within the stated band of Theorem 3.8's prediction from the alpha and c
 measured in this run (with the verify pass at its measured cost);
 test_faster_than_hf_assisted[constant]: ours and HF assisted generation side by side,
-HF's time / ours at least the baseline's ratio less the tolerance. Absolute times are
-for --benchmark-compare only.
+HF's time / ours at least the baseline's ratio less the tolerance. Each is judged on its
+side-by-side rounds: failed only where every round fails, and where the rounds disagree
+(a loaded box), skipped as too noisy to judge with the rounds named (gate.py). Absolute
+times are for --benchmark-compare only.
 """
 
 from __future__ import annotations
@@ -70,19 +72,28 @@ def test_speculative_speedup(benchmark, cpu_pair, cpu_greedy, cpu_costs, cpu_ver
     # On CPU a (gamma+1)-token pass costs more than the one step Theorem 3.8 prices it at
     # (cpu_verify), so the band holds measured against the theorem with that cost included.
     costed = speedup / pred["predicted_speedup_verify_costed"]
+    repeats = run.round_speedups
     report(benchmark, hardware=HARDWARE, pair=cpu_pair.key, gamma=gamma, **acc, **pred, measured_speedup=speedup,
-           per_prompt_speedups=[round(x, 3) for x in run.speedups], total_time_speedup=run.total_speedup,
-           measured_over_predicted=ratio, measured_over_predicted_verify_costed=costed,
-           tolerance=f"{lo}..{hi}", **cost)
+           per_prompt_speedups=[round(x, 3) for x in run.speedups], per_round_speedups=[round(x, 3) for x in repeats],
+           total_time_speedup=run.total_speedup, measured_over_predicted=ratio,
+           measured_over_predicted_verify_costed=costed, tolerance=f"{lo}..{hi}", **cost)
 
     if gamma == 5:
-        if not lo <= costed <= hi:
-            pytest.fail(gate.table("Theorem 3.8 band (verify pass at its measured cost):",
-                                   ["measured", "predicted", "ratio", "allowed", "alpha", "c", "verify pass"],
-                                   [[f"{speedup:.2f}x", f"{pred['predicted_speedup_verify_costed']:.2f}x",
-                                     f"{costed:.2f}", f"{lo}..{hi}", f"{acc['alpha']:.3f}", f"{cpu_costs.c:.3f}",
-                                     f"{cpu_verify:.2f} steps"]]), pytrace=False)
-        gate.check_speed(cpu_pair.key, "speculative / greedy", speedup, f"alpha {acc['alpha']:.3f}")
+        # Both judged on the side-by-side rounds: a failure only where every round fails, "too noisy"
+        # (a skip with the rounds) where they disagree (gate.py).
+        band = gate.judge("Theorem 3.8 band", [r / pred["predicted_speedup_verify_costed"] for r in repeats], lo, hi)
+        speed = gate.speed_verdict(cpu_pair.key, "speculative / greedy", repeats)
+        tables = {band.name: gate.table(
+            "Theorem 3.8 band (verify pass at its measured cost):",
+            ["measured", "predicted", "ratio", "repeats", "allowed", "alpha", "c", "verify pass"],
+            [[f"{speedup:.2f}x", f"{pred['predicted_speedup_verify_costed']:.2f}x", f"{costed:.2f}",
+              ", ".join(f"{r:.2f}" for r in band.repeats), f"{lo}..{hi}", f"{acc['alpha']:.3f}",
+              f"{cpu_costs.c:.3f}", f"{cpu_verify:.2f} steps"]])}
+        if speed is not None:
+            tables[speed.name] = gate.speed_table(cpu_pair.key, speed, speedup, f"alpha {acc['alpha']:.3f}")
+        gate.settle([band] + ([speed] if speed is not None else []), tables)
+        if speed is None:
+            gate.check_speed(cpu_pair.key, "speculative / greedy", speedup)     # skips: no baseline
 
 
 def _assisted(pair, assistant, schedule):
@@ -125,11 +136,13 @@ def test_faster_than_hf_assisted(benchmark, cpu_pair, cpu_greedy, cpu_costs, cpu
     ours_cost = overhead(statistics.median(map(sum, run.candidate_s)), drafted, rounds, cpu_costs, cpu_verify)
     ratio = run.mean_speedup
     info = dict(hardware=HARDWARE, pair=cpu_pair.key, gamma=5, schedule=schedule, hf_time_over_ours=ratio,
-                per_prompt_ratios=[round(x, 3) for x in run.speedups], **ours_cost)
+                per_prompt_ratios=[round(x, 3) for x in run.speedups],
+                per_round_ratios=[round(x, 3) for x in run.round_speedups], **ours_cost)
     if schedule == "constant":
         # The same proposals, so the same rounds: HF's time against the same model-step sum.
         hf_cost = overhead(statistics.median(map(sum, run.baseline_s)), drafted, rounds, cpu_costs, cpu_verify)
         info.update({f"hf_{k}": v for k, v in hf_cost.items() if k != "model_step_time_s"})
     report(benchmark, **info)
     if schedule == "constant":
-        gate.check_speed(cpu_pair.key, "HF assisted / ours", ratio, "gamma 5, HF's constant schedule")
+        gate.check_speed(cpu_pair.key, "HF assisted / ours", ratio, "gamma 5, HF's constant schedule",
+                         repeats=run.round_speedups)
