@@ -548,7 +548,9 @@ def test_a_drafter_that_needs_hidden_states_gets_the_targets_own(family, inner):
         assert any(0 < r.accepted < r.drafted for r in out.rounds), out.rounds
     for (_, before, after, accepted, hidden), r in zip(drafter.calls, out.rounds):
         assert hidden.shape == (after - before, full.shape[-1]) and accepted == r.accepted
-        torch.testing.assert_close(hidden, full[before - 1:after - 1], rtol=1e-6, atol=1e-6)
+        # fp32's bound on these fp64 models: HF's eager attention takes its softmax in fp32 (a tree's
+        # rows sum their exps in another order than the cache-free forward's)
+        assert_logits_close(hidden, full[before - 1:after - 1], torch.float32, f"{family}, hidden states")
 
 
 def test_the_developer_pages_hidden_state_drafter_runs_as_written():
