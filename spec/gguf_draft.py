@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from spec import batch, hf
+from spec import batch, hf, llamaguard
 from spec.draft import ModelDraft, Pick
 
 INSTALL = 'pip install "spec[llama]"'
@@ -36,11 +36,14 @@ PROBE_TEXT = "Hello, world! The quick brown fox: 12345 \u00e9t\u00e9\n  def f(x)
 
 
 def _llama_class():
+    """llama_cpp.Llama, once spec.llamaguard has refused a build known to crash (UnsafeLlamaBuild: e.g.
+    llama-cpp-python 0.3.36 built with AMX, which segfaults on a batch of 2+ tokens) before a model loads."""
     try:
         from llama_cpp import Llama
     except ImportError as err:
         raise ImportError(f"a GGUF draft runs in llama.cpp through llama-cpp-python, which is not installed: "
                           f"{INSTALL} ({err})") from None
+    llamaguard.check()
     return Llama
 
 

@@ -117,6 +117,9 @@ class LlamaCppServer(Served):
 
     def __init__(self, gguf: Path, prompt_lookup: bool, log: Path, tokens: int = 8):
         import sys
+
+        from spec import llamaguard
+        llamaguard.check()   # a build known to crash (AMX, llama-cpp-python <= 0.3.36) is refused with the fix
         cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--n_threads", "1", "--n_ctx", "1024"]
         if prompt_lookup:
             cmd += ["--draft_model", "prompt-lookup-decoding", "--draft_model_num_pred_tokens", str(tokens)]

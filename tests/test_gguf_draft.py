@@ -239,6 +239,32 @@ def test_a_gguf_of_another_vocabulary_is_refused(small, partial_gguf):
         gguf_draft(partial_gguf, model)
 
 
+def test_a_gguf_of_a_smaller_vocabulary_is_refused(target, small):
+    """The other direction: a 5-token GGUF for the 640-wide target. A check that only refused a larger
+    GGUF vocabulary would let it draft (its q, 5 wide, is zero beyond: the loop would accept it)."""
+    _, small_gguf = small
+    with pytest.raises(ValueError, match=r"small.gguf: its vocabulary has 5 tokens but the target's logits are 640"):
+        gguf_draft(small_gguf, target)
+
+
+def test_a_build_known_to_crash_is_refused_before_a_model_loads(target, partial_gguf, monkeypatch):
+    """spec.llamaguard: llama-cpp-python 0.3.36 reporting AMX_INT8 (a segfault in llama_decode on 2+
+    tokens) is refused with the fix before llama.cpp loads the GGUF (no Llama is made, so nothing is
+    decoded)."""
+    import llama_cpp
+
+    from spec.llamaguard import UnsafeLlamaBuild
+
+    class NoModel:
+        def __init__(self, *args, **kwargs):
+            raise AssertionError("a llama.cpp model was loaded before the build was checked")
+    monkeypatch.setattr(llama_cpp, "__version__", "0.3.36")
+    monkeypatch.setattr(llama_cpp, "llama_print_system_info", lambda: b"CPU : AVX2 = 1 | AMX_INT8 = 1 | ")
+    monkeypatch.setattr(llama_cpp, "Llama", NoModel)
+    with pytest.raises(UnsafeLlamaBuild, match=r"0\.3\.36 was built with AMX_INT8.*bash requirements/build-llama"):
+        gguf_draft(partial_gguf, target)
+
+
 @pytest.mark.parametrize("tokenizer, message", [
     (StubTokenizer(bos=3), r"its BOS token is id 0, the target tokenizer's is 3"),
     (StubTokenizer(renamed=[320]), r"token 320 is '<320>' in the GGUF but 'other320'"),
