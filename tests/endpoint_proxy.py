@@ -105,8 +105,7 @@ class Proxy:
         self.root = self.upstream.removesuffix("/v1")
         self.client = httpx2.Client(timeout=httpx2.Timeout(300.0, connect=5.0), trust_env=False)
         self.lock = threading.Lock()
-        self.in_flight = 0
-        self.sampled_in_flight = 0
+        self.in_flight: list[dict] = []          # the completion requests in flight: each one's company
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.httpd.daemon_threads = True
         threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
@@ -117,16 +116,17 @@ class Proxy:
         self.httpd.server_close()
         self.client.close()
 
-    def completions(self, body: dict, crowded: bool):
-        """(status, JSON answer) or (200, the list of stream events)."""
+    def completions(self, body: dict, company: dict):
+        """(status, JSON answer) or (200, the list of stream events). `company`: whether another request,
+        and whether a sampled one, was in flight at any moment while this one was (set on arrival, by
+        this one's and by later ones': not read off the clock, so a control does not depend on timing)."""
         sent = _request(self.bug, body)
         if not body.get("stream"):
             response = self.client.post(f"{self.upstream}/completions", json=sent)
             answer = response.json()
-            sampled = self.sampled_in_flight > (1 if body.get("temperature") else 0)
             if response.status_code == 200:
                 for choice in answer.get("choices") or []:
-                    _choice(self.bug, choice, body, crowded, sampled)
+                    _choice(self.bug, choice, body, company["crowded"], company["sampled"])
                 if self.bug == "usage-drafted" and isinstance(answer.get("usage"), dict):
                     answer["usage"]["completion_tokens"] += 2
             return response.status_code, answer
@@ -168,15 +168,17 @@ def _handler(proxy: Proxy):
                 return
             sampling = bool(body.get("temperature"))
             with proxy.lock:
-                proxy.in_flight += 1
-                proxy.sampled_in_flight += sampling
-                crowded = proxy.in_flight > 1
+                company = {"crowded": bool(proxy.in_flight), "sampled": any(c["sampling"] for c in proxy.in_flight),
+                           "sampling": sampling}
+                for other in proxy.in_flight:
+                    other["crowded"] = True
+                    other["sampled"] = other["sampled"] or sampling
+                proxy.in_flight.append(company)
             try:
-                status, answer = proxy.completions(body, crowded)
+                status, answer = proxy.completions(body, company)
             finally:
                 with proxy.lock:
-                    proxy.in_flight -= 1
-                    proxy.sampled_in_flight -= sampling
+                    proxy.in_flight.remove(company)
             self._send(status, answer)
 
     return Handler
