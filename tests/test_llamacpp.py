@@ -5,6 +5,8 @@ model in the cache)."""
 from __future__ import annotations
 
 import copy
+import os
+import signal
 
 import numpy as np
 import pytest
@@ -15,6 +17,39 @@ from spec.conformance import impls, llamacpp
 from spec.conformance import kit
 
 pytestmark = pytest.mark.skipif(llamacpp.available() is not None, reason=str(llamacpp.available()))
+
+# In an engine's child process: llama_decode segfaults on a batch of 2 or more tokens and runs one token,
+# as llama.cpp's AMX path does in llama-cpp-python 0.3.36 (docs/CONFORMANCE.md, "llama.cpp on AMX CPUs")
+AMX_LIKE_CRASH = """
+import ctypes
+import llama_cpp.llama_cpp as native
+real_decode = native.llama_decode
+def decode(ctx, batch):
+    if batch.n_tokens >= 2:
+        ctypes.string_at(0)   # a read of address 0: SIGSEGV
+    return real_decode(ctx, batch)
+native.llama_decode = decode
+"""
+
+
+def amx_like(path, threads, n_ctx):
+    """An engine (for Engine(make=...), built in the child) whose llama_decode crashes on 2+ tokens."""
+    exec(AMX_LIKE_CRASH, {})
+    return llamacpp.LocalEngine(path, threads, n_ctx)
+
+
+def amx_reported(path, threads, n_ctx):
+    """An engine (built in the child) whose llama-cpp-python reports the known-bad build."""
+    import llama_cpp
+    llama_cpp.__version__ = "0.3.36"
+    llama_cpp.llama_print_system_info = lambda: b"CPU : AVX2 = 1 | AVX512 = 1 | AVX512_VNNI = 1 | AMX_INT8 = 1 | "
+    return llamacpp.LocalEngine(path, threads, n_ctx)
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    model = copy.deepcopy(kit.zoo("llama")["target"]).float()
+    return llamacpp.llama_gguf(model, tmp_path_factory.mktemp("gguf") / "tiny.gguf")
 
 
 def test_the_kits_llama_written_as_gguf_is_the_same_model(tmp_path):
@@ -77,6 +112,101 @@ def test_the_engine_sampling_law_rejects_a_broken_engine(monkeypatch):
         for e in test_engine._engines.values():
             e.close()
         test_engine._engines.clear()
+
+
+def test_a_native_crash_is_a_verdict_and_the_run_goes_on(tiny_gguf, tmp_path, monkeypatch):
+    """The engine runs in a child: when llama.cpp segfaults there, the property fails with the signal,
+    the batch, the model and the build's system info, a reproduction script is written (and reproduces
+    the crash under the same fault), and this process, and the engine after a restart, live on."""
+    import subprocess
+    import sys
+
+    from spec.conformance import test_engine
+
+    crashing = llamacpp.Engine(tiny_gguf, make=f"{__name__}:amx_like", crash_dir=tmp_path)
+    monkeypatch.setattr(test_engine, "engine", lambda path: crashing)
+    try:
+        with pytest.raises(pytest.fail.Exception) as failed:
+            test_engine.test_engine_sampling_determinism(impls.load("llama-cpp"), "prompt-lookup")
+        assert crashing.greedy([5], 3)[0] == crashing.greedy([5], 3)[0]   # a new child; one token runs
+    finally:
+        crashing.close()
+    verdict = str(failed.value)
+    n = len(test_engine.LAW_PROMPT)
+    assert (f"property engine_sampling_determinism violated by llama-cpp: engine crashed (SIGSEGV) on a {n}-token "
+            f"batch after 0 cached positions, tiny.gguf, llama-cpp-python ") in verdict, verdict
+    import llama_cpp
+
+    from spec import llamaguard
+    features = " ".join(k for k, v in llamaguard.features(llama_cpp.llama_print_system_info()).items() if v == "1")
+    assert f"system info: {features} (in Engine.sample)" in verdict, verdict
+    scripts = list(tmp_path.glob("crash-tiny-*.py"))
+    assert len(scripts) == 1 and f"reproduction: python {scripts[0]}" in verdict
+    source = scripts[0].read_text()
+    assert f"BATCH = {list(test_engine.LAW_PROMPT)!r}" in source and str(tiny_gguf) in source
+    code = f"{AMX_LIKE_CRASH}\nimport runpy\nrunpy.run_path({str(scripts[0])!r})"   # the script, with the fault
+    replay = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert replay.returncode == -signal.SIGSEGV and f"evaluating {n} tokens after 0" in replay.stdout, replay
+
+
+class ExitsOnTokenize(llamacpp.LocalEngine):
+    """An engine (built in the child) whose tokenize ends the process with status 3."""
+
+    def tokenize(self, text):
+        os._exit(3)
+
+
+def test_an_engine_that_exits_in_a_call_is_named(tiny_gguf, tmp_path):
+    """Not only signals: a child that exits mid-call is a verdict too, naming the call (no batch was fed,
+    so no reproduction script); the next call starts a new child."""
+    engine = llamacpp.Engine(tiny_gguf, make=f"{__name__}:ExitsOnTokenize", crash_dir=tmp_path)
+    try:
+        with pytest.raises(llamacpp.EngineCrashed, match=r"engine crashed \(exit status 3\) in Engine.tokenize, tiny"):
+            engine.tokenize("x")
+        assert engine.greedy([5, 9, 5], 3)[0] == engine.greedy([5, 9, 5], 3)[0]
+    finally:
+        engine.close()
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_engine_refuses_a_build_known_to_crash(tiny_gguf, tmp_path):
+    """spec.llamaguard runs in the engine's child before any model loads; its refusal (with the fix)
+    reaches the caller as itself."""
+    from spec.llamaguard import UnsafeLlamaBuild
+    with pytest.raises(UnsafeLlamaBuild, match=r"llama-cpp-python 0\.3\.36 was built with AMX_INT8.*build-llama"):
+        llamacpp.Engine(tiny_gguf, make=f"{__name__}:amx_reported", crash_dir=tmp_path)
+
+
+# --- llama.cpp's sampler chain: top-k before top-p ----------------------------------------------------
+
+def test_top_k_cuts_before_top_p():
+    """sampler_law keeps llama.cpp's order: top-p's mass is counted over what top-k kept. Probabilities
+    0.4, 0.3, 0.2, 0.1 with top-k 2 and top-p 0.5: after top-k the first token has 4/7 >= 0.5, so it
+    alone is kept; top-p first (over all four: 0.4 < 0.5) would keep two, 4/7 and 3/7."""
+    logits = np.log([0.4, 0.3, 0.2, 0.1])
+    assert np.allclose(llamacpp.sampler_law(logits, 1.0, top_k=2, top_p=0.5), [1, 0, 0, 0])
+    assert np.allclose(llamacpp.sampler_law(logits, 1.0, top_k=0, top_p=0.5), [4 / 7, 3 / 7, 0, 0])
+
+
+def test_the_engine_cuts_top_k_before_top_p(tiny_gguf):
+    """The same order, from llama.cpp itself: on the tiny engine's next-token row after LAW_PROMPT, top-k 2
+    and a top-p between the top token's probability and its share of the top two: sampler_law says the
+    top token always, top-p first would draw the runner-up over 30% of the time (at most 0.7^30 = 2e-5
+    for 30 draws to miss it); 30 seeded draws of the engine are all the top token."""
+    from spec.conformance import test_engine
+    engine = llamacpp.Engine(tiny_gguf)
+    try:
+        row = engine.logits(list(test_engine.LAW_PROMPT))[-1]
+        p = np.sort(np.exp(row - row.max()) / np.exp(row - row.max()).sum())[::-1]
+        top_p = float((p[0] + p[0] / (p[0] + p[1])) / 2)
+        law = llamacpp.sampler_law(row, 1.0, top_k=2, top_p=top_p)
+        runner_up = float(p[1] / (p[0] + p[1]))   # its probability with top-p first (it keeps >= 2, top-k 2)
+        assert law.max() == 1.0 and p[0] < top_p and runner_up > 0.3, (p[:3], top_p)
+        sampler = dict(temp=1.0, top_k=2, top_p=top_p, min_p=0.0)
+        draws = [engine.sample(test_engine.LAW_PROMPT, 1, seed=s, sampler=sampler)[0] for s in range(30)]
+    finally:
+        engine.close()
+    assert set(draws) == {int(law.argmax())}, (draws, top_p, p[:3])
 
 
 @pytest.fixture(scope="module")

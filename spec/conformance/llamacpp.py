@@ -1,10 +1,15 @@
 """llama.cpp (through llama-cpp-python, the `llama` extra) as a decoder under test: an engine that
 brings its own models (GGUF files), its own non-speculative reference and its own logits.
 
-- `Engine(path)`: one GGUF model. `greedy` is the engine's own plain greedy decoding (the reference
-  the speculative runs are compared with, token for token); `speculative` is llama-cpp-python's
+- `Engine(path)`: one GGUF model, run in a child process (`LocalEngine` there), so that a native crash
+  of llama.cpp is a verdict, not a dead test run: when the child dies by a signal, the call raises
+  `EngineCrashed` ("engine crashed (SIGSEGV) on a 2-token batch, <model>, <CPU features>") and a
+  standalone reproduction script (llama_cpp and the standard library: the model, the ids, the call) is
+  written and named. `greedy` is the engine's own plain greedy decoding (the reference the
+  speculative runs are compared with, token for token); `speculative` is llama-cpp-python's
   speculative decoding (`Llama(draft_model=...)`) with prompt lookup (`LlamaPromptLookupDecoding`)
-  or a draft model (`ModelDraft`: a second GGUF run greedily, gamma tokens a round).
+  or a draft model (`ModelDraft`: a second GGUF run greedily, gamma tokens a round). Every model is
+  opened after spec.llamaguard's check of the build (a known-crashing one is refused with the fix).
 - `noise`: the engine's own numerical noise, the largest difference between the logits of one
   position computed in a one-token pass and in a multi-token pass (the pass shapes speculative
   decoding uses), measured per model file (so per quantization and dtype).
@@ -22,12 +27,22 @@ brings its own models (GGUF files), its own non-speculative reference and its ow
 
 from __future__ import annotations
 
+import json
+import os
+import pickle
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import traceback
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import numpy as np
 
-from spec import clock
+from spec import llamaguard
 
 PIN = "0.3.36"   # the llama-cpp-python version the findings in docs/CONFORMANCE.md were measured with
 
@@ -74,13 +89,20 @@ def dequantized_gguf(src: Path, dst: Path, dtype: str = "f32") -> Path:
     return Path(dst)
 
 
+def _llama():
+    """llama_cpp.Llama, after spec.llamaguard refused a build known to crash (before any model loads)."""
+    from llama_cpp import Llama
+
+    llamaguard.check()
+    return Llama
+
+
 class ModelDraft:
     """A llama-cpp-python draft model: a second GGUF model proposes `gamma` greedy tokens a round
     (its KV cache reused across rounds through llama-cpp-python's prefix matching)."""
 
     def __init__(self, path: Path, gamma: int, threads: int = 1, n_ctx: int = 1024):
-        from llama_cpp import Llama
-
+        Llama = _llama()
         self.gamma = gamma
         self.llm = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
                          verbose=False)
@@ -144,11 +166,13 @@ class Divergence:
                 f"top-2 gap {self.gap:.3g} vs noise {self.noise:.3g}: {self.verdict}; {shapes}")
 
 
-class Engine:
-    """One GGUF model in llama.cpp at `threads` threads."""
+class LocalEngine:
+    """One GGUF model in llama.cpp at `threads` threads, in this process (`Engine` runs one in a child
+    process: a native crash here takes the process with it). greedy, speculative and sample return the
+    tokens; Engine times them."""
 
     def __init__(self, path, threads: int = 1, n_ctx: int = 1024):
-        from llama_cpp import Llama
+        Llama = _llama()
 
         self.path, self.threads, self.n_ctx = Path(path), threads, n_ctx
         common = dict(model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False)
@@ -168,38 +192,34 @@ class Engine:
     def tokenize(self, text: str) -> list[int]:
         return self.plain.tokenize(text.encode("utf-8"), add_bos=False, special=True)
 
-    def _run(self, llm, prompt, n, sampler=GREEDY) -> tuple[list[int], float]:
+    def _run(self, llm, prompt, n, sampler=GREEDY) -> list[int]:
         llm.reset()
+        out = []
+        for token in llm.generate(list(prompt), **sampler, typical_p=1.0, repeat_penalty=1.0, reset=True):
+            out.append(int(token))
+            if len(out) == n:
+                break
+        return out
 
-        def decode():
-            out = []
-            for token in llm.generate(list(prompt), **sampler, typical_p=1.0, repeat_penalty=1.0, reset=True):
-                out.append(int(token))
-                if len(out) == n:
-                    break
-            return out
-        return clock.timed(decode)
-
-    def greedy(self, prompt, n: int) -> tuple[list[int], float]:
-        """The engine's own plain greedy decoding: n new tokens and the seconds it took."""
+    def greedy(self, prompt, n: int) -> list[int]:
+        """The engine's own plain greedy decoding: n new tokens."""
         return self._run(self.plain, prompt, n)
 
     def speculative(self, prompt, n: int, *, draft: str = "prompt-lookup", gamma: int = 8,
-                    draft_path=None) -> tuple[list[int], float]:
+                    draft_path=None) -> list[int]:
         """llama-cpp-python's speculative greedy decoding: prompt lookup (max n-gram 3, `gamma`
         tokens) or a draft model (`draft_path`, default the target's own file)."""
         return self._run(self._speculative(draft, gamma, draft_path), prompt, n)
 
     def _speculative(self, draft, gamma, draft_path):
         """The Llama with `draft_model` set (one at a time: rebuilt when the drafter changes)."""
-        from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
         key = (draft, gamma, str(draft_path))
         if getattr(self, "_spec_key", None) != key:
             drafter = (LlamaPromptLookupDecoding(num_pred_tokens=gamma, max_ngram_size=3) if draft == "prompt-lookup"
                        else _model_draft_class()(draft_path or self.path, gamma, self.threads, self.n_ctx))
-            self._spec, self._spec_key = Llama(**self._common, draft_model=drafter), key
+            self._spec, self._spec_key = _llama()(**self._common, draft_model=drafter), key
         return self._spec
 
     def sample(self, prompt, n: int, *, seed: int, sampler: dict, draft: str | None = None, gamma: int = 2,
@@ -210,7 +230,7 @@ class Engine:
         from its own row of the target's logits and keeps a draft while it equals the draw."""
         llm = self.plain if draft is None else self._speculative(draft, gamma, draft_path)
         llm.set_seed(seed)   # its dist sampler is made from this seed at each generate()
-        return self._run(llm, prompt, n, sampler)[0]
+        return self._run(llm, prompt, n, sampler)
 
     def logits(self, tokens, block: int | None = None) -> np.ndarray:
         """Logits of every position of `tokens` [len, V]: one token a pass (block None), or the
@@ -256,6 +276,286 @@ class Engine:
                 replay.append(width)
         verdict = "tie" if gap <= noise else "BUG"
         return Divergence(j, int(expected[j]), int(actual[j]), gap, noise, replay, verdict)
+
+
+# --- the engine in a child process: a native crash is a verdict --------------------------------------
+
+LOCAL = "spec.conformance.llamacpp:LocalEngine"
+_HEADER = struct.Struct("<I")   # a breadcrumb: its byte length, a JSON line, the held ids and the batch (int32)
+
+
+class EngineCrashed(RuntimeError):
+    """The engine's child process died (a signal, e.g. SIGSEGV inside llama_decode, or an exit)
+    during a call: the message is the verdict; `script` reproduces it with llama_cpp alone."""
+
+    def __init__(self, verdict: str, signal_name: str, script: Path | None):
+        super().__init__(verdict)
+        self.signal_name, self.script = signal_name, script
+
+    def __reduce__(self):
+        return type(self), (str(self), self.signal_name, self.script)
+
+
+class _Breadcrumbs:
+    """In the child: before every Llama.eval, what it is about to feed (the model, the context's
+    settings, the ids it holds and the batch), written over the same bytes of an inherited file, so
+    that the parent can read the last one after a crash. A few microseconds an eval."""
+
+    def __init__(self, fd: int):
+        self.fd, self.call = fd, 0
+
+    def install(self, Llama) -> None:
+        real, crumbs = Llama.eval, self
+
+        def eval(llm, tokens):
+            crumbs.write(llm, tokens)
+            return real(llm, tokens)
+        Llama.eval = eval
+
+    def write(self, llm, tokens) -> None:
+        held = np.asarray(llm.input_ids[:llm.n_tokens], dtype="<i4")
+        batch = np.asarray(list(tokens), dtype="<i4")
+        params = llm.context_params
+        head = json.dumps({"call": self.call, "model": llm.model_path, "n_ctx": int(params.n_ctx),
+                           "n_batch": int(llm.n_batch), "n_threads": int(params.n_threads),
+                           "n_threads_batch": int(params.n_threads_batch), "logits_all": bool(llm._logits_all),
+                           "held": len(held), "batch": len(batch)}).encode() + b"\n"
+        body = head + held.tobytes() + batch.tobytes()
+        os.pwrite(self.fd, _HEADER.pack(len(body)) + body, 0)
+
+
+def _read_breadcrumb(fd: int) -> dict | None:
+    size = os.pread(fd, _HEADER.size, 0)
+    if len(size) < _HEADER.size:
+        return None
+    body = os.pread(fd, _HEADER.unpack(size)[0], _HEADER.size)
+    head, _, ids = body.partition(b"\n")
+    crumb = json.loads(head)
+    ids = np.frombuffer(ids, dtype="<i4").tolist()
+    crumb["held_ids"], crumb["batch_ids"] = ids[:crumb["held"]], ids[crumb["held"]:]
+    return crumb
+
+
+def _child(argv: list[str]) -> None:
+    """The child's loop: `make` (module:callable) builds the engine from (path, threads, n_ctx); each
+    request (method, positional values, keyword values) is answered ("ok", result) or ("error",
+    exception, traceback). Before anything else it says ("hello", llama-cpp-python's version, its
+    system info), for the verdict if the model load itself crashes."""
+    import faulthandler
+    import importlib
+
+    make, path, threads, n_ctx, rfd, wfd, crumb_fd = argv
+    faulthandler.enable()   # a native crash prints the Python stack to stderr, then dies by its signal
+    requests, answers = Connection(int(rfd), writable=False), Connection(int(wfd), readable=False)
+    import llama_cpp
+    answers.send(("hello", llama_cpp.__version__, llama_cpp.llama_print_system_info().decode(errors="replace")))
+    crumbs = _Breadcrumbs(int(crumb_fd))
+    crumbs.install(llama_cpp.Llama)
+    module, _, name = make.partition(":")
+    try:
+        engine = getattr(importlib.import_module(module), name)(path, int(threads), int(n_ctx))
+        answers.send(("ok", None))
+    except Exception as err:
+        _answer_error(answers, err)
+        return
+    while True:
+        try:
+            method, values, kwargs = requests.recv()
+        except EOFError:   # the parent is gone
+            return
+        crumbs.call += 1
+        try:
+            answers.send(("ok", getattr(engine, method)(*values, **kwargs)))
+        except Exception as err:
+            _answer_error(answers, err)
+        if method == "close":
+            return
+
+
+def _answer_error(answers: Connection, err: Exception) -> None:
+    tb = traceback.format_exc()
+    try:
+        pickle.dumps(err)
+    except Exception:
+        err = RuntimeError(f"{type(err).__name__}: {err}")
+    answers.send(("error", err, tb))
+
+
+class ChildTraceback(Exception):
+    """The engine child's traceback, chained to the exception a call re-raises here."""
+
+
+class Engine:
+    """One GGUF model in llama.cpp at `threads` threads, in a child process (its methods are
+    LocalEngine's, run there; greedy and speculative return (tokens, seconds), timed here). A child
+    that dies during a call raises EngineCrashed with the verdict and writes a reproduction script to
+    `crash_dir` (default: spec-llama-crashes in the temp folder); the next call starts a new child.
+    make: "module:callable" building the child's engine from (path, threads, n_ctx) (tests inject
+    a crashing one)."""
+
+    def __init__(self, path, threads: int = 1, n_ctx: int = 1024, *, make: str = LOCAL, crash_dir=None):
+        self.path, self.threads, self.n_ctx, self.make = Path(path), threads, n_ctx, make
+        self.crash_dir = Path(crash_dir) if crash_dir else Path(tempfile.gettempdir()) / "spec-llama-crashes"
+        self._proc = None
+        self.version, self.system_info = "?", ""
+        self._start()
+
+    # -- the child --
+    def _start(self) -> None:
+        req_r, req_w = os.pipe()
+        ans_r, ans_w = os.pipe()
+        self._crumbs = tempfile.TemporaryFile()
+        self._stderr = tempfile.TemporaryFile()
+        fds = (req_r, ans_w, self._crumbs.fileno())
+        code = "import sys; from spec.conformance.llamacpp import _child; _child(sys.argv[1:])"
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        self._proc = subprocess.Popen([sys.executable, "-c", code, self.make, str(self.path), str(self.threads),
+                                       str(self.n_ctx), *map(str, fds)], pass_fds=fds, env=env,
+                                      stdin=subprocess.DEVNULL, stdout=self._stderr, stderr=self._stderr)
+        os.close(req_r)
+        os.close(ans_w)
+        self._requests, self._answers = Connection(req_w, readable=False), Connection(ans_r, writable=False)
+        self._call_no, self._call = 0, "Engine() (loading the model)"
+        _, self.version, self.system_info = self._receive()
+        answer = self._receive()
+        if answer[0] != "ok":   # refused (spec.llamaguard) or failed to load: the child has returned
+            self._proc.wait()
+            self._proc = None
+            for handle in (self._requests, self._answers, self._crumbs, self._stderr):
+                handle.close()
+        self._result(answer)
+
+    def _receive(self):
+        try:
+            return self._answers.recv()
+        except (EOFError, OSError):
+            raise self._crashed() from None
+
+    def _result(self, answer):
+        if answer[0] == "ok":
+            return answer[1]
+        _, err, tb = answer
+        raise err from ChildTraceback(f"in the engine's child process:\n{tb}")
+
+    def _invoke(self, method: str, *values, **kwargs):
+        if self._proc is None:
+            self._start()
+        self._call_no += 1
+        self._call = f"Engine.{method}"
+        try:
+            self._requests.send((method, values, kwargs))
+        except (BrokenPipeError, OSError):
+            raise self._crashed() from None
+        return self._result(self._receive())
+
+    def _crashed(self) -> EngineCrashed:
+        """The verdict for a child that died: its signal, the batch it was feeding, the model, the CPU
+        features; a reproduction script; the child is reaped and the next call starts another."""
+        rc = self._proc.wait()
+        self._proc = None
+        for conn in (self._requests, self._answers):
+            conn.close()
+        name = signal.Signals(-rc).name if rc < 0 and -rc in signal.valid_signals() else f"exit status {rc}"
+        crumb = _read_breadcrumb(self._crumbs.fileno())
+        if crumb is not None and crumb["call"] != self._call_no:
+            crumb = None   # the last eval was an earlier call's: this one died before feeding anything
+        self._stderr.seek(0)
+        log = self._stderr.read().decode(errors="replace").strip().splitlines()
+        self._crumbs.close()
+        self._stderr.close()
+        features = " ".join(k for k, v in llamaguard.features(self.system_info).items() if v == "1") or "unknown"
+        build = f"llama-cpp-python {self.version}, system info: {features}"
+        if crumb is None:
+            return EngineCrashed(f"engine crashed ({name}) in {self._call}, {self.path.name}, {build}"
+                                 + (f"; its last output: {' | '.join(log[-3:])}" if log else ""), name, None)
+        n, held = crumb["batch"], crumb["held"]
+        where = (f"on a {n}-token batch" if n <= crumb["n_batch"] else f"on an eval of {n} tokens in batches of "
+                 f"{crumb['n_batch']}") + f" after {held} cached positions"
+        script = self._reproduction(crumb, f"{name} {where}")
+        return EngineCrashed(f"engine crashed ({name}) {where}, {self.path.name}, {build} (in {self._call}); "
+                             f"reproduction: python {script}", name, script)
+
+    def _reproduction(self, crumb: dict, what: str) -> Path:
+        self.crash_dir.mkdir(parents=True, exist_ok=True)
+        name = f"crash-{Path(crumb['model']).stem}-{crumb['batch']}tok-{os.getpid()}-{self._call_no}.py"
+        script = self.crash_dir / name
+        script.write_text(REPRODUCTION.format(
+            what=what, version=self.version, info=self.system_info.strip(), model=crumb["model"],
+            kwargs=", ".join(f"{k}={crumb[k]!r}" for k in ("n_ctx", "n_batch", "n_threads", "n_threads_batch",
+                                                            "logits_all")),
+            held=crumb["held_ids"], batch=crumb["batch_ids"]))
+        return script
+
+    # -- LocalEngine's methods, run in the child --
+    def _timed(self, method: str, *values, **kwargs) -> tuple[list[int], float]:
+        from spec import clock
+        if self._proc is None:   # a new child after a crash starts outside the timing
+            self._start()
+        return clock.timed(lambda: self._invoke(method, *values, **kwargs))
+
+    def greedy(self, prompt, n: int) -> tuple[list[int], float]:
+        """The engine's own plain greedy decoding: n new tokens and the seconds it took."""
+        return self._timed("greedy", list(prompt), n)
+
+    def speculative(self, prompt, n: int, *, draft: str = "prompt-lookup", gamma: int = 8,
+                    draft_path=None) -> tuple[list[int], float]:
+        """llama-cpp-python's speculative greedy decoding (LocalEngine.speculative) and the seconds it took."""
+        return self._timed("speculative", list(prompt), n, draft=draft, gamma=gamma,
+                           draft_path=None if draft_path is None else str(draft_path))
+
+    def sample(self, prompt, n: int, *, seed: int, sampler: dict, draft: str | None = None, gamma: int = 2,
+               draft_path=None) -> list[int]:
+        """LocalEngine.sample: n tokens from the engine's own sampler chain, seeded."""
+        return self._invoke("sample", list(prompt), n, seed=seed, sampler=sampler, draft=draft, gamma=gamma,
+                            draft_path=None if draft_path is None else str(draft_path))
+
+    def tokenize(self, text: str) -> list[int]:
+        return self._invoke("tokenize", text)
+
+    def logits(self, tokens, block: int | None = None) -> np.ndarray:
+        """LocalEngine.logits: every position's logits [len, V], one-token passes or blocks."""
+        return self._invoke("logits", list(tokens), block)
+
+    def noise(self, sequences, widths=(2, 4, 9)) -> float:
+        """LocalEngine.noise: max |one-token logits - block logits| (cached in the child)."""
+        return self._invoke("noise", [list(s) for s in sequences], tuple(widths))
+
+    def diagnose(self, prompt, expected, actual, noise: float, gamma: int = 8) -> Divergence | None:
+        """LocalEngine.diagnose: the first divergence from greedy, tie or bug."""
+        return self._invoke("diagnose", list(prompt), list(expected), list(actual), noise, gamma=gamma)
+
+    def close(self) -> None:
+        """Free the models and end the child (a crashed one is already gone)."""
+        if self._proc is None:
+            return
+        try:
+            self._invoke("close")
+        except EngineCrashed:
+            return
+        self._proc.wait(timeout=60)
+        self._proc = None
+        for handle in (self._requests, self._answers, self._crumbs, self._stderr):
+            handle.close()
+
+
+REPRODUCTION = '''"""Reproduces a llama.cpp crash the spec conformance kit saw: {what}.
+llama-cpp-python {version}; llama_print_system_info: {info}
+Needs only llama_cpp (pip install llama-cpp-python=={version}). Prints "ok" if it does not crash."""
+import llama_cpp
+from llama_cpp import Llama
+
+MODEL = {model!r}
+HELD = {held!r}     # what the context held before the crashing call
+BATCH = {batch!r}   # the crashing eval
+
+print("llama-cpp-python", llama_cpp.__version__, llama_cpp.llama_print_system_info().decode(), flush=True)
+llm = Llama(model_path=MODEL, {kwargs}, verbose=False)
+for token in HELD:   # one token a pass (single-row batches), as the context may have been filled
+    llm.eval([token])
+print(f"evaluating {{len(BATCH)}} tokens after {{len(HELD)}}", flush=True)
+llm.eval(BATCH)
+print("ok")
+'''
 
 
 def _permute(w: np.ndarray, heads: int) -> np.ndarray:

@@ -21,6 +21,10 @@ the evidence the engine's own logits.
                            against must reject HF's order of the same filters at the same n.
   engine_sampling_determinism  the same seed gives the same samples, another seed others
 
+The engine runs in a child process (spec.conformance.llamacpp.Engine): a native crash of llama.cpp fails
+the property it happened in with the verdict (the signal, the batch, the model file, the build's
+system info) and the path of a standalone reproduction script, and the run goes on.
+
 Models: the real SmolLM2-135M-Instruct Q4_1 GGUF (spec.realmodel fetches it) and the same weights
 dequantized to an f32 GGUF (spec.conformance.llamacpp.dequantized_gguf), or the file given with --model
 (python -m spec conform --impl llama-cpp --model path/to/model.gguf).
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 import tempfile
 from pathlib import Path
 
@@ -103,6 +108,21 @@ def outcome(path: str, drafter: str, draft_path: str, n: int):
     return rows, noise
 
 
+def crash_is_a_verdict(test):
+    """The property fails with the engine's crash verdict (EngineCrashed: its child died, e.g. SIGSEGV
+    inside llama_decode) instead of an error; the next call starts a new child."""
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        from spec.conformance import llamacpp
+        try:
+            return test(*args, **kwargs)
+        except llamacpp.EngineCrashed as crash:
+            impl = inspect.signature(test).bind(*args, **kwargs).arguments.get("impl")
+            by = f" by {impl.name}" if impl is not None else ""
+            pytest.fail(f"property {test.__name__.removeprefix('test_')} violated{by}: {crash}", pytrace=False)
+    return run
+
+
 def _needs_llama_cpp():
     from spec.conformance import llamacpp
     missing = llamacpp.available()
@@ -134,6 +154,7 @@ def _run(impl, budget, variant, drafter):
 
 
 @pytest.mark.parametrize("drafter", list(DRAFTERS))
+@crash_is_a_verdict
 def test_engine_greedy_exact(impl, budget, variant, drafter, record_property):
     head, lines, diagnoses = _run(impl, budget, variant, drafter)
     record_property("evidence", head)
@@ -142,6 +163,7 @@ def test_engine_greedy_exact(impl, budget, variant, drafter, record_property):
 
 
 @pytest.mark.parametrize("drafter", list(DRAFTERS))
+@crash_is_a_verdict
 def test_engine_divergences_are_ties(impl, budget, variant, drafter, record_property):
     head, lines, diagnoses = _run(impl, budget, variant, drafter)
     record_property("evidence", f"{head}; " + "; ".join(f"gap {d.gap:.3g}" for d in diagnoses if d))
@@ -159,6 +181,7 @@ def tiny_file(which: str) -> str:
 
 
 @pytest.mark.parametrize("drafter", list(DRAFTERS))
+@crash_is_a_verdict
 def test_engine_greedy_exact_tiny(impl, budget, drafter):
     _needs_engine(impl)
     e, draft_path = engine(tiny_file("target")), tiny_file("partial")
@@ -225,6 +248,7 @@ def engine_samples(e, n: int, seed: int, sampler: dict, drafter: str | None, dra
 
 @pytest.mark.parametrize("sampler", list(SAMPLERS))
 @pytest.mark.parametrize("drafter", list(DRAFTERS))
+@crash_is_a_verdict
 def test_engine_sampling_law(impl, budget, drafter, sampler, record_property):
     _needs_engine(impl)
     e, draft_path = engine(tiny_file("target")), tiny_file("partial")
@@ -245,6 +269,7 @@ def test_engine_sampling_law(impl, budget, drafter, sampler, record_property):
 
 
 @pytest.mark.parametrize("drafter", list(DRAFTERS))
+@crash_is_a_verdict
 def test_engine_sampling_determinism(impl, drafter):
     _needs_engine(impl)
     e, draft_path = engine(tiny_file("target")), tiny_file("partial")
@@ -256,6 +281,7 @@ def test_engine_sampling_determinism(impl, drafter):
 
 
 @pytest.mark.parametrize("control", ["correct", "temperature-first"])
+@crash_is_a_verdict
 def test_engine_sampling_power(budget, control, record_property):
     """Negative control for engine_sampling_law at its sample size, independent of --impl: samples
     drawn from the engine's law pass; samples drawn with HF's order of the same filters (temperature
