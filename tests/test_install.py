@@ -34,11 +34,14 @@ def test_ci_runs_the_readme_test_line_with_the_lock():
     line = _readme_test_line()
     assert line.startswith("pip install torch==") and line.endswith("&& pytest"), line
     assert "-c requirements/constraints.txt" in line
+    # llama.cpp through the portable, flag-keyed build (never pip's native one: it crashes on AMX CPUs)
+    assert "bash requirements/build-llama" in line and "llama]" not in line and ",llama" not in line, line
 
 
 def test_the_lock_pins_everything_the_readme_installs():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = re.search(r'"\.\[([a-z,]+)\]"', _readme_test_line()).group(1).split(",")
+    extras.append("llama")          # installed by requirements/build-llama at the lock's version
     assert set(extras) <= set(project["optional-dependencies"]), extras
     wanted = {_name(r) for r in project["dependencies"]}
     for extra in extras:
