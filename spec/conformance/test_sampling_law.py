@@ -13,12 +13,16 @@ Properties:
                            once ("combined": a q taken from the draft's raw logits while its tokens
                            are drawn from processed ones shows there); a bf16 draft against an fp32
                            target (the draft's logits shifted by 256, where bf16 rounds them to a
-                           spacing of 1-2: a q taken in fp32 while the draft sampled in bf16 shows).
+                           spacing of 1-2: a q taken in fp32 while the draft sampled in bf16 shows);
+                           a draft whose support misses target mass (kit.small_pair_gap: q = 0 at a
+                           token the target gives 22% of its first token: a residual normalised
+                           over the draft's support never emits it).
   sampling_power           negative controls, independent of --impl: Algorithm 1 run on the exact laws
                            (no models) with a deliberate bug of each class must be rejected by the
                            same check at the same sample size, and run correctly must pass. It shows
                            what sampling_law can see at this budget (the bf16 control runs on a
                            draft whose logits are shifted by 256, so that bf16 rounding moves q).
+                           A control that is not rejected fails (kit.expect_rejected), never xfails.
   sampling_law_wide        the first token on a 640-wide vocabulary, no top-k: a truncation nobody
                            asked for (HF's default top_k=50) shows there; with its own control.
   determinism              the same seeded generator gives the same tokens; other seeds other tokens.
