@@ -158,6 +158,14 @@ def _handler(proxy: Proxy):
 
         def do_GET(self):
             response = proxy.client.get(f"{proxy.root}{self.path}")
+            if self.path == "/metrics":          # Prometheus text, passed through (the upstream's counters)
+                body = response.content
+                self.send_response(response.status_code)
+                self.send_header("Content-Type", response.headers.get("content-type", "text/plain"))
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
             self._send(response.status_code, response.json())
 
         def do_POST(self):

@@ -66,6 +66,12 @@ class Server:
             raise ValueError(f"pair must be 'llama' or 'small', got {pair!r}")
         self.speculative, self.bug, self.max_logprobs = speculative, bug, max_logprobs
         self.owner, self.version = "spec", None       # what GET /v1/models and /version say it is
+        # speculation counters (GET /metrics): what its speculative runs drafted and accepted; a test may
+        # switch the speculation off (`speculating`: decode greedily, as an engine that fell back would)
+        # or the report of it (`reports_speculation`)
+        self.drafts = self.draft_tokens = self.accepted = 0
+        self.per_position: dict[int, int] = {}
+        self.speculating, self.reports_speculation = speculative, True
         self.lock = threading.Lock()          # one decode at a time (torch runs one thread here)
         self.in_flight = 0
         # in_flight changes under the decoding lock (a request's count waits behind a decode in progress, as
@@ -77,6 +83,28 @@ class Server:
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self.thread.start()
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def count(self, rounds) -> None:
+        """Adds a speculative run's rounds to the speculation counters /metrics reports (vLLM's names)."""
+        for r in rounds:
+            if r.drafted:
+                self.drafts += 1
+                self.draft_tokens += r.drafted
+                self.accepted += r.accepted
+                for i in range(r.drafted):
+                    self.per_position[i] = self.per_position.get(i, 0) + (i < r.accepted)
+
+    def metrics(self) -> str:
+        """GET /metrics: Prometheus text; the speculation counters only on a speculative server, as vLLM."""
+        lines = [f'vllm:num_requests_running{{model_name="{MODEL}"}} {self.in_flight}']
+        if self.speculative and self.reports_speculation:
+            label = f'engine="0",model_name="{MODEL}"'
+            lines += [f"vllm:spec_decode_num_drafts_total{{{label}}} {float(self.drafts)}",
+                      f"vllm:spec_decode_num_draft_tokens_total{{{label}}} {float(self.draft_tokens)}",
+                      f"vllm:spec_decode_num_accepted_tokens_total{{{label}}} {float(self.accepted)}"]
+            lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{label},position="{k}"}} {float(v)}'
+                      for k, v in sorted(self.per_position.items())]
+        return "\n".join(lines) + "\n"
 
     def stop(self):
         self.httpd.shutdown()
@@ -153,9 +181,10 @@ class Server:
             generator = torch.Generator().manual_seed(int(seed) if seed is not None else 0)
             t = temperature * 1.5 if self.bug == "sampler-law" else temperature
             options.update(do_sample=True, temperature=t, generator=generator)
-        if self.speculative:
+        if self.speculative and self.speculating:
             result = speculative_generate(self.target, self.draft, prompt, gamma=GAMMA, **options)
             blocks = [r.emitted for r in result.rounds]
+            self.count(result.rounds)
         else:
             result = greedy_generate(self.target, prompt, **options)
             blocks = [1] * len(result.tokens)
@@ -256,6 +285,13 @@ def _handler(server: Server):
         def do_GET(self):
             if self.path == "/v1/models":
                 self._send(200, {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": server.owner}]})
+            elif self.path == "/metrics":
+                body = server.metrics().encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
             elif self.path == "/version" and server.version:
                 self._send(200, {"version": server.version})
             else:

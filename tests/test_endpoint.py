@@ -178,6 +178,72 @@ def test_conform_cli_on_endpoints(endpoint_server, tmp_path, capsys, bug, keywor
         assert rows[keyword] == "failed"
 
 
+VLLM_METRICS = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10.0
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 40.0
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 25.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 9.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 7.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="2"} 5.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="3"} 4.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="1",model_name="m",position="0"} 1.0
+vllm:num_requests_running{engine="0",model_name="m"} 0.0
+"""
+
+
+def test_speculation_counters_are_read_from_the_engines_metrics():
+    """vLLM's counters (summed over label sets, per draft position), llama.cpp's server's (accepted only),
+    a plain server's (none), and the alpha fitted to the positions: accepted / (accepted + rounds that
+    stopped at a rejection) = 26 / (26 + 10 - 4)."""
+    from spec.conformance.endpoint import Counters, parse_counters
+    got = parse_counters(VLLM_METRICS)
+    assert got == Counters(10, 40, 25, {0: 10, 1: 7, 2: 5, 3: 4})
+    assert got.acceptance_by_position() == [1.0, 0.7, 0.5, 0.4]
+    assert got.alpha() == pytest.approx(25 / (25 + 6))
+    later = parse_counters(VLLM_METRICS.replace("40.0", "52.0").replace("} 25.0", "} 30.0"))
+    assert later.since(got) == Counters(0, 12, 5, {0: 0, 1: 0, 2: 0, 3: 0})
+    llama = parse_counters("llamacpp:spec_decode_num_accepted_tokens_total 17\nllamacpp:prompt_tokens_total 40\n")
+    assert llama == Counters(None, 17, 17, {}) and llama.alpha() is None
+    assert parse_counters("vllm:num_requests_running{model_name=\"m\"} 0.0\n") is None
+    assert parse_counters("") is None
+
+
+@pytest.mark.parametrize("server, why", [
+    ("plain", "reports no speculation counters"),           # a plain server given as --impl
+    ("fell-back", "drafted nothing"),                        # a speculative server that decoded greedily
+    ("silent", "reports no speculation counters"),           # speculation, but nothing says so
+])
+def test_a_server_that_did_not_speculate_never_passes(endpoint_server, tmp_path, capsys, server, why):
+    """`spec conform` against a server whose counters show no drafting: every property it ran is
+    `not speculating` (exit 4), none passes, though its outputs equal the reference's."""
+    from endpoint_server import Server
+
+    from spec.conformance import conform
+    subject = Server(server != "plain", None, "small")       # a second plain server is the one under test
+    subject.speculating, subject.reports_speculation = server != "fell-back", server != "silent"
+    try:
+        out = tmp_path / "conformance.json"
+        argv = ["--impl", f"openai:{subject.url}", "--reference", f"openai:{endpoint_server(False, None, 'small').url}",
+                "--budget", "0.25", "-k", "endpoint_greedy_exact or endpoint_stops", "--out", str(out)]
+        assert conform.main(argv) == conform.NOT_SPECULATING, capsys.readouterr().out[-3000:]
+        rows = json.loads(out.read_text())["results"]
+        assert rows and all(r["outcome"] == "not-speculating" for r in rows), rows
+        assert all(why in r["evidence"] for r in rows)
+    finally:
+        subject.stop()
+
+
+def test_a_passing_property_says_what_was_drafted(endpoint_server, tmp_path, capsys):
+    from spec.conformance import conform
+    out = tmp_path / "conformance.json"
+    argv = ["--impl", f"openai:{endpoint_server(True).url}", "--reference", f"openai:{endpoint_server(False).url}",
+            "--budget", "0.25", "-k", "endpoint_greedy_exact", "--out", str(out)]
+    assert conform.main(argv) == 0, capsys.readouterr().out[-3000:]
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["outcome"] == "passed" and "speculation: " in row["evidence"] and "alpha fitted" in row["evidence"]
+
+
 def test_the_new_properties_pass_on_the_speculative_server(good, noise):
     spec, ref = good
     assert "option runs identical" in endpoints.greedy_options(spec, ref, PROMPTS[:2], N, noise)

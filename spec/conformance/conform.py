@@ -8,7 +8,8 @@ path/to/file.py:function), prints one row per property and case (pass / FAIL / s
 with the evidence: hypothesis's smallest counterexample and the diagnosis, or the p-value and the
 observed-vs-expected table) and writes conformance.json. Exit status: 0 when properties ran and
 none failed, 1 when a property failed, 2 for bad options, 3 when no property ran (a -k that
-matches nothing, a decoder that skips everything): that is never a pass.
+matches nothing, a decoder that skips everything), 4 when a served model drafted nothing while a
+property ran (`not speculating`: a plain server, or speculation that fell back): none is a pass.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from spec import clock
 
 KIT = Path(__file__).resolve().parent
 NOTHING_RAN = 3
+NOT_SPECULATING = 4         # a served model drafted nothing while a property ran: nothing certified
 
 
 class Collector:
@@ -49,6 +51,13 @@ class Collector:
         elif report.failed:
             row["outcome"] = "failed" if report.when == "call" else "error"
             row["evidence"] = report.longreprtext.strip()
+            if report.when == "call" and _not_speculating(row["evidence"]):
+                row["outcome"] = "not-speculating"
+
+
+def _not_speculating(evidence: str) -> bool:
+    from spec.conformance.endpoints import NOT_SPECULATING as PREFIX
+    return any(line.strip().removeprefix("Failed: ").startswith(PREFIX) for line in evidence.splitlines())
 
 
 def _split(nodeid: str, impl: str = "") -> tuple[str, str]:
@@ -139,12 +148,14 @@ def _report(args, collector, wall) -> tuple[list[dict], dict]:
     for nodeid, row in collector.rows.items():
         prop, case = _split(nodeid, args.impl)
         rows.append(dict(property=prop, case=case, **row))
-    counts = {k: sum(r["outcome"] == k for r in rows) for k in ("passed", "failed", "error", "skipped", "xfail")}
+    counts = {k: sum(r["outcome"] == k for r in rows)
+              for k in ("passed", "failed", "error", "not-speculating", "skipped", "xfail")}
     print(f"\nconformance of {args.impl!r} (budget {args.budget:g}; transformers {transformers.__version__}, "
           f"torch {torch.__version__}; {wall:.0f} s)")
     print(f"{'property':<22} {'case':<44} {'result':<8} evidence")
     for r in rows:
-        result = {"passed": "pass", "failed": "FAIL", "error": "ERROR"}.get(r["outcome"], r["outcome"])
+        result = {"passed": "pass", "failed": "FAIL", "error": "ERROR", "not-speculating": "NO-SPEC"}.get(
+            r["outcome"], r["outcome"])
         print(f"{r['property']:<22} {r['case'][:44]:<44} {result:<8} {_summary(r['evidence'], 160)}")
     print("  ".join(f"{k} {v}" for k, v in counts.items() if v))
     report = {"impl": args.impl, "model": args.model, "reference": args.reference, "budget": args.budget,
@@ -174,6 +185,11 @@ def main(argv=None) -> int:
     rows, counts = _report(args, collector, wall)
     if counts["failed"] or counts["error"]:
         return 1
+    if counts["not-speculating"]:
+        print(f"spec conform: {counts['not-speculating']} properties ran while {args.impl!r} drafted nothing (its "
+              f"speculation counters did not move, or it has none): not speculating, exit {NOT_SPECULATING}, not "
+              f"a pass", file=sys.stderr)
+        return NOT_SPECULATING
     # pytest's exit 5: no test collected, or (spec.conformance.plugin) none of the decoder's own ran
     if code == pytest.ExitCode.NO_TESTS_COLLECTED or not (counts["passed"] or counts["xfail"]):
         why = "no property matched -k" if not rows else "every property of the decoder was skipped"

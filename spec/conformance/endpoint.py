@@ -17,6 +17,7 @@ without speculation) and its own logprobs as the evidence (`--impl openai:URL --
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -64,6 +65,85 @@ def _token_id(key) -> int | None:
     if isinstance(key, str) and key.startswith("token_id:") and key[9:].lstrip("-").isdigit():
         return int(key[9:])
     return None
+
+
+# Speculation counters an engine exposes on GET /metrics (Prometheus text), by the name after the
+# engine's prefix (vLLM "vllm:", llama.cpp's server "llamacpp:"): summed over every label set but the
+# draft position. A plain server has none of them.
+DRAFTS = "spec_decode_num_drafts_total"
+DRAFT_TOKENS = "spec_decode_num_draft_tokens_total"
+ACCEPTED = "spec_decode_num_accepted_tokens_total"
+PER_POSITION = "spec_decode_num_accepted_tokens_per_pos_total"
+_METRIC = re.compile(r'^([A-Za-z_][A-Za-z0-9_]*):([A-Za-z0-9_]+)(\{[^}]*\})?\s+([-+0-9.eE]+|NaN|[+-]?Inf)\s*(\d+)?$')
+_POSITION = re.compile(r'position="(\d+)"')
+
+
+@dataclass
+class Counters:
+    """What an engine says it drafted: draft rounds (None where it does not count them), draft tokens
+    proposed, draft tokens accepted, and accepted tokens by draft position (0 = the first proposal)."""
+    drafts: int | None
+    draft_tokens: int
+    accepted: int
+    per_position: dict[int, int] = field(default_factory=dict)
+
+    def since(self, before: "Counters | None") -> "Counters":
+        """The counts added since `before` (None: since the server started)."""
+        if before is None:
+            return self
+        return Counters(None if self.drafts is None or before.drafts is None else self.drafts - before.drafts,
+                        self.draft_tokens - before.draft_tokens, self.accepted - before.accepted,
+                        {k: v - before.per_position.get(k, 0) for k, v in self.per_position.items()})
+
+    def acceptance_by_position(self) -> list[float]:
+        """Per draft position, the share of draft rounds whose proposal there was accepted."""
+        if not self.drafts:
+            return []
+        return [self.per_position.get(k, 0) / self.drafts for k in range(max(self.per_position, default=-1) + 1)]
+
+    def alpha(self) -> float | None:
+        """Theorem 3.8's per-token acceptance fitted to the counts: a round accepts its first k proposals
+        with probability alpha^k (capped at what it drafted), so alpha's maximum-likelihood estimate is
+        accepted / (accepted + rounds that stopped at a rejection). Rounds that accepted everything they
+        drafted stop no earlier than the last position; where the engine drafts a fixed number (a draft
+        model), those are the rounds that reached the last position. None without rounds counted."""
+        if not self.drafts or not self.per_position:
+            return None
+        last = self.per_position.get(max(self.per_position), 0)
+        stopped = max(self.drafts - last, 0)
+        return self.accepted / (self.accepted + stopped) if self.accepted + stopped else None
+
+    def describe(self) -> str:
+        rates = ", ".join(f"{r:.2f}" for r in self.acceptance_by_position())
+        alpha = self.alpha()
+        return (f"{self.draft_tokens} draft tokens proposed, {self.accepted} accepted"
+                + (f" in {self.drafts} draft rounds" if self.drafts is not None else "")
+                + (f"; acceptance by position {rates}" if rates else "")
+                + (f"; alpha fitted {alpha:.3f}" if alpha is not None else ""))
+
+
+def parse_counters(text: str) -> Counters | None:
+    """The speculation counters in a Prometheus /metrics text, or None when it has none."""
+    seen: dict[str, float] = {}
+    per_position: dict[int, float] = {}
+    for line in text.splitlines():
+        match = _METRIC.match(line.strip())
+        if not match:
+            continue
+        name, labels, value = match.group(2), match.group(3) or "", float(match.group(4))
+        if name == PER_POSITION:
+            position = _POSITION.search(labels)
+            if position:
+                per_position[int(position.group(1))] = per_position.get(int(position.group(1)), 0.0) + value
+        elif name in (DRAFTS, DRAFT_TOKENS, ACCEPTED):
+            seen[name] = seen.get(name, 0.0) + value
+    if DRAFT_TOKENS not in seen and ACCEPTED not in seen and DRAFTS not in seen:
+        return None
+    drafted = seen.get(DRAFT_TOKENS)
+    if drafted is None:   # an engine that counts rounds and accepted tokens only: proposals are at least those
+        drafted = max(seen.get(ACCEPTED, 0.0), seen.get(DRAFTS, 0.0))
+    return Counters(int(seen[DRAFTS]) if DRAFTS in seen else None, int(drafted), int(seen.get(ACCEPTED, 0.0)),
+                    {k: int(v) for k, v in sorted(per_position.items())})
 
 
 class Endpoint:
@@ -262,6 +342,16 @@ class Endpoint:
                     out.top.append(parsed)
         return out
 
+
+    def counters(self) -> Counters | None:
+        """The server's speculation counters now (GET /metrics beside /v1), or None when it exposes
+        none: no /metrics, or one without spec_decode counters (a plain server)."""
+        root = self.url.removesuffix("/v1")
+        try:
+            response = self.client.get(f"{root}/metrics")
+        except self._http.HTTPError as err:
+            raise EndpointError(f"GET {root}/metrics failed: {type(err).__name__}: {err}") from None
+        return parse_counters(response.text) if response.status_code == 200 else None
 
     def probe(self) -> None:
         """One token from a one-id prompt: refuses, with the reason, a server that does not take token-id

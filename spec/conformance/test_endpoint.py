@@ -2,6 +2,10 @@
 model served without it (`--reference openai:URL`; pytest: --conform-reference). The reference is the
 engine's own plain decoding, the evidence its own logprobs, the noise measured on it (alone vs among
 concurrent requests). The checks are spec/conformance/endpoints.py; the adapter spec/conformance/endpoint.py.
+Every property also reads the server's speculation counters (GET /metrics: vLLM's and llama.cpp's
+spec_decode_* counters) before and after: one during which nothing was drafted fails as `not speculating`
+(`spec conform` exits 4), never passes; a pass's evidence gives what was drafted and accepted, the
+acceptance by draft position and the alpha fitted to it.
 
   endpoint_greedy_exact            the seed prompts (tokenized by the reference's /tokenize)
   endpoint_greedy_search           hypothesis: token-id prompts (ids the server has emitted or tokenized;
@@ -79,10 +83,32 @@ def _violated(name, impl, check, *args) -> tuple[str | None, str | None]:
         return None, f"property {name} violated by {impl.name}: {err}"
 
 
+def _speculated(name, impl, spec, before) -> str:
+    """What the server under test drafted while property `name` ran (its /metrics counters before and
+    after), or a `not speculating` failure: a property whose requests ran with nothing drafted
+    certifies nothing about speculation, so it must not pass (a plain server given as --impl, or an
+    engine whose speculation silently fell back)."""
+    after = spec.counters()
+    if after is None:
+        pytest.fail(f"{endpoints.NOT_SPECULATING}: {impl.name} reports no speculation counters (GET /metrics has no "
+                    f"spec_decode_* counter, as a server without speculation): {name}'s outputs matched the "
+                    f"reference's, but nothing says a token was drafted", pytrace=False)
+    done = after.since(before)
+    if done.draft_tokens <= 0:
+        pytest.fail(f"{endpoints.NOT_SPECULATING}: {impl.name} drafted nothing while {name} ran ({done.describe()}): "
+                    f"its requests were decoded without speculation, so they certify nothing about it", pytrace=False)
+    return f"speculation: {done.describe()}"
+
+
 def _check(name, impl, record_property, check, *args):
+    spec = args[0]
+    before = spec.counters()
     evidence, failure = _violated(name, impl, check, *args)
     if failure:
         pytest.fail(failure, pytrace=False)
+    if evidence.startswith("untested"):
+        return evidence                    # the caller skips it: not a pass, whatever was drafted
+    evidence = f"{evidence}; {_speculated(name, impl, spec, before)}"
     record_property("evidence", evidence)
     return evidence
 
@@ -92,8 +118,9 @@ def test_endpoint_greedy_exact(impl, servers, seed_ids, noise, budget, record_pr
            tokens(budget), noise)
 
 
-def test_endpoint_greedy_search(impl, servers, seed_ids, noise, budget):
+def test_endpoint_greedy_search(impl, servers, seed_ids, noise, budget, record_property):
     spec, ref = servers
+    before = spec.counters()
     pool = sorted({t for ids in seed_ids for t in ids} | set(ref.complete(seed_ids[0], 16).ids))
     some = st.sampled_from(pool)
     prompts = st.one_of(st.lists(some, min_size=1, max_size=24),
@@ -107,6 +134,7 @@ def test_endpoint_greedy_search(impl, servers, seed_ids, noise, budget):
         if failure:
             pytest.fail(failure, pytrace=False)
     prop()
+    record_property("evidence", _speculated("endpoint_greedy_search", impl, spec, before))
 
 
 # user turns an instruct model answers briefly, ending in its EOS (through the server's chat template)
