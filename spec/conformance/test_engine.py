@@ -155,11 +155,14 @@ def _run(impl, budget, variant, drafter):
 
 @pytest.mark.parametrize("drafter", list(DRAFTERS))
 @crash_is_a_verdict
-def test_engine_greedy_exact(impl, budget, variant, drafter, record_property):
+def test_engine_greedy_exact(impl, budget, variant, drafter, record_property, request):
     head, lines, diagnoses = _run(impl, budget, variant, drafter)
     record_property("evidence", head)
     if any(d is not None for d in diagnoses):
-        pytest.fail(f"property engine_greedy_exact violated by {impl.name}: {head}\n{lines}", pytrace=False)
+        message = f"property engine_greedy_exact violated by {impl.name}: {head}\n{lines}"
+        if request.node.get_closest_marker("xfail") and all(d is None or d.verdict == "tie" for d in diagnoses):
+            raise kit.TiesOnly(message)        # what a known tie finding expects (plugin.KNOWN_FINDINGS)
+        pytest.fail(message, pytrace=False)
 
 
 @pytest.mark.parametrize("drafter", list(DRAFTERS))
