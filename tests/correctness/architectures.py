@@ -437,3 +437,15 @@ def draft_model(target: str, family: str | None = None, seed: int = 1):
         return perturbed_copy(cached_model(target), noise=0.2, seed=seed)
     arch = BY_NAME.get(family) or Arch(family, "?", OVERRIDES.get(family, {}))
     return arch.build(seed)
+
+
+def with_biases(model, seed: int = 0, scale: float = 0.2):
+    """`model` with every 1-D parameter (biases, norm weights) moved by seeded noise of `scale`, so that a
+    wrong position table or a dropped bias cannot hide behind zero biases and unit norms."""
+    import torch
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_((torch.randn(p.shape, generator=gen, dtype=torch.float64) * scale).to(p.dtype))
+    return model

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from architectures import with_biases
 from hypothesis import given
 from hypothesis import strategies as st
 from oracles import assert_logits_close, logit_tolerance
@@ -155,13 +156,7 @@ def _position_sharp_bf16_neox():
     At HF's default 0.02 the attention is near uniform, and positions rounded to bf16 move the logits
     by 0.2 bf16 eps, under the rounding (test_fast_paths.py's bf16 case cannot see them); here past
     position 256 by 58 eps of the scale (torch 2.13, CPU)."""
-    model = build_gpt_neox(SMALL, seed=6, dtype=torch.bfloat16, rotary_pct=1.0, initializer_range=0.3)
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 1:
-                p.add_((torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.2).to(p.dtype))
-    return model
+    return with_biases(build_gpt_neox(SMALL, seed=6, dtype=torch.bfloat16, rotary_pct=1.0, initializer_range=0.3))
 
 
 BF16_EPS = 8   # the bound below, in bf16 eps of the scale (see the test's docstring)

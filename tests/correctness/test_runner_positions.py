@@ -60,15 +60,8 @@ def _registry_model(name: str, dtype, **overrides):
 
 def _neox(dtype):
     # Full rotary (every head dim rotated) and non-zero biases, so a wrong table cannot hide.
-    model = build_gpt_neox(dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                                vocab_size=512), seed=4, dtype=dtype, rotary_pct=1.0,
-                           initializer_range=0.2)
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 1:
-                p.add_((torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.2).to(p.dtype))
-    return model
+    shape = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=512)
+    return archs.with_biases(build_gpt_neox(shape, seed=4, dtype=dtype, rotary_pct=1.0, initializer_range=0.2))
 
 
 def _static(model):
