@@ -409,6 +409,9 @@ def test_a_server_listing_no_model_or_several_is_a_clear_error():
 # What vLLM 0.32.0 on CPU fails (docs/CONFORMANCE.md, "vLLM CPU: results"): greedy requests among sampled
 # ones, on both methods; a seeded sample not repeated, with a draft model. Everything else passes.
 VLLM_FINDINGS = {"ngram": {"endpoint_mixed_batch"}, "draft_model": {"endpoint_mixed_batch", "endpoint_seeded"}}
+# Properties during which the server drafted nothing at budget 0.25 (its counters did not move): vLLM's ngram
+# proposer found no n-gram to copy in those requests (penalties, logit biases, stop strings; sampled text)
+VLLM_NOT_SPECULATING = {"ngram": {"endpoint_greedy_options", "endpoint_sampled_logprobs"}, "draft_model": set()}
 
 
 @pytest.mark.slow
@@ -423,8 +426,28 @@ def test_conform_cli_on_vllm(vllm_servers, tmp_path, capsys, kind):
     argv = ["--impl", f"openai:{vllm_servers(kind).url}", "--reference", f"openai:{vllm_servers(None).url}",
             "--budget", "0.25", "-k", "endpoint and not sampling_options", "--out", str(out)]
     code = conform.main(argv)
-    failed = {r["property"] for r in json.loads(out.read_text())["results"] if r["outcome"] == "failed"}
-    assert failed <= VLLM_FINDINGS[kind] and code == (1 if failed else 0), capsys.readouterr().out[-3000:]
+    rows = json.loads(out.read_text())["results"]
+    failed = {r["property"] for r in rows if r["outcome"] == "failed"}
+    idle = {r["property"] for r in rows if r["outcome"] == "not-speculating"}
+    assert failed <= VLLM_FINDINGS[kind] and idle <= VLLM_NOT_SPECULATING[kind], capsys.readouterr().out[-3000:]
+    assert code == (1 if failed else conform.NOT_SPECULATING if idle else 0)
+    passed = [r for r in rows if r["outcome"] == "passed"]
+    assert passed and all("speculation: " in r["evidence"] and " 0 draft tokens" not in r["evidence"]
+                          for r in passed), passed     # every pass drafted: the counters moved
+
+
+@pytest.mark.slow
+def test_a_plain_vllm_server_given_as_the_impl_does_not_pass(vllm_servers, tmp_path, capsys):
+    """vLLM's plain server as --impl (against itself): its outputs are the reference's, but it has no
+    speculation counters, so every property is `not speculating` and spec conform exits 4, not 0."""
+    from spec.conformance import conform
+    out = tmp_path / "conformance.json"
+    plain = vllm_servers(None).url
+    argv = ["--impl", f"openai:{plain}", "--reference", f"openai:{plain}", "--budget", "0.25",
+            "-k", "endpoint_greedy_exact or endpoint_stops or endpoint_logprobs", "--out", str(out)]
+    assert conform.main(argv) == conform.NOT_SPECULATING, capsys.readouterr().out[-3000:]
+    rows = json.loads(out.read_text())["results"]
+    assert rows and all(r["outcome"] == "not-speculating" for r in rows), rows
 
 
 @pytest.mark.slow
