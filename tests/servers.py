@@ -92,9 +92,9 @@ class Served:
 class VllmServer(Served):
     name = "vLLM"
 
-    def __init__(self, python: str, model: Path, speculative: str | None, log: Path):
+    def __init__(self, python: str, model: Path, speculative: str | None, log: Path, extra: list[str] = ()):
         cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--dtype", "float32",
-               "--max-model-len", "1024", "--enforce-eager", "--max-logprobs", "20"]
+               "--max-model-len", "1024", "--enforce-eager", "--max-logprobs", "20", *extra]
         if speculative:
             config = dict(SPECULATIVE[speculative])
             if "model" in config:
