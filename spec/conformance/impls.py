@@ -149,6 +149,14 @@ spec_tree_generate.conformance_options = OPTION_KWARGS
 _assistants: dict = {}
 
 
+def dropping(option: str) -> Impl:
+    """spec with `option` silently dropped: a negative control (a decoder that ignores an option it accepts)."""
+    def generate(target, draft, input_ids, **kwargs):
+        kwargs.pop(option, None)
+        return spec_generate(target, draft, input_ids, **kwargs)
+    return Impl(f"spec without {option}", generate, draft="any", options=frozenset({option}))
+
+
 def _assistant(target, draft):
     """hfref.assistant_for, made once per (target, draft): widening the head deep-copies the draft."""
     key = (id(target), id(draft))

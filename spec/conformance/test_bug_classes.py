@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from spec.conformance import kit
 from spec.conformance.kit import ARCHS, DRAFT_KINDS, check_against_hf, greedy, kit_settings, prompts, skip_unless_takes
-from spec.conformance.impls import Impl, spec_generate
+from spec.conformance.impls import Impl, dropping
 
 
 def min_new_tokens_property(impl, budget, draft_kind, examples=8):
@@ -71,13 +71,6 @@ def test_logit_bias(impl, budget, draft_kind):
 
 # --- negative controls: the same checks reject spec with the option dropped --------------------------
 
-def _dropping(option):
-    def generate(target, draft, input_ids, **kwargs):
-        kwargs.pop(option, None)
-        return spec_generate(target, draft, input_ids, **kwargs)
-    return Impl(f"spec without {option}", generate, draft="any", options=frozenset({option}))
-
-
 @pytest.mark.parametrize("control", ["min_new_tokens", "logit_bias"])
 def test_bug_class_power(budget, control, monkeypatch):
     """At the example count the property uses (self draft: every block accepted, so the EOS is
@@ -85,7 +78,7 @@ def test_bug_class_power(budget, control, monkeypatch):
     rejection matters here)."""
     monkeypatch.setattr(kit, "SHRINK", [False])
     check = min_new_tokens_property if control == "min_new_tokens" else logit_bias_property
-    broken = _dropping("min_new_tokens" if control == "min_new_tokens" else "sequence_bias")
+    broken = dropping("min_new_tokens" if control == "min_new_tokens" else "sequence_bias")
     if control == "logit_bias":
         base = broken.generate
 

@@ -37,7 +37,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from spec.conformance import endpoints, kit
-from spec.conformance.test_sampling_law import ALPHA, sample_size
+from spec.conformance.laws import ALPHA, sample_size
 from spec.prompts import SEED_PROMPTS
 
 TOP_LOGPROBS = 20     # what vLLM gives by default (--max-logprobs 20)

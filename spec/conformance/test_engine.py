@@ -44,7 +44,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from spec.conformance import kit
-from spec.conformance.test_sampling_law import ALPHA, sample_size
+from spec.conformance.laws import ALPHA, sample_size
 from spec.prompts import SEED_PROMPTS
 
 DRAFTERS = {"prompt-lookup": 8, "draft-model": 4}   # drafter -> gamma (prompt lookup: 3-gram matches)

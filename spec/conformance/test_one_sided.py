@@ -40,8 +40,8 @@ import torch
 from spec.conformance import kit
 from spec.conformance.kit import (SMALL_PROMPT, ExactLaw, check_against_hf, expect_rejected, greedy, joint_fit,
                                   small_pair, zoo)
-from spec.conformance.test_bug_classes import _dropping
-from spec.conformance.test_sampling_law import ALPHA, JOINT, check_law, law_sampler, sample_size
+from spec.conformance.impls import dropping
+from spec.conformance.laws import ALPHA, JOINT, check_law, law_sampler, sample_size
 
 # {scenario: (the option under test, every option of the scenario)}. Chosen by the exact laws and the
 # controls below on the kit's pair: a temperature beside an option flattens the laws where the option
@@ -162,4 +162,4 @@ def test_one_sided_greedy(impl, option):
 def test_one_sided_greedy_power(option):
     """spec with the option dropped (so missing on the target side) fails one_sided_greedy."""
     with pytest.raises(pytest.fail.Exception, match="property one_sided_greedy violated"):
-        one_sided_greedy(_dropping(option), option)
+        one_sided_greedy(dropping(option), option)

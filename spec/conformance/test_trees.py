@@ -39,7 +39,7 @@ from spec import greedy_generate
 from spec.conformance import kit, treedecoders
 from spec.conformance.impls import Impl
 from spec.conformance.kit import LAYOUT_KINDS, final_replay, kit_settings, layout_pair, prompts, run
-from spec.conformance.test_sampling_law import BF16, GAP, SCENARIOS, check_law, pair_for
+from spec.conformance.laws import BF16, GAP, SCENARIOS, check_law, pair_for
 from spec.diagnose import diagnose
 
 LAYOUT_EXAMPLE = dict(prompt=[17, 230, 5, 411, 98, 3, 77, 301], gamma=4, max_new_tokens=12)
