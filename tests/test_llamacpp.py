@@ -5,7 +5,6 @@ model in the cache)."""
 from __future__ import annotations
 
 import copy
-import os
 import signal
 
 import numpy as np
@@ -18,32 +17,9 @@ from spec.conformance import kit
 
 pytestmark = pytest.mark.skipif(llamacpp.available() is not None, reason=str(llamacpp.available()))
 
-# In an engine's child process: llama_decode segfaults on a batch of 2 or more tokens and runs one token,
-# as llama.cpp's AMX path does in llama-cpp-python 0.3.36 (docs/CONFORMANCE.md, "llama.cpp on AMX CPUs")
-AMX_LIKE_CRASH = """
-import ctypes
-import llama_cpp.llama_cpp as native
-real_decode = native.llama_decode
-def decode(ctx, batch):
-    if batch.n_tokens >= 2:
-        ctypes.string_at(0)   # a read of address 0: SIGSEGV
-    return real_decode(ctx, batch)
-native.llama_decode = decode
-"""
+from llamafaults import AMX_LIKE_CRASH  # noqa: E402  (the engines' children build these: tests/llamafaults.py)
 
-
-def amx_like(path, threads, n_ctx):
-    """An engine (for Engine(make=...), built in the child) whose llama_decode crashes on 2+ tokens."""
-    exec(AMX_LIKE_CRASH, {})
-    return llamacpp.LocalEngine(path, threads, n_ctx)
-
-
-def amx_reported(path, threads, n_ctx):
-    """An engine (built in the child) whose llama-cpp-python reports the known-bad build."""
-    import llama_cpp
-    llama_cpp.__version__ = "0.3.36"
-    llama_cpp.llama_print_system_info = lambda: b"CPU : AVX2 = 1 | AVX512 = 1 | AVX512_VNNI = 1 | AMX_INT8 = 1 | "
-    return llamacpp.LocalEngine(path, threads, n_ctx)
+FAULTS = "llamafaults"
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +99,7 @@ def test_a_native_crash_is_a_verdict_and_the_run_goes_on(tiny_gguf, tmp_path, mo
 
     from spec.conformance import test_engine
 
-    crashing = llamacpp.Engine(tiny_gguf, make=f"{__name__}:amx_like", crash_dir=tmp_path)
+    crashing = llamacpp.Engine(tiny_gguf, make=f"{FAULTS}:amx_like", crash_dir=tmp_path)
     monkeypatch.setattr(test_engine, "engine", lambda path: crashing)
     try:
         with pytest.raises(pytest.fail.Exception) as failed:
@@ -149,17 +125,10 @@ def test_a_native_crash_is_a_verdict_and_the_run_goes_on(tiny_gguf, tmp_path, mo
     assert replay.returncode == -signal.SIGSEGV and f"evaluating {n} tokens after 0" in replay.stdout, replay
 
 
-class ExitsOnTokenize(llamacpp.LocalEngine):
-    """An engine (built in the child) whose tokenize ends the process with status 3."""
-
-    def tokenize(self, text):
-        os._exit(3)
-
-
 def test_an_engine_that_exits_in_a_call_is_named(tiny_gguf, tmp_path):
     """Not only signals: a child that exits mid-call is a verdict too, naming the call (no batch was fed,
     so no reproduction script); the next call starts a new child."""
-    engine = llamacpp.Engine(tiny_gguf, make=f"{__name__}:ExitsOnTokenize", crash_dir=tmp_path)
+    engine = llamacpp.Engine(tiny_gguf, make=f"{FAULTS}:ExitsOnTokenize", crash_dir=tmp_path)
     try:
         with pytest.raises(llamacpp.EngineCrashed, match=r"engine crashed \(exit status 3\) in Engine.tokenize, tiny"):
             engine.tokenize("x")
@@ -174,7 +143,7 @@ def test_the_engine_refuses_a_build_known_to_crash(tiny_gguf, tmp_path):
     reaches the caller as itself."""
     from spec.llamaguard import UnsafeLlamaBuild
     with pytest.raises(UnsafeLlamaBuild, match=r"llama-cpp-python 0\.3\.36 was built with AMX_INT8.*build-llama"):
-        llamacpp.Engine(tiny_gguf, make=f"{__name__}:amx_reported", crash_dir=tmp_path)
+        llamacpp.Engine(tiny_gguf, make=f"{FAULTS}:amx_reported", crash_dir=tmp_path)
 
 
 # --- llama.cpp's sampler chain: top-k before top-p ----------------------------------------------------
