@@ -360,6 +360,16 @@ def final_replay() -> bool:
         return True
 
 
+def diagnosis(target, prompt, expected, actual) -> str:
+    """spec.diagnose's verdict on a greedy divergence (position, tokens, top-2 gap: tie or bug), run on
+    hypothesis's final replay of the smallest counterexample only: it costs a forward pass per context
+    token, too much for every shrinking step."""
+    if not final_replay():
+        return "(diagnosis on the final replay)"
+    from spec.diagnose import diagnose
+    return str(diagnose(target, prompt, expected, actual))
+
+
 def looping_prompts():
     """A head, then a short unit repeated: text that prompt lookup can draft from."""
     ids = st.integers(0, TOKENS - 1)

@@ -19,9 +19,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from spec import hfref
-from spec.conformance.kit import ARCHS, DRAFT_KINDS, final_replay, greedy, kit_settings, prompts, run, \
-    skip_unless_takes, zoo
-from spec.diagnose import diagnose
+from spec.conformance import kit
+from spec.conformance.kit import ARCHS, DRAFT_KINDS, greedy, kit_settings, prompts, run, skip_unless_takes, zoo
 
 
 @pytest.mark.parametrize("draft_kind", DRAFT_KINDS)
@@ -45,7 +44,7 @@ def test_batch_invariance(impl, budget, draft_kind):
             alone = run(impl, z["target"], z[draft_kind], prompt, **options)
             expected = greedy(arch, tuple(prompt), max_new_tokens, eos)
             if got != alone or got != expected:
-                verdict = diagnose(z["target"], prompt, expected, got) if final_replay() else ""
+                verdict = kit.diagnosis(z["target"], prompt, expected, got)
                 pytest.fail(f"property batch_invariance violated by {impl.name}: row {b} of {len(rows)}\n"
                             f"  arch={arch} draft={draft_kind} gamma={gamma} max_new_tokens={max_new_tokens} "
                             f"eos_token_id={eos}\n  prompts={rows}\n  {verdict}\n"

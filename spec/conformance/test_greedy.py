@@ -18,9 +18,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spec.conformance.kit import (ARCHS, DRAFT_KINDS, EOS_AT, EOS_PROMPT, TOKENS, final_replay, greedy,
-                                  kit_settings, prompts, run, skip_unless_takes, zoo)
-from spec.diagnose import diagnose
+from spec.conformance import kit
+from spec.conformance.kit import (ARCHS, DRAFT_KINDS, EOS_AT, EOS_PROMPT, TOKENS, greedy, kit_settings, prompts, run,
+                                  skip_unless_takes, zoo)
 
 
 def check_exact(prop, impl, arch, draft_kind, prompt, gamma, max_new_tokens, eos=None):
@@ -29,10 +29,7 @@ def check_exact(prop, impl, arch, draft_kind, prompt, gamma, max_new_tokens, eos
     actual = run(impl, z["target"], z[draft_kind], prompt, gamma=gamma, max_new_tokens=max_new_tokens,
                  eos_token_id=eos)
     if actual != expected:
-        # The diagnosis costs a forward pass per context token: run it on hypothesis's final replay
-        # of the smallest counterexample only, not on every shrinking step.
-        verdict = (diagnose(z["target"], prompt, expected, actual) if final_replay()
-                   else "(diagnosis on the final replay)")
+        verdict = kit.diagnosis(z["target"], prompt, expected, actual)
         pytest.fail(f"property {prop} violated by {impl.name}\n"
                     f"  arch={arch} draft={draft_kind} gamma={gamma} max_new_tokens={max_new_tokens} "
                     f"eos_token_id={eos}\n  prompt={prompt}\n  {verdict}\n"

@@ -38,9 +38,8 @@ from hypothesis import strategies as st
 from spec import greedy_generate
 from spec.conformance import kit, treedecoders
 from spec.conformance.impls import Impl
-from spec.conformance.kit import LAYOUT_KINDS, final_replay, kit_settings, layout_pair, prompts, run
+from spec.conformance.kit import LAYOUT_KINDS, kit_settings, layout_pair, prompts, run
 from spec.conformance.laws import BF16, GAP, SCENARIOS, check_law, pair_for
-from spec.diagnose import diagnose
 
 LAYOUT_EXAMPLE = dict(prompt=[17, 230, 5, 411, 98, 3, 77, 301], gamma=4, max_new_tokens=12)
 
@@ -61,8 +60,7 @@ def tree_layout_property(impl, budget, draft_kind, examples=8):
         expected = layout_greedy(tuple(prompt), max_new_tokens)
         actual = run(impl, pair["target"], draft, prompt, gamma=gamma, max_new_tokens=max_new_tokens)
         if actual != expected:
-            verdict = (diagnose(pair["target"], prompt, expected, actual) if final_replay()
-                       else "(diagnosis on the final replay)")
+            verdict = kit.diagnosis(pair["target"], prompt, expected, actual)
             pytest.fail(f"property tree_layout violated by {impl.name}\n  draft={draft_kind} gamma={gamma} "
                         f"max_new_tokens={max_new_tokens}\n  prompt={prompt}\n  {verdict}\n"
                         f"  expected (target greedy) {expected}\n  actual                   {actual}\n"
