@@ -376,7 +376,7 @@ def scripted(answers: list):
         if isinstance(answer, int):
             return httpx2.Response(answer, json={"error": {"message": f"status {answer}"}})
         return httpx2.Response(200, json=answer)
-    ep = Endpoint("http://127.0.0.1:1/v1", model="m", retries=2, pause=0.0)
+    ep = Endpoint("http://127.0.0.1:1/v1", model="m", retries=2, pause=0.0, dialect="openai")
     ep.client = httpx2.Client(transport=httpx2.MockTransport(handle))
     return ep, calls
 

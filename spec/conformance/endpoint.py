@@ -12,6 +12,32 @@ without speculation) and its own logprobs as the evidence (`--impl openai:URL --
   times with a pause (a server still starting, a busy one). Nothing else is retried: a request that
   was answered, or timed out while the server was working on it, is an error, so a retry can never
   replace one answer with another.
+
+Dialects: the server's own API is used where the OpenAI one cannot give what the kit needs. The
+dialect is read from `GET /v1/models` when the Endpoint is made (`dialect=None`): a model `owned_by`
+"llamacpp" is llama.cpp's own server, `llama-server` (its /v1/completions gives no token ids); any
+other answer is the OpenAI dialect above (vLLM). `Endpoint(url, dialect="openai" | "llama-server")`
+skips the question. llama-server is spoken to on its native routes beside /v1:
+
+- `POST /completion` with the prompt as a list of token ids, `n_predict`, `temperature`, `seed`,
+  `ignore_eos`, `cache_prompt: false` (every request computes its prompt: no cached prefix from an
+  earlier request), `return_tokens: true` (the new ids come back as `tokens`), and `top_k 0, top_p 1,
+  min_p 0` unless the request names them: llama-server filters with top-k 40, top-p 0.95, min-p 0.05 by
+  default, and the kit's laws are those of the OpenAI defaults (no filter). Options keep their OpenAI
+  names but `repetition_penalty`, sent as llama.cpp's `repeat_penalty` (its own semantics: the last
+  64 tokens). `stop_token_ids` and `min_tokens` have no counterpart: Unsupported (the kit names them
+  untested). finish_reason is "stop" for `stop_type` eos or word, else "length"; usage is
+  `tokens_evaluated` / `tokens_predicted`.
+- Logprobs: `n_probs: K` gives, per new token, `logprob` (of the emitted token) and `top_logprobs`
+  (K entries with ids), each the log of llama.cpp's float32 softmax of the target's raw logits
+  (`post_sampling_probs` false: before temperature and filters), printed from float32, so the kit's
+  float32-rounding bound applies as it does for vLLM. A probability of 0 comes back as float32's
+  lowest value (-3.4e38), kept as it is. (llama-server 11434 reports p = 1, logprob 0 and no top
+  logprobs for every token a speculative round emitted: "TODO: set result.probs" in
+  server-context.cpp; the kit's logprob properties show it.)
+- `POST /tokenize` (`content`), `POST /apply-template` (chat), `GET /props` (`build_info`, identity),
+  `GET /metrics` (started with `--metrics`: `llamacpp:spec_decode_*`, the names vLLM uses; a plain
+  llama-server exports them too, at 0, so it reads as drafting nothing).
 """
 
 from __future__ import annotations
@@ -29,6 +55,10 @@ RETRY_STATUS = (502, 503, 504)
 
 class EndpointError(RuntimeError):
     """The server is down, lists no model, answered with an error, or cannot give what the kit needs."""
+
+
+class Unsupported(EndpointError):
+    """The server's API has no way to ask for this option (nothing was sent): the check is untested."""
 
 
 def base_url(url: str) -> str:
@@ -146,24 +176,44 @@ def parse_counters(text: str) -> Counters | None:
                     {k: int(v) for k, v in sorted(per_position.items())})
 
 
+DIALECTS = ("openai", "llama-server")
+
+
+# llama-server: the OpenAI option names it spells its own way, and its default filters turned off
+LLAMA_OPTIONS = {"repetition_penalty": "repeat_penalty"}
+LLAMA_NEUTRAL = {"top_k": 0, "top_p": 1.0, "min_p": 0.0}
+
+
+def _check_prompt(prompt) -> None:
+    if not prompt or not all(isinstance(t, int) for t in prompt):
+        raise ValueError(f"prompt must be a non-empty list of token ids, got {prompt!r}")
+
+
 class Endpoint:
-    """One server: `complete` sends token ids and reads token ids (and logprobs) back."""
+    """One server: `complete` sends token ids and reads token ids (and logprobs) back, in the server's
+    dialect (`dialect`; None: read from /v1/models, see the module's docstring)."""
 
     def __init__(self, url: str, model: str | None = None, *, timeout: float = 120.0, retries: int = 3,
-                 pause: float = 1.0):
+                 pause: float = 1.0, dialect: str | None = None):
         import httpx2
 
+        if dialect not in (None, *DIALECTS):
+            raise ValueError(f"dialect must be one of {DIALECTS} or None, got {dialect!r}")
         self.url = base_url(url)
+        self.root = self.url.removesuffix("/v1")
         self._http = httpx2
         self.retries, self.pause = retries, pause
         self.client = httpx2.Client(timeout=httpx2.Timeout(timeout, connect=5.0), trust_env=False)
-        self.model = model if model is not None else self._only_model()
+        listed = self._listed() if dialect is None or model is None else None
+        self.dialect = dialect or ("llama-server" if any(m.get("owned_by") == "llamacpp" for m in listed)
+                                   else "openai")
+        self.model = model if model is not None else self._only_model(listed)
 
     def close(self):
         self.client.close()
 
-    def _request(self, method: str, path: str, body: dict | None = None) -> dict:
-        where = f"{self.url}{path}"
+    def _request(self, method: str, path: str, body: dict | None = None, *, native: bool = False) -> dict:
+        where = f"{self.root if native else self.url}{path}"
         for attempt in range(self.retries + 1):
             try:
                 response = self.client.request(method, where, json=body)
@@ -190,14 +240,17 @@ class Endpoint:
                 raise EndpointError(f"{method} {where} answered with no JSON: {response.text[:200]!r}") from None
         raise AssertionError("unreachable")
 
-    def models(self) -> list[str]:
+    def _listed(self) -> list[dict]:
         data = self._request("GET", "/models").get("data")
         if not isinstance(data, list):
             raise EndpointError(f"{self.url}/models has no 'data' list")
-        return [m.get("id") for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+        return [m for m in data if isinstance(m, dict)]
 
-    def _only_model(self) -> str:
-        names = self.models()
+    def models(self) -> list[str]:
+        return [m["id"] for m in self._listed() if isinstance(m.get("id"), str)]
+
+    def _only_model(self, listed: list[dict] | None = None) -> str:
+        names = [m["id"] for m in (self._listed() if listed is None else listed) if isinstance(m.get("id"), str)]
         if not names:
             raise EndpointError(f"{self.url}/models lists no model")
         if len(names) > 1:
@@ -206,8 +259,14 @@ class Endpoint:
         return names[0]
 
     def identity(self) -> str | None:
-        """'OWNER VERSION' when the server says who it is (vLLM: /v1/models' owned_by and GET /version),
-        else None; known findings are keyed on it."""
+        """'OWNER VERSION' when the server says who it is (vLLM: /v1/models' owned_by and GET /version;
+        llama-server: "llamacpp" and GET /props' build_info), else None; known findings are keyed on it."""
+        if self.dialect == "llama-server":
+            try:
+                build = self._request("GET", "/props", native=True).get("build_info")
+            except EndpointError:
+                return None
+            return f"llamacpp {build}" if isinstance(build, str) else None
         try:
             owners = {m.get("owned_by") for m in self._request("GET", "/models").get("data") or []
                       if isinstance(m, dict)}
@@ -229,20 +288,30 @@ class Endpoint:
         return tokens if isinstance(tokens, list) and all(isinstance(t, int) for t in tokens) else None
 
     def tokenize(self, text: str) -> list[int] | None:
-        """The server's own token ids for `text`, or None when it has no /tokenize."""
+        """The server's own token ids for `text` (no BOS, special-token text read as text), or None
+        when it has no /tokenize."""
+        if self.dialect == "llama-server":
+            return self._tokenize({"content": text, "add_special": False, "parse_special": False})
         return self._tokenize({"prompt": text, "add_special_tokens": False})
 
     def tokenize_chat(self, question: str) -> list[int] | None:
         """The ids of `question` as a user turn in the server's chat template, ready for the answer
-        (vLLM: /tokenize with messages), or None. An instruct model's answer ends in its EOS."""
-        return self._tokenize({"messages": [{"role": "user", "content": question}],
-                               "add_generation_prompt": True}) or None
+        (vLLM: /tokenize with messages; llama-server: /apply-template, then /tokenize reading its special
+        tokens), or None. An instruct model's answer ends in its EOS."""
+        messages = [{"role": "user", "content": question}]
+        if self.dialect == "llama-server":
+            try:
+                text = self._request("POST", "/apply-template", {"messages": messages}, native=True).get("prompt")
+            except EndpointError:
+                return None
+            return self._tokenize({"content": text, "add_special": False, "parse_special": True}) or None \
+                if isinstance(text, str) else None
+        return self._tokenize({"messages": messages, "add_generation_prompt": True}) or None
 
     def _body(self, prompt: list[int], max_tokens: int, temperature: float, seed: int | None,
               logprobs: int | None, ignore_eos: bool, stop_token_ids: list[int] | None, min_tokens: int | None,
               options: dict | None) -> dict:
-        if not prompt or not all(isinstance(t, int) for t in prompt):
-            raise ValueError(f"prompt must be a non-empty list of token ids, got {prompt!r}")
+        _check_prompt(prompt)
         body = {"model": self.model, "prompt": list(prompt), "max_tokens": max_tokens, "temperature": temperature,
                 "ignore_eos": ignore_eos, "return_token_ids": True, "return_tokens_as_token_ids": True,
                 "echo": False, "n": 1, "stream": False}
@@ -263,6 +332,10 @@ class Endpoint:
     def complete(self, prompt: list[int], max_tokens: int, *, temperature: float = 0.0, seed: int | None = None,
                  logprobs: int | None = None, ignore_eos: bool = True, stop_token_ids: list[int] | None = None,
                  min_tokens: int | None = None, options: dict | None = None) -> Completion:
+        if self.dialect == "llama-server":
+            body = self._llama_body(prompt, max_tokens, temperature, seed, logprobs, ignore_eos, stop_token_ids,
+                                    min_tokens, options)
+            return self._llama_completion(self._request("POST", "/completion", body, native=True), logprobs)
         body = self._body(prompt, max_tokens, temperature, seed, logprobs, ignore_eos, stop_token_ids, min_tokens,
                           options)
         data = self._request("POST", "/completions", body)
@@ -277,11 +350,16 @@ class Endpoint:
                logprobs: int | None = None, ignore_eos: bool = True, stop_token_ids: list[int] | None = None,
                min_tokens: int | None = None, options: dict | None = None) -> Completion:
         """The same request streamed (server-sent events): the chunks' ids, text and logprobs joined, the
-        last finish_reason, and the usage of the final chunk (stream_options.include_usage)."""
-        body = self._body(prompt, max_tokens, temperature, seed, logprobs, ignore_eos, stop_token_ids, min_tokens,
-                          options)
-        body.update(stream=True, stream_options={"include_usage": True})
-        where = f"{self.url}/completions"
+        last finish_reason, and the usage of the final chunk (stream_options.include_usage; llama-server:
+        its final chunk's counts)."""
+        llama = self.dialect == "llama-server"
+        body = (self._llama_body if llama else self._body)(prompt, max_tokens, temperature, seed, logprobs, ignore_eos,
+                                                           stop_token_ids, min_tokens, options)
+        if llama:
+            body["stream"] = True
+        else:
+            body.update(stream=True, stream_options={"include_usage": True})
+        where = f"{self.root}/completion" if llama else f"{self.url}/completions"
         parts: list[Completion] = []
         finish, usage = None, None
         try:
@@ -299,6 +377,14 @@ class Endpoint:
                         event = json.loads(payload)
                     except ValueError:
                         raise EndpointError(f"POST {where} (stream) sent a chunk that is not JSON: {payload[:200]!r}")
+                    if llama:   # one chunk per emitted token, then a final one (stop true) with the counts
+                        part = self._llama_completion(event, logprobs)
+                        if part.ids or part.text:
+                            parts.append(part)
+                        if event.get("stop"):
+                            finish, usage = part.finish_reason, part.usage
+                            break
+                        continue
                     if isinstance(event.get("usage"), dict):
                         usage = event["usage"]
                     for choice in event.get("choices") or []:
@@ -312,6 +398,54 @@ class Endpoint:
             joined.logprobs = [v for c in parts for v in (c.logprobs or [])]
             joined.top = [row for c in parts for row in (c.top or [])]
         return joined
+
+    def _llama_body(self, prompt: list[int], max_tokens: int, temperature: float, seed: int | None,
+                    logprobs: int | None, ignore_eos: bool, stop_token_ids: list[int] | None, min_tokens: int | None,
+                    options: dict | None) -> dict:
+        """llama-server's native /completion request (the module's docstring: names, neutral filters)."""
+        _check_prompt(prompt)
+        if stop_token_ids:
+            raise Unsupported("llama-server's /completion has no stop_token_ids (stop strings only)")
+        if min_tokens:
+            raise Unsupported("llama-server's /completion has no min_tokens")
+        body = {"prompt": list(prompt), "n_predict": max_tokens, "temperature": temperature, "ignore_eos": ignore_eos,
+                "return_tokens": True, "cache_prompt": False, "stream": False}
+        if logprobs is not None:
+            body["n_probs"] = max(1, logprobs)
+        if seed is not None:
+            body["seed"] = seed
+        for key, value in (options or {}).items():
+            key = LLAMA_OPTIONS.get(key, key)
+            if key in body:
+                raise ValueError(f"options must not repeat a named argument, got {key!r}")
+            body[key] = value
+        return {**LLAMA_NEUTRAL, **body}
+
+    def _llama_completion(self, data: dict, asked_logprobs: int | None) -> Completion:
+        """A /completion answer, or one streamed chunk of it (usage and finish_reason on the last only)."""
+        where = f"{self.root}/completion"
+        if "error" in data:
+            raise EndpointError(f"{where} answered an error: {str(data['error'])[:500]}")
+        ids = data.get("tokens")
+        if not (isinstance(ids, list) and all(isinstance(t, int) for t in ids)):
+            raise EndpointError(f"{where} returned no `tokens` list (return_tokens): {str(data)[:300]}")
+        text, final = data.get("content"), data.get("stop") is True
+        out = Completion(ids=list(ids), text=text if isinstance(text, str) else None, raw=data)
+        if final:
+            out.finish_reason = "stop" if data.get("stop_type") in ("eos", "word") else "length"
+            if isinstance(data.get("tokens_predicted"), int):
+                out.usage = {"prompt_tokens": data.get("tokens_evaluated"),
+                             "completion_tokens": data["tokens_predicted"]}
+        if asked_logprobs is not None and ids:
+            probs = data.get("completion_probabilities")
+            if not isinstance(probs, list) or len(probs) != len(ids) or any(
+                    not isinstance(p, dict) or p.get("id") != t or "logprob" not in p for p, t in zip(probs, ids)):
+                raise EndpointError(f"{where} returned no logprob for each of the {len(ids)} new tokens "
+                                    f"(completion_probabilities {str(probs)[:200]})")
+            out.logprobs = [float(p["logprob"]) for p in probs]
+            out.top = [{int(t["id"]): float(t["logprob"]) for t in (p.get("top_logprobs") or [])[:asked_logprobs]}
+                       for p in probs]
+        return out
 
     def _completion(self, choice: dict, asked_logprobs: int | None) -> Completion:
         lp = choice.get("logprobs") or {}
