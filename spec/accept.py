@@ -1,16 +1,26 @@
 """The acceptance rule of speculative decoding (Leviathan et al. 2023, Algorithm 1, step 3), as two
-pure functions: the draft's proposals and the target's scores in, the accepted count and what comes
-next out. They keep no state and draw no random numbers: the decode loop draws the uniforms and the
+pure functions over a proposal (a spec.tree.Tree: a chain is the tree whose node i follows node
+i - 1) and the target's scores at the root and at each node: the accepted path and what comes next
+out. They keep no state and draw no random numbers: the decode loop draws the uniforms and the
 last token, so that what they consume from the generator is visible where the generator is.
 
-Greedy: a proposal is kept while it equals the target's argmax at its position; the token after
-the kept prefix is the target's own argmax there. The emitted tokens are thus all the target's
-argmaxes, and the output is plain greedy decoding's.
+Greedy: from the root, move to the child whose token is the target's argmax at the current node,
+while there is one; the token after the path is the target's argmax at its end. Every emitted
+token is the target's argmax, and the output is plain greedy decoding's. On a chain: a proposal is
+kept while it equals the target's argmax at its position.
 
 Sampling: proposal x_i, drawn from q_i, is kept if u_i < p_i(x_i) / q_i(x_i) (written
-u_i * q_i(x_i) < p_i(x_i), which needs no division), for the longest prefix that passes. At the
-first rejection the next token is drawn from norm(max(0, p_k - q_k)); when all g pass, from p_g.
-The output is then distributed exactly as p (the paper's Appendix A.1, for any q).
+u_i * q_i(x_i) < p_i(x_i), which needs no division). On a chain, the longest prefix that passes is
+kept; at the first rejection the next token is drawn from norm(max(0, p_k - q_k)); when all g
+pass, from p_g. The output is then distributed exactly as p (the paper's Appendix A.1, for any q).
+On a tree, SpecInfer's multi-candidate rule (recursive rejection over siblings): at the current
+node the target's distribution is r = p(node); each child c in turn, drawn from q_c, is kept if
+u_c * q_c(x_c) < r(x_c); a rejected child's mass is removed, r = norm(max(0, r - q_c)), before the
+next sibling is tried. A kept child becomes the current node (r = p(c)); when every child is
+rejected, or a leaf is reached, the next token is drawn from r. Each step is Algorithm 1's rule for
+one proposal against the residual, so the emitted token is distributed as p(node) whatever the
+siblings' q (Miao et al. 2024, SpecInfer, Theorem 4.2). A chain is walked as the paper writes it
+(one comparison over all g proposals), which is the same rule without the walk.
 """
 
 from __future__ import annotations
@@ -20,50 +30,29 @@ import torch
 from spec import sampling
 
 
-def greedy(proposed: torch.Tensor, logits: torch.Tensor) -> tuple[int, torch.Tensor]:
-    """proposed [g] ids, logits [g + 1, V] (row i scores the token at proposal i's position, row g
-    the one after them all) -> (k, the target's token after the first k proposals, a 0-d tensor)."""
-    g = proposed.numel()
-    choice = logits.argmax(-1)
-    k = int((proposed == choice[:g]).cumprod(0).sum())
-    return k, choice[k]
-
-
-def sampled(proposed: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
-            u: torch.Tensor) -> tuple[int, torch.Tensor]:
-    """proposed [g] ids; q [g, W] the draft distributions they were drawn from (W may be narrower
-    than the vocabulary: zero beyond it), or None for a deterministic draft (q one-hot at each
-    proposal); p [g + 1, V] the target's distributions; u [g] uniforms in [0, 1)
-    -> (k, the distribution the next token is drawn from)."""
-    g = proposed.numel()
-    if g == 0:
-        return 0, p[0]
-    if q is None:
-        q = torch.nn.functional.one_hot(proposed, p.shape[-1]).double()
-    rows = torch.arange(g, device=p.device)
-    passed = u * q[rows, proposed] < p[rows, proposed]      # u < p(x) / q(x)
-    k = int(passed.cumprod(0).sum())
-    return k, (sampling.residual(p[k], q[k]) if k < g else p[g])      # on rejection: norm(max(0, p - q))
-
-
-# --- Trees (spec.tree): several candidate continuations, walked from the root -----------------------
-#
-# Greedy: from the root, move to the child whose token is the target's argmax at the current node,
-# while there is one; the token after the path is the target's argmax at its end. Every emitted
-# token is again the target's argmax: plain greedy decoding's output.
-#
-# Sampling (SpecInfer's multi-candidate rule, recursive rejection over siblings): at the current
-# node the target's distribution is r = p(node); each child c in turn, drawn from q_c, is kept if
-# u_c * q_c(x_c) < r(x_c); a rejected child's mass is removed, r = norm(max(0, r - q_c)), before
-# the next sibling is tried. A kept child becomes the current node (r = p(c)); when every child is
-# rejected, or a leaf is reached, the next token is drawn from r. Each step is Algorithm 1's rule
-# for one proposal against the residual, so the emitted token is distributed as p(node) whatever
-# the siblings' q (Miao et al. 2024, SpecInfer, Theorem 4.2; for a chain it is `sampled` above).
-
-def tree_greedy(tree, logits: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+def greedy(tree, logits: torch.Tensor) -> tuple[list[int], torch.Tensor]:
     """tree: spec.tree.Tree of N nodes; logits [N + 1, V]: row 0 scores the token after the root,
     row i + 1 the token after node i -> (the accepted path, node indices from the root down; the
     target's token after it, a 0-d tensor)."""
+    if tree.is_chain:                                  # the paper's gamma tokens in a row
+        k, token = _chain_greedy(tree.tokens, logits)
+        return list(range(k)), token
+    return _walk_greedy(tree, logits)
+
+
+def sampled(tree, p: torch.Tensor, u: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+    """tree: spec.tree.Tree (q [N, W] or None: one-hot); p [N + 1, V] the target's distributions
+    (row 0 after the root, row i + 1 after node i); u [N] uniforms in [0, 1), one per node
+    -> (the accepted path, the distribution the next token is drawn from)."""
+    if tree.is_chain:                                  # Algorithm 1's step 3 as the paper writes it
+        k, last = _chain_sampled(tree.tokens, tree.q, p, u)
+        return list(range(k)), last
+    return _walk_sampled(tree, p, u)
+
+
+# --- A tree, walked from the root -----------------------------------------------------------------
+
+def _walk_greedy(tree, logits: torch.Tensor) -> tuple[list[int], torch.Tensor]:
     choice = logits.argmax(-1)
     wanted = choice.tolist()
     tokens = tree.tokens.tolist()
@@ -77,10 +66,7 @@ def tree_greedy(tree, logits: torch.Tensor) -> tuple[list[int], torch.Tensor]:
         node = nxt
 
 
-def tree_sampled(tree, p: torch.Tensor, u: torch.Tensor) -> tuple[list[int], torch.Tensor]:
-    """tree: spec.tree.Tree (q [N, W] or None: one-hot); p [N + 1, V] the target's distributions
-    (row 0 after the root, row i + 1 after node i); u [N] uniforms in [0, 1), one per node
-    -> (the accepted path, the distribution the next token is drawn from)."""
+def _walk_sampled(tree, p: torch.Tensor, u: torch.Tensor) -> tuple[list[int], torch.Tensor]:
     tokens = tree.tokens.tolist()
     path: list[int] = []
     node, r = -1, p[0]
@@ -99,3 +85,31 @@ def tree_sampled(tree, p: torch.Tensor, u: torch.Tensor) -> tuple[list[int], tor
             return path, r                             # every sibling rejected
         siblings = tree.children(node)
     return path, r                                     # a leaf: the next token from p after it
+
+
+# --- A chain (each node the child of the one before): the same rules, without walking -------------
+
+def _chain_greedy(proposed: torch.Tensor, logits: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """proposed [g] ids, logits [g + 1, V] (row i scores the token at proposal i's position, row g
+    the one after them all) -> (k, the target's token after the first k proposals, a 0-d tensor)."""
+    g = proposed.numel()
+    choice = logits.argmax(-1)
+    k = int((proposed == choice[:g]).cumprod(0).sum())
+    return k, choice[k]
+
+
+def _chain_sampled(proposed: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
+                   u: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """proposed [g] ids; q [g, W] the draft distributions they were drawn from (W may be narrower
+    than the vocabulary: zero beyond it), or None for a deterministic draft (q one-hot at each
+    proposal); p [g + 1, V] the target's distributions; u [g] uniforms in [0, 1)
+    -> (k, the distribution the next token is drawn from)."""
+    g = proposed.numel()
+    if g == 0:
+        return 0, p[0]
+    if q is None:
+        q = torch.nn.functional.one_hot(proposed, p.shape[-1]).double()
+    rows = torch.arange(g, device=p.device)
+    passed = u * q[rows, proposed] < p[rows, proposed]      # u < p(x) / q(x)
+    k = int(passed.cumprod(0).sum())
+    return k, (sampling.residual(p[k], q[k]) if k < g else p[g])      # on rejection: norm(max(0, p - q))

@@ -33,13 +33,13 @@ across devices or processes are refused at the call.
 from __future__ import annotations
 
 import copy
-import weakref
 
 import torch
 
-from spec import hf, runner
+from spec import hf
+from spec import probe as probing
 from spec.options import RunnerPath
-from spec.tree import Tree, retain as retain_tree, score as score_tree
+from spec.tree import Tree, in_place, retain as retain_tree, score as score_tree
 from spec.validate import as_prompt, model_device
 
 
@@ -52,6 +52,13 @@ def is_batch(input_ids, attention_mask=None) -> bool:
         return input_ids.dim() == 2 and input_ids.shape[0] > 1 and not input_ids.dtype.is_floating_point
     return isinstance(input_ids, (list, tuple)) and len(input_ids) > 0 and \
         all(isinstance(row, (list, tuple, torch.Tensor)) for row in input_ids)
+
+
+def count(input_ids, attention_mask=None) -> int:
+    """How many prompts the input holds (1 for a single prompt), before any check of their ids."""
+    if not is_batch(input_ids, attention_mask):
+        return 1
+    return input_ids.shape[0] if isinstance(input_ids, torch.Tensor) else len(input_ids)
 
 
 def prompts(input_ids, attention_mask, device: torch.device, models: dict) -> list[torch.Tensor]:
@@ -103,9 +110,11 @@ class Rows:
         self.held = [torch.empty(0, dtype=torch.long, device=self.device) for _ in range(batch)]
 
     def __call__(self, feeds: list[torch.Tensor], keep: int, trees: list | None = None) -> torch.Tensor:
-        if trees is not None and any(t is not None for t in trees):
-            raise ValueError("draft: a tree came from a drafter that does not say it makes trees; set "
-                             "`makes_trees = True` on its class, so that a batch gives each row a runner of its own")
+        if trees is not None:
+            if not all(tree.is_chain for tree in trees):
+                raise ValueError("draft: a tree came from a drafter that does not say it makes trees; add "
+                                 "Need.TREES to its `needs`, so that a batch gives each row a runner of its own")
+            feeds = [torch.cat([f, tree.tokens]) for f, tree in zip(feeds, trees)]
         M = max(f.numel() for f in feeds)
         short = [i for i, (f, n) in enumerate(zip(feeds, self.lengths)) if n + f.numel() < M]
         if short:
@@ -152,7 +161,8 @@ class Rows:
         return out
 
     def retain(self, row: int, base: int, path: list[int]) -> None:
-        raise ValueError("a shared left-padded batch holds no trees")
+        if not in_place(path):
+            raise ValueError("a shared left-padded batch holds no trees")
 
     def crop(self, keeps: list[int]) -> None:
         new = [min(n, k) for n, k in zip(self.lengths, keeps)]
@@ -198,21 +208,19 @@ class EachRow:
         out = []
         for b, g in zip(live, gs):
             made = self.drafters[b].draft(seq[b], n[b], g)
-            if isinstance(made, Tree) and len(made) == 0:
+            if not isinstance(made, Tree):
+                raise TypeError(f"draft: {type(self.drafters[b]).__name__}.draft must return a spec.Tree "
+                                f"(Tree.chain(tokens, q) for tokens in a row), got {type(made).__name__}")
+            if len(made) == 0:
                 made = Tree.chain(seq[b, n[b]:n[b]])     # nothing proposed (whatever the empty tensor's dtype)
-            elif isinstance(made, Tree):
-                made.check(g, self.width if self.width is not None else int(made.tokens.max()) + 1)
-                if made.is_chain:           # verified as a chain: its tokens where chains are
-                    seq[b, n[b]:n[b] + len(made)] = made.tokens
-            else:
-                made = Tree.chain(seq[b, n[b]:n[b] + made[0]], made[1])
+            made.check(g, self.width if self.width is not None else int(made.tokens.max()) + 1)
             out.append(made)
         return out
 
     def observe(self, n: list[int], accepted: list[int], live: list[int], hidden: list | None = None) -> None:
         for j, (b, k) in enumerate(zip(live, accepted)):
             if hidden is not None:
-                self.drafters[b].observe(n[b], k, hidden[j])      # a drafter that needs_hidden
+                self.drafters[b].observe(n[b], k, hidden[j])      # a drafter with Need.HIDDEN
             else:
                 self.drafters[b].observe(n[b], k)
 
@@ -238,8 +246,10 @@ class EachRunner:
 
     def __call__(self, feeds: list[torch.Tensor], keep: int, trees: list | None = None) -> torch.Tensor:
         trees = trees or [None] * len(feeds)
-        if len(self.runs) == 1 and trees[0] is None and feeds[0].numel() >= keep:
-            return self.runs[0](feeds[0], keep=keep)[None]      # one row (a single prompt): no copy
+        if len(self.runs) == 1 and (trees[0] is None and feeds[0].numel() >= keep or
+                                    trees[0] is not None and len(trees[0]) + 1 == keep):
+            one = self.runs[0]      # one row (a single prompt): no copy
+            return (one(feeds[0], keep=keep) if trees[0] is None else score_tree(one, feeds[0], trees[0]))[None]
         out = None
         for i, (run, ids, tree) in enumerate(zip(self.runs, feeds, trees)):
             logits = run(ids, keep=min(keep, ids.numel())) if tree is None else score_tree(run, ids, tree)
@@ -274,20 +284,11 @@ class EachRunner:
 
 # --- Which models share a batched cache -----------------------------------------------------------
 
-# Each model's batch verdict, keyed weakly like spec.runner's: ((dtype, device), None or the reason).
-_VERDICTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def unbatched(model, path: str, positions: str) -> str | None:
     """Why `model`, run on the solo `path` with `positions` (spec.runner), cannot share one
     left-padded cache across rows (its rows then run one after another: EachRunner); None where
-    it can. Probed once per model, dtype and device."""
-    key = (str(next(model.parameters()).dtype), str(model_device(model)), path, positions)
-    known = _VERDICTS.get(model)
-    if known is None or known[0] != key:
-        with torch.inference_mode():
-            known = _VERDICTS[model] = (key, _why_not(model, path, positions))
-    return known[1]
+    it can. Probed once per model, dtype and device (spec.probe)."""
+    return probing.once(model, ("batches", str(path), positions), lambda m: _why_not(m, path, positions))
 
 
 def _why_not(model, name: str, positions: str) -> str | None:
@@ -321,9 +322,9 @@ def probe(model) -> str | None:
     only ever swaps, which is its own inverse.)
     Every row's logits must match its own cache-free forward's (the tolerance of spec.runner's
     probe). The first mismatch, or None."""
-    tol = runner.PROBE_TOLERANCE.get(next(model.parameters()).dtype, 5e-2)
-    L = max(runner.probe_length(model), 16)
-    ids = runner._probe_ids(model, L, model_device(model))
+    tol = probing.tolerance(model)
+    L = max(probing.probe_length(model), 16)
+    ids = probing.ids(model, L, model_device(model))
     short, mid, other = ids[:L // 2 + 1], ids[2:2 + 3 * L // 4], ids[L // 3:L // 3 + L // 2 + 2]
     full = {}
     # (rows in batch order, the rows kept when one leaves, in their new order)
@@ -357,7 +358,7 @@ def _probe_batch(model, seqs, full, kept: list[int], tol: float) -> str | None:
                 keep = min(f.numel() for f in feeds)
                 got = rows(feeds, keep)
                 for j, (b, end) in enumerate(zip(live, stops)):
-                    if not runner._close(got[j], full[b][end - keep:end], tol):
+                    if not probing.close(got[j], full[b][end - keep:end], tol):
                         return (f"in a left-padded batch of {len(live)} rows, row {j}'s logits at positions "
                                 f"{end - keep}..{end - 1} differ from its own forward's")
                 if not hf.regatherable(rows.cache):

@@ -26,6 +26,7 @@ A new runner path is one class plus one line below; a new draft source needs not
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -33,7 +34,7 @@ from transformers import PreTrainedModel
 from spec import batch, hf, neox, parallel, runner, seq2seq
 from spec.draft import ModelDraft, NoDraft, Pick
 from spec.options import DraftImpl, RunnerPath
-from spec.protocols import BatchDrafter, BatchRunner, Drafter, Runner
+from spec.protocols import BatchDrafter, BatchRunner, Drafter, Need, Runner
 from spec.validate import as_prompt, check_model, check_pair, model_device
 
 DRAFT_IMPLS = tuple(DraftImpl)
@@ -61,6 +62,12 @@ def is_drafter(obj) -> bool:
     """A draft source that keeps the Drafter protocol (spec.lookup.PromptLookup, or a user's,
     a torch module included); anything else in the draft role is a draft model."""
     return isinstance(obj, Drafter)
+
+
+def needs_of(draft) -> frozenset[Need]:
+    """What a model-free drafter declared it needs (spec.protocols.Need); a draft model or None
+    needs nothing."""
+    return draft.needs if is_drafter(draft) else frozenset()
 
 
 def models_of(roles: dict) -> dict:
@@ -100,10 +107,11 @@ def runs(roles: dict, input_ids=None, *, input_features=None, decoder_input_ids=
 
 def rows(roles: dict, input_ids, attention_mask=None, *, input_features=None, decoder_input_ids=None,
          share_encoder: bool = False, max_new_tokens: int | None = None, room: int = 0, draft_impl: str = "auto",
-         pick: Pick = Pick()) -> ChosenRows:
+         picks: list[Pick] | None = None) -> ChosenRows:
     """What the decode loop runs on (see the module docstring): roles are the deciding model's
     ("target", or greedy's "model") and "draft", a model, a model-free Drafter, or None for plain
-    decoding (NoDraft). Refuses, with the reason, what cannot be batched."""
+    decoding (NoDraft); picks: each row's (a draft model follows its row's). Refuses, with the
+    reason, what cannot be batched."""
     models = models_of({role: m for role, m in roles.items() if m is not None})
     batched = batch.is_batch(input_ids, attention_mask)
     made: dict[str, BatchRunner]
@@ -115,17 +123,18 @@ def rows(roles: dict, input_ids, attention_mask=None, *, input_features=None, de
         _refuse_batch(models, draft_impl, input_features=input_features, decoder_input_ids=decoder_input_ids,
                       share_encoder=share_encoder)
         prompts = batch.prompts(input_ids, attention_mask, model_device(next(iter(models.values()))), models)
-        own = [flag for flag in ("makes_trees", "needs_hidden") if getattr(roles.get("draft"), flag, False)]
+        own = sorted(need.value for need in needs_of(roles.get("draft")))
         made = {role: _rows(model, role, len(prompts), own) for role, model in models.items()}
     drafter: BatchDrafter
     if "draft" in made:
-        drafter = ModelDraft(made["draft"], pick, [p.numel() for p in prompts], **_widths(models))
+        drafter = ModelDraft(made["draft"], picks or [Pick()] * len(prompts), [p.numel() for p in prompts],
+                             **_widths(models))
     elif roles.get("draft") is not None:
         drafter = batch.EachRow(roles["draft"], len(prompts), hf.logit_width(models[next(iter(roles))]))
     else:
         drafter = NoDraft()
     target = made[next(iter(roles))]
-    hidden = bool(getattr(roles.get("draft"), "needs_hidden", False))
+    hidden = Need.HIDDEN in needs_of(roles.get("draft"))
     if hidden and isinstance(target, batch.EachRunner):      # (it is: `_rows` gives such a drafter one)
         target.collect_hidden()
     return ChosenRows(prompts, target, drafter, models, batched, hidden)
@@ -153,14 +162,39 @@ def _refuse_batch(models: dict, draft_impl: str, *, share_encoder: bool, **encod
 def _rows(model, role: str, count: int, own: list[str] | None = None):
     """spec.batch.Rows where the model's solo path can share a left-padded cache across `count`
     rows, else one solo Runner per row (spec.batch.EachRunner, with the reason). A drafter that
-    makes trees or reads hidden states (`own`: its flags) gets a runner a row: a tree's mask and
+    makes trees or reads hidden states (`own`: its needs) gets a runner a row: a tree's mask and
     a row's hidden states are the row's own, not a left-padded batch's."""
-    path, positions = _path(model, role, "hf")
-    why = f"the drafter's rows run one by one ({', '.join(own)}: each row's own)" if own else \
-        batch.unbatched(model, path, positions)
+    can = capabilities(model, role, "hf")
+    why = f"the drafter's rows run one by one ({', '.join(own)}: each row's own)" if own else can.batches
     if why is None:
         return batch.Rows(model, count)
-    return batch.EachRunner([runner.RUNNERS[path](model, positions) for _ in range(count)], why)
+    return batch.EachRunner([runner.RUNNERS[can.path](model, can.positions) for _ in range(count)], why)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What spec's probes found about a model in a role (spec.probe), read as one record: the
+    path it runs on and how it counts positions (decided when the record is made), and, asked
+    only when read (each probe runs once per model), why it cannot score a tree in one pass and
+    why its rows cannot share a left-padded cache (None: it can)."""
+    model: Any
+    path: str               # a spec.runner path, "plain", "compiled" or UNCACHED
+    positions: str
+
+    @property
+    def trees(self) -> str | None:
+        if self.path != RunnerPath.KV_CACHE or self.positions != "explicit":
+            return f"it runs on the {self.path} path with {self.positions!r} positions; trees need a KV cache"
+        return runner.tree_support(self.model)
+
+    @property
+    def batches(self) -> str | None:
+        return batch.unbatched(self.model, self.path, self.positions)
+
+
+def capabilities(model, role: str = "target", draft_impl: str = "auto") -> Capabilities:
+    """The record of what `model` can do in `role` (raises what `runs` would raise)."""
+    return Capabilities(model, *_path(model, role, draft_impl))
 
 
 def check(roles: dict) -> None:

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spec import accept, choose, clock, hf, parallel, sampling, theory
+from spec import accept, batch, choose, clock, hf, parallel, sampling, theory
 from spec.autogamma import AutoGamma
 from spec.draft import FixedGamma, Pick
-from spec.options import GammaMode
+from spec.options import GammaMode, StopReason
 from spec.processors import Processors
 from spec.validate import check_options, check_positions, stop_ids
 
@@ -46,7 +46,7 @@ class Result:
     """A decode run: the new tokens and one Round per round; every other figure is derived."""
     tokens: list[int]                       # new tokens, prompt excluded
     rounds: list[Round] = field(default_factory=list)
-    stop_reason: str = "max_new_tokens"     # or "eos"
+    stop_reason: StopReason = StopReason.MAX_NEW_TOKENS     # or StopReason.EOS (equal to its string)
     traced: bool = False                    # rounds carry their timings (trace=True)
 
     @property
@@ -98,6 +98,46 @@ def _first_stop(tokens: list[int], stops: frozenset[int]) -> int | None:
     return next((i for i, t in enumerate(tokens) if t in stops), None)
 
 
+# The options a row of a batch may set for itself (per_row), over the call's.
+ROW_OPTIONS = ("do_sample", "temperature", "top_k", "top_p", "min_p", "generator", "repetition_penalty",
+               "no_repeat_ngram_size", "sequence_bias", "bad_words_ids", "min_new_tokens")
+
+
+def picks_for(options: dict, per_row, rows: int, stops, target) -> list[Pick]:
+    """Each row's Pick (how its tokens are picked, its processors included): the call's options,
+    with row b's own from per_row[b] where given; every value checked, a bad one named by row."""
+    if per_row is None:
+        return [_pick(options, stops, target)] * rows
+    if not isinstance(per_row, (list, tuple)) or len(per_row) != rows or \
+            not all(isinstance(row, dict) for row in per_row):
+        raise ValueError(f"per_row must be a list of {rows} dicts, one per prompt, got {per_row!r}")
+    if parallel.is_split(target):
+        raise ValueError("per_row: a model split across devices or processes decodes with the call's options only")
+    picks = []
+    for b, row in enumerate(per_row):
+        unknown = sorted(set(row) - set(ROW_OPTIONS))
+        if unknown:
+            raise ValueError(f"per_row[{b}]: {', '.join(map(repr, unknown))} is not a row's option; expected "
+                             f"any of {', '.join(ROW_OPTIONS)}")
+        try:
+            picks.append(_pick({**options, **row}, stops, target))
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"per_row[{b}]: {e}") from None
+    return picks
+
+
+def _pick(o: dict, stops, target) -> Pick:
+    check_options(max_new_tokens=1, temperature=o["temperature"], top_k=o["top_k"], top_p=o["top_p"],
+                  min_p=o["min_p"])
+    if not isinstance(o["do_sample"], bool):
+        raise ValueError(f"do_sample must be True or False, got {o['do_sample']!r}")
+    if o["generator"] is not None and not isinstance(o["generator"], torch.Generator):
+        raise ValueError(f"generator must be None or a torch.Generator, got {type(o['generator']).__name__}")
+    process = processors_for({k: o[k] for k in ("repetition_penalty", "no_repeat_ngram_size", "sequence_bias",
+                                                "bad_words_ids", "min_new_tokens")}, stops, target)
+    return Pick(o["do_sample"], o["temperature"], o["top_k"], o["top_p"], o["generator"], process, o["min_p"])
+
+
 def processors_for(options: dict, stops, target) -> Processors:
     """spec.processors.Processors for these options; ids they name must be in the target's
     vocabulary. Each row's copy (Processors.for_prompt) counts min_new_tokens from its prompt."""
@@ -115,7 +155,7 @@ def greedy_generate(model, input_ids, *, max_new_tokens: int = 64, eos_token_id=
                     input_features=None, decoder_input_ids=None,
                     repetition_penalty: float | None = None, no_repeat_ngram_size: int | None = None,
                     min_p: float | None = None, min_new_tokens: int | None = None, sequence_bias=None,
-                    bad_words_ids=None, attention_mask=None) -> Result | list[Result]:
+                    bad_words_ids=None, attention_mask=None, per_row: list[dict] | None = None) -> Result | list[Result]:
     """Plain autoregressive decoding with `model` alone: one cached forward pass per token.
 
     do_sample=False takes the argmax (equal to HF generate(do_sample=False));
@@ -125,13 +165,16 @@ def greedy_generate(model, input_ids, *, max_new_tokens: int = 64, eos_token_id=
     repetition_penalty / no_repeat_ngram_size / sequence_bias / bad_words_ids / min_new_tokens: HF's
     processors of the same names (spec.processors); min_p: HF's min-p warper (sampling only).
     Several prompts (a list, or a (B, n) tensor with HF's left-padded attention_mask) are one batch
-    (spec.batch): one Result per prompt, in order, each equal to that prompt's own run."""
+    (spec.batch): one Result per prompt, in order, each equal to that prompt's own run. per_row:
+    one dict a prompt, that row's own options (any of ROW_OPTIONS) over the call's."""
     choose.check({"model": model})
-    check_options(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    check_options(max_new_tokens=max_new_tokens)
     stops = stop_ids(eos_token_id, {"model": model})
-    process = processors_for(dict(repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
-                                  sequence_bias=sequence_bias, bad_words_ids=bad_words_ids,
-                                  min_new_tokens=min_new_tokens), stops, model)
+    picks = picks_for(dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                           generator=generator, repetition_penalty=repetition_penalty,
+                           no_repeat_ngram_size=no_repeat_ngram_size, sequence_bias=sequence_bias,
+                           bad_words_ids=bad_words_ids, min_new_tokens=min_new_tokens),
+                      per_row, batch.count(input_ids, attention_mask), stops, model)
     chosen = choose.rows({"model": model, "draft": None}, input_ids, attention_mask, input_features=input_features,
                          decoder_input_ids=decoder_input_ids, max_new_tokens=max_new_tokens)
     parallel.check(model, prompt=chosen.prompts[0], generator=generator, max_new_tokens=max_new_tokens,
@@ -139,8 +182,7 @@ def greedy_generate(model, input_ids, *, max_new_tokens: int = 64, eos_token_id=
                    min_p=min_p, repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
                    sequence_bias=sequence_bias, bad_words_ids=bad_words_ids, min_new_tokens=min_new_tokens)
     results = _decode(chosen, [FixedGamma(0) for _ in chosen.prompts], max_new_tokens=max_new_tokens, stops=stops,
-                      process=process, pick=Pick(do_sample, temperature, top_k, top_p, generator, min_p=min_p),
-                      trace=trace)
+                      picks=picks, trace=trace)
     return results if chosen.batched else results[0]
 
 
@@ -153,7 +195,7 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
                          share_encoder: bool = False, repetition_penalty: float | None = None,
                          no_repeat_ngram_size: int | None = None, min_p: float | None = None,
                          min_new_tokens: int | None = None, sequence_bias=None, bad_words_ids=None,
-                         attention_mask=None) -> Result | list[Result]:
+                         attention_mask=None, per_row: list[dict] | None = None) -> Result | list[Result]:
     """Speculative decoding: `draft` (Mq) proposes, `target` (Mp) verifies.
 
     Greedy (do_sample=False): the output equals greedy_generate(target, ...) token
@@ -186,28 +228,30 @@ def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_
     Several prompts (a list of prompts, or a (B, n) tensor with HF's left-padded attention_mask)
     are decoded as one batch (spec.batch): one Result per prompt, in order, each row accepting,
     rolling back and stopping on its own, so that each equals that prompt's own run (greedy) or is
-    distributed as it (sampling)."""
+    distributed as it (sampling). per_row: one dict a prompt, that row's own options (any of
+    ROW_OPTIONS: greedy or sampling, its warpers, generator and processors) over the call's, as a
+    server mixes requests; each row is then exact by its own options."""
     roles = {"target": target, "draft": draft}
     choose.check(roles)
-    check_options(max_new_tokens=max_new_tokens, gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p,
-                  min_p=min_p)
+    check_options(max_new_tokens=max_new_tokens, gamma=gamma)
     stops = stop_ids(eos_token_id, choose.models_of(roles))
-    process = processors_for(dict(repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
-                                  sequence_bias=sequence_bias, bad_words_ids=bad_words_ids,
-                                  min_new_tokens=min_new_tokens), stops, target)
+    picks = picks_for(dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                           generator=generator, repetition_penalty=repetition_penalty,
+                           no_repeat_ngram_size=no_repeat_ngram_size, sequence_bias=sequence_bias,
+                           bad_words_ids=bad_words_ids, min_new_tokens=min_new_tokens),
+                      per_row, batch.count(input_ids, attention_mask), stops, target)
     policy = _policy(gamma)                 # makes one a row: each row its own gamma
-    pick = Pick(do_sample, temperature, top_k, top_p, generator, process, min_p)
     chosen = choose.rows(roles, input_ids, attention_mask, input_features=input_features,
                          decoder_input_ids=decoder_input_ids, share_encoder=share_encoder,
                          max_new_tokens=max_new_tokens, room=max_new_tokens + policy().max_gamma + 1,
-                         draft_impl=draft_impl, pick=pick)
+                         draft_impl=draft_impl, picks=picks)
     parallel.check(target, None, gamma=gamma, prompt=chosen.prompts[0], generator=generator,
                    max_new_tokens=max_new_tokens, stops=sorted(stops), do_sample=do_sample, temperature=temperature,
                    top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
                    no_repeat_ngram_size=no_repeat_ngram_size, min_p=min_p, sequence_bias=sequence_bias,
                    bad_words_ids=bad_words_ids, min_new_tokens=min_new_tokens)
     results = _decode(chosen, [policy() for _ in chosen.prompts], max_new_tokens=max_new_tokens, stops=stops,
-                      process=process, pick=pick, trace=trace)
+                      picks=picks, trace=trace)
     return results if chosen.batched else results[0]
 
 
@@ -220,13 +264,14 @@ def _policy(gamma: int | str):
 
 
 def _decode(chosen: choose.ChosenRows, policies: list, *, max_new_tokens: int, stops: frozenset[int],
-            process: Processors, pick: Pick, trace: bool) -> list[Result]:
-    """Algorithm 1 over every row of the batch, each row with its own gamma policy."""
+            picks: list[Pick], trace: bool) -> list[Result]:
+    """Algorithm 1 over every row of the batch, each row with its own gamma policy and Pick."""
     target_run, drafter, prompts = chosen.target, chosen.drafter, chosen.prompts
     seq, P = _start(prompts, max_new_tokens + max(policy.max_gamma for policy in policies) + 1, max_new_tokens,
                     chosen.models)
     n = list(P)
-    processors = [process.for_prompt(length) if process else None for length in P]   # min_new_tokens per row
+    processors = [pick.process.for_prompt(length) if pick.process else None   # min_new_tokens per row
+                  for pick, length in zip(picks, P)]
     device, timed = seq.device, trace or any(policy.timed for policy in policies)
     results = [Result(tokens=[], traced=trace) for _ in prompts]
     live = list(range(len(prompts)))
@@ -249,11 +294,11 @@ def _decode(chosen: choose.ChosenRows, policies: list, *, max_new_tokens: int, s
         for j, b in enumerate(live):
             # 3. Accept the longest prefix (a tree: path) that passes, then append one token from Mp.
             scores = logits[j, logits.shape[1] - drafted[j] - 1:]   # right-aligned: row i predicts seq[b, n[b] + i]
-            k, path = _accept_row(seq[b], n[b], trees[j], scores, processors[b], pick, target_run, j)
-            # 4. Cut at EOS.
+            path = _accept_row(seq[b], n[b], trees[j], scores, processors[b], picks[b], target_run, j)
+            k = len(path)                                           # 4. Cut at EOS.
             cut = _first_stop(seq[b, n[b]:n[b] + k + 1].tolist(), stops) if stops else None
             out = k + 1 if cut is None else cut + 1
-            results[b].stop_reason = "eos" if cut is not None else results[b].stop_reason
+            results[b].stop_reason = StopReason.EOS if cut is not None else results[b].stop_reason
             n[b] += out
             accepted.append(k)
             emitted.append(out)
@@ -273,7 +318,7 @@ def _decode(chosen: choose.ChosenRows, policies: list, *, max_new_tokens: int, s
             # draft tokens that reached the output (an EOS may cut a block)
             results[b].rounds.append(Round(drafted[j], min(accepted[j], emitted[j]), emitted[j], **timings))
         live = _retire(live, [j for j, b in enumerate(live)
-                              if results[b].stop_reason != "eos" and n[b] - P[b] < max_new_tokens], target_run, drafter)
+                              if results[b].stop_reason is not StopReason.EOS and n[b] - P[b] < max_new_tokens], target_run, drafter)
 
     for b, result in enumerate(results):
         result.tokens = seq[b, P[b]:n[b]].tolist()
@@ -282,13 +327,10 @@ def _decode(chosen: choose.ChosenRows, policies: list, *, max_new_tokens: int, s
 
 def _verify(target_run, seq: torch.Tensor, n: list[int], live: list[int], trees: list):
     """The target's one pass over every live row: each row fed what it has not seen up to its
-    last final token, then its proposal (a chain's tokens lie in seq; a tree's nodes come with
-    their mask). The logits of each row's proposals + 1 positions, right-aligned."""
-    chains = [tree.is_chain for tree in trees]
-    feeds = [seq[b, fed:n[b] + (len(tree) if chain else 0)]
-             for b, fed, tree, chain in zip(live, target_run.lengths, trees, chains)]
-    shapes = None if all(chains) else [None if chain else tree for tree, chain in zip(trees, chains)]
-    return target_run(feeds, keep=max(len(tree) for tree in trees) + 1, trees=shapes)
+    last final token (the root last), then its proposal's nodes. The logits of each row's
+    proposals + 1 positions, right-aligned."""
+    feeds = [seq[b, fed:n[b]] for b, fed in zip(live, target_run.lengths)]
+    return target_run(feeds, keep=max(len(tree) for tree in trees) + 1, trees=trees)
 
 
 def _retire(live: list[int], going: list[int], *runs) -> list[int]:
@@ -313,13 +355,24 @@ def _start(prompts: list[torch.Tensor], room: int, max_new_tokens: int, models: 
 
 
 def _accept_row(seq: torch.Tensor, n: int, tree, scores: torch.Tensor, process, pick: Pick,
-                target_run, row: int) -> tuple[int, list[int] | None]:
-    """Step 3 for row `row`: its proposal against the target's scores after the row's processors.
-    (the accepted count, and for a tree the accepted path's nodes)"""
-    if tree.is_chain:
-        return _accept(seq, n, len(tree), tree.q, _processed(process, scores, seq, n), pick), None
-    path = _accept_tree(seq, n, tree, _processed_tree(process, scores, seq, n, tree), pick, target_run, row)
-    return len(path), path
+                target_run, row: int) -> list[int]:
+    """Step 3 for row `row` (spec.accept): its proposal against the target's scores [N + 1, V]
+    after the row's processors. Writes the accepted path and the target's token after it to
+    seq[n:], keeps only that path in the target's cache, returns the path (its nodes; a chain's
+    first k)."""
+    scores = _processed(process, scores, seq, n, tree)
+    if pick.do_sample:
+        p = pick.probabilities(scores)
+        u = torch.rand(len(tree), device=seq.device, generator=pick.generator, dtype=p.dtype)
+        path, last = accept.sampled(tree, p, u)
+        token = sampling.sample(last, pick.generator)
+    else:
+        path, token = accept.greedy(tree, scores)
+    k = len(path)
+    seq[n:n + k] = tree.tokens[path]
+    seq[n + k] = token                                    # Mp's own token after the path
+    target_run.retain(row, n, path)
+    return path
 
 
 def _hidden_states(target_run, drafted: list[int], paths: list, emitted: list[int]) -> list[torch.Tensor]:
@@ -328,17 +381,13 @@ def _hidden_states(target_run, drafted: list[int], paths: list, emitted: list[in
     out = []
     for states, m, path, e in zip(target_run.hidden, drafted, paths, emitted):
         block = states[states.shape[0] - m - 1:]          # right-aligned, as the logits
-        out.append((block if path is None else block[[0] + [i + 1 for i in path]])[:e])
+        out.append(block[[0] + [i + 1 for i in path]][:e])
     return out
 
 
-def _processed(process, scores: torch.Tensor, seq: torch.Tensor, n: int) -> torch.Tensor:
-    """The target's scores after the row's processors (row i sees the prefix seq[:n + i])."""
-    return process(scores, seq, n) if process else scores
-
-
-def _processed_tree(process, scores: torch.Tensor, seq: torch.Tensor, n: int, tree) -> torch.Tensor:
-    """A tree's scores [N + 1, V] after the processors, each node's row seeing its own path."""
+def _processed(process, scores: torch.Tensor, seq: torch.Tensor, n: int, tree) -> torch.Tensor:
+    """A proposal's scores [N + 1, V] after the row's processors, each node's row seeing the
+    prefix its own path makes (a chain's row i: seq[:n + i])."""
     if not process:
         return scores
     out = scores.clone()
@@ -349,36 +398,3 @@ def _processed_tree(process, scores: torch.Tensor, seq: torch.Tensor, n: int, tr
         rows = [0] + [i + 1 for i in path]
         out[rows] = process(scores[rows], line, n)
     return out
-
-
-def _accept(seq: torch.Tensor, n: int, m: int, q: torch.Tensor | None, scores: torch.Tensor, pick: Pick) -> int:
-    """Algorithm 1's step 3 for one row (spec.accept): the m proposals at seq[n:n + m] against the
-    target's processed scores [m + 1, V]; writes the token after the kept prefix, returns its length."""
-    proposed = seq[n:n + m]
-    if pick.do_sample:
-        p = pick.probabilities(scores)
-        u = torch.rand(m, device=seq.device, generator=pick.generator, dtype=p.dtype)
-        k, last = accept.sampled(proposed, q, p, u)
-        seq[n + k] = sampling.sample(last, pick.generator)
-    else:
-        k, token = accept.greedy(proposed, scores)
-        seq[n + k] = token                                # Mp's own token after the prefix
-    return k
-
-
-def _accept_tree(seq: torch.Tensor, n: int, tree, scores: torch.Tensor, pick: Pick, target_run,
-                 row: int) -> list[int]:
-    """Step 3 for a tree (spec.accept.tree_*): writes the accepted path and the token after it to
-    seq[n:], keeps only that path in the target's cache, returns the path (its nodes)."""
-    if pick.do_sample:
-        p = pick.probabilities(scores)
-        u = torch.rand(len(tree), device=seq.device, generator=pick.generator, dtype=p.dtype)
-        path, last = accept.tree_sampled(tree, p, u)
-        token = sampling.sample(last, pick.generator)
-    else:
-        path, token = accept.tree_greedy(tree, scores)
-    k = len(path)
-    seq[n:n + k] = tree.tokens[path]
-    seq[n + k] = token
-    target_run.retain(row, n, path)
-    return path

@@ -35,19 +35,20 @@ class Pick:
 class ModelDraft:
     """A draft model (Mq) over its rows (a BatchRunner: spec.batch.Rows for a shared cache,
     spec.batch.EachRunner for one Runner per row, a single prompt included). Each step feeds every
-    live row what the draft has not seen and picks one token per row from the draft's logits, cut
+    live row what the draft has not seen and picks one token per row, by the row's own Pick
+    (greedy or sampled, so that q is what its token was drawn from), from the draft's logits, cut
     to the `width` ids both models share. Where the target can emit ids the draft cannot embed
     (`clamp`: pythia-12b's head is wider than pythia-410m's embedding), the draft is fed a
     stand-in, the last id it can embed: that changes only its guesses."""
 
-    def __init__(self, run, pick: Pick, prompt_lens: list[int], *, width: int, rows: int, clamp: bool):
-        self.run, self.pick = run, pick
+    def __init__(self, run, picks: list[Pick], prompt_lens: list[int], *, width: int, rows: int, clamp: bool):
+        self.run, self.picks = run, picks           # each row's Pick (rows: indices into the whole batch)
         # the target's processors, each row's min_new_tokens counted from its own prompt
-        self.processors = [pick.process.for_prompt(n) if pick.process else None for n in prompt_lens]
+        self.processors = [pick.process.for_prompt(n) if pick.process else None
+                           for pick, n in zip(picks, prompt_lens)]
         self.width, self.rows, self.clamp = width, rows, clamp
 
     def draft(self, seq: torch.Tensor, n: list[int], gs: list[int], live: list[int]):
-        pick = self.pick
         q: list[list[torch.Tensor]] = [[] for _ in live]
         for i in range(max(gs)):    # every row steps together; a row keeps only its first gs[j]
             feeds = [seq[b, length:n[b] + i] for b, length in zip(live, self.run.lengths)]
@@ -55,7 +56,7 @@ class ModelDraft:
                 feeds = [f.clamp(max=self.rows - 1) for f in feeds]
             logits = self.run(feeds, keep=1)[:, -1, :self.width]
             for j, b in enumerate(live):
-                row, process = logits[j], self.processors[b]
+                row, process, pick = logits[j], self.processors[b], self.picks[b]
                 if process:
                     row = process(row[None], seq[b], n[b] + i)[0]
                 if pick.do_sample:

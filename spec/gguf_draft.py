@@ -28,6 +28,7 @@ import torch
 
 from spec import batch, hf, llamaguard
 from spec.draft import ModelDraft, Pick
+from spec.tree import Tree
 
 INSTALL = 'pip install "spec[llama]"'
 N_CTX = 4096      # positions a draft may hold: prompt + new tokens + gamma
@@ -105,20 +106,21 @@ class GGUFDraft:
             raise
         self.run, self.pick = run, pick
         # the draft model's proposals, q and processors exactly as a PyTorch draft's: one ModelDraft
-        self.model = ModelDraft(batch.EachRunner([run]), pick, [pick.process.prompt_len], width=run.vocab,
+        self.model = ModelDraft(batch.EachRunner([run]), [pick], [pick.process.prompt_len], width=run.vocab,
                                 rows=run.vocab, clamp=False)
 
-    def draft(self, seq: torch.Tensor, n: int, g: int) -> tuple[int, torch.Tensor | None]:
+    needs: frozenset = frozenset()
+
+    def draft(self, seq: torch.Tensor, n: int, g: int) -> Tree:
         # One GGUFDraft serves many runs (it is a Drafter the caller made, not one spec.choose makes
         # per run): keep the cached prefix the new sequence shares, cut the rest out of the cache.
         held = min(len(self.run), n - 1)
         cached = torch.from_numpy(self.run.llm.input_ids[:held].astype(np.int64))
         differs = (cached != seq[:held].cpu()).nonzero()
         self.run.crop(int(differs[0]) if len(differs) else held)
-        chain = self.model.draft(seq[None], [n], [g], [0])[0]
-        return len(chain), chain.q
+        return self.model.draft(seq[None], [n], [g], [0])[0]
 
-    def observe(self, n: int, accepted: int) -> None:
+    def observe(self, n: int, accepted: int, hidden: torch.Tensor | None = None) -> None:
         self.model.observe([n], [accepted], [0])
 
     def __len__(self) -> int:

@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import torch
 
+from spec.protocols import DraftSource
+from spec.tree import Tree
 
-class PromptLookup:
+
+class PromptLookup(DraftSource):
     """Use as the draft: `speculative_generate(target, PromptLookup(), ids, gamma=...)`.
 
     gamma caps the tokens proposed a round; a round proposes fewer where the matched
@@ -38,18 +41,10 @@ class PromptLookup:
     def __repr__(self) -> str:
         return f"PromptLookup(max_ngram={self.max_ngram}, min_ngram={self.min_ngram})"
 
-    # A Drafter (spec.protocols): a deterministic source (q one-hot, returned as None) with no
-    # state, so nothing to roll back and no positions held.
-    def draft(self, seq: torch.Tensor, n: int, g: int) -> tuple[int, None]:
-        proposal = self.propose(seq[:n], g)
-        seq[n:n + len(proposal)] = torch.tensor(proposal, dtype=torch.long, device=seq.device)
-        return len(proposal), None
-
-    def observe(self, n: int, accepted: int) -> None:
-        pass
-
-    def __len__(self) -> int:
-        return 0
+    # A Drafter (spec.protocols.DraftSource): a deterministic source (q one-hot, given as None)
+    # with no state, so nothing to roll back and no positions held.
+    def draft(self, seq: torch.Tensor, n: int, g: int) -> Tree:
+        return Tree.chain(torch.tensor(self.propose(seq[:n], g), dtype=torch.long, device=seq.device))
 
     def propose(self, history: torch.Tensor, limit: int) -> list[int]:
         """Up to `limit` tokens to follow `history` (1-D ids: prompt and output so far).

@@ -52,6 +52,12 @@ class GammaMode(StrEnum):
         return self is GammaMode.AUTO
 
 
+class StopReason(StrEnum):
+    """Why a row stopped (Result.stop_reason)."""
+    MAX_NEW_TOKENS = "max_new_tokens"
+    EOS = "eos"
+
+
 class Verdict(StrEnum):
     """What a divergence between speculative and greedy output is (spec.diagnose)."""
     TIE = "tie"      # the target's top-2 gap at the first divergent position is within the dtype's noise

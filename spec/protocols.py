@@ -3,6 +3,7 @@ contracts every runner and every draft source keeps (spec.choose makes them)."""
 
 from __future__ import annotations
 
+import enum
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -29,31 +30,57 @@ class Runner(Protocol):
     def __len__(self) -> int: ...
 
 
+class Need(enum.Enum):
+    """What a draft source needs from the loop, declared in its `needs` (a frozenset of these)."""
+    TREES = "trees"         # its proposals branch: each row is verified on a runner of its own
+    HIDDEN = "hidden"       # it reads the target's last-layer hidden states (observe's `hidden`)
+
+
 @runtime_checkable
 class Drafter(Protocol):
-    """A source of draft tokens for speculative decoding.
+    """A source of draft tokens for speculative decoding, for one sequence.
 
-    `drafter.draft(seq, n, g)` proposes up to g tokens to follow the final tokens `seq[:n]`,
-    writes them to `seq[n:n + m]` and returns `(m, q)`: m <= g (0 is allowed: the round is then
-    one target step) and q [m, width], the distribution each proposal was drawn from, or None for
-    a deterministic source (q one-hot at each proposal; the acceptance rule stays exact for any
-    q). A source of several candidate continuations returns a spec.tree.Tree instead (no deeper
-    than g; nothing written to seq), which the target verifies in one pass; such a source sets
-    `makes_trees = True`, so that its rows get a runner each. `drafter.observe(n, accepted)` is
-    told after each round that `seq[:n]` is now final and that `accepted` of the proposals were
-    kept (a tree: the accepted path's length), so that a stateful source rolls back what was
-    rejected. A source that sets `needs_hidden = True` (an EAGLE- or Medusa-style head) is called
-    `observe(n, accepted, hidden)` instead: hidden [emitted, H], the target's last-layer hidden
-    states at the positions whose logits chose this round's emitted tokens (position n_before - 1
-    and the accepted proposals'; the last row is the one that chose seq[n - 1]). `len(drafter)` is the number of positions its state holds (0 for none; reported by
-    trace=True). Implementations: spec.draft.ModelDraft (a draft model over a Runner),
-    spec.lookup.PromptLookup, spec.treedraft.TreeDraft and LookupTree (trees)."""
+    `drafter.draft(seq, n, g)` proposes what may follow the final tokens `seq[:n]`: a
+    spec.tree.Tree no deeper than g (0 nodes is allowed: the round is then one target step), with
+    q, the distribution each node was drawn from, or None for a deterministic source (q one-hot
+    at each node; the acceptance rule stays exact for any q). The paper's gamma tokens in a row
+    are `Tree.chain(tokens, q)`; a source of several candidate continuations returns a branching
+    tree (and has Need.TREES in its `needs`), which the target verifies in one pass. seq[n:] is
+    the drafter's to write as it likes (the loop writes the accepted path there afterwards).
+    `drafter.observe(n, accepted, hidden)` is told after each round that `seq[:n]` is now final
+    and that `accepted` of the proposals were kept (a tree: the accepted path's length), so that
+    a stateful source rolls back what was rejected. hidden is None unless the source has
+    Need.HIDDEN (an EAGLE- or Medusa-style head): then [emitted, H], the target's last-layer
+    hidden states at the positions whose logits chose this round's emitted tokens (position
+    n_before - 1 and the accepted proposals'; the last row is the one that chose seq[n - 1]).
+    `len(drafter)` is the number of positions its state holds (0 for none; reported by
+    trace=True). `needs`: a frozenset of Need (empty for most sources). Implementations:
+    spec.lookup.PromptLookup, spec.gguf_draft.GGUFDraft, spec.treedraft.TreeDraft and LookupTree;
+    spec.protocols.DraftSource is a base with the defaults."""
 
-    def draft(self, seq: torch.Tensor, n: int, g: int) -> tuple[int, torch.Tensor | None] | Tree: ...
+    needs: frozenset[Need]
 
-    def observe(self, n: int, accepted: int) -> None: ...
+    def draft(self, seq: torch.Tensor, n: int, g: int) -> Tree: ...
+
+    def observe(self, n: int, accepted: int, hidden: torch.Tensor | None = None) -> None: ...
 
     def __len__(self) -> int: ...
+
+
+class DraftSource:
+    """A base for a Drafter: nothing needed, no state (nothing to roll back, no positions held).
+    A subclass writes `draft` and, where it keeps state, `observe` and `__len__`."""
+
+    needs: frozenset[Need] = frozenset()
+
+    def draft(self, seq: torch.Tensor, n: int, g: int) -> Tree:
+        raise NotImplementedError
+
+    def observe(self, n: int, accepted: int, hidden: torch.Tensor | None = None) -> None:
+        pass
+
+    def __len__(self) -> int:
+        return 0
 
 
 @runtime_checkable
@@ -106,7 +133,7 @@ class BatchDrafter(Protocol):
     after seq[b, :n[b]]; returns one spec.tree.Tree per live row (a chain's tokens are also
     written to seq[b, n[b]:], and Tree.tokens is a view of them). `observe(n, accepted, live,
     hidden)` hears each live row's final length and kept count (hidden: each live row's target
-    hidden states, given where the drafter needs_hidden, else None); `select(kept)` follows the batch when rows
+    hidden states, given where the drafter has Need.HIDDEN, else None); `select(kept)` follows the batch when rows
     leave (kept: indices into live). Implementations: spec.draft.ModelDraft (a draft model over a
     BatchRunner), spec.batch.EachRow (one model-free Drafter per row), spec.draft.NoDraft (plain
     decoding)."""

@@ -32,18 +32,17 @@ is refused with the reason, before any decoding.
 from __future__ import annotations
 
 import copy
-import re
-import weakref
 from typing import Any, Callable
 
 import torch
 from transformers import PreTrainedModel
 
 from spec import hf
+from spec import probe as probing
 from spec.options import RunnerPath
 from spec.protocols import Runner
 from spec.tree import Tree, layout
-from spec.positions import choose as choose_positions, counted_pad, cross_length, mask_len, position_ids
+from spec.positions import choose as choose_positions, cross_length, mask_len, position_ids
 
 
 class UnsupportedModelError(ValueError):
@@ -124,22 +123,13 @@ class KVRunner(_Runner):
         self.held = self.held[kept.to(self.held.device)]
 
 
-# Each model's tree verdict, keyed weakly: ((dtype, device), None or why its forward cannot take a
-# tree mask in one pass; its trees are then verified branch by branch, exact all the same).
-_TREE_VERDICTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def tree_support(model) -> str | None:
     """Why `model` cannot score a tree in one pass (spec.tree.layout's mask and positions on a
     DynamicCache, then the accepted path kept), or None where it can: checked by behaviour
     against its own cache-free forward on every path of a probe tree (past any sliding window,
-    which a custom mask would bypass), then a pass after the path was kept."""
-    key = (str(_dtype(model)), str(next(model.parameters()).device))
-    known = _TREE_VERDICTS.get(model)
-    if known is None or known[0] != key:
-        with torch.inference_mode():
-            known = _TREE_VERDICTS[model] = (key, _tree_probe(model))
-    return known[1]
+    which a custom mask would bypass), then a pass after the path was kept. Probed once per
+    model, dtype and device (spec.probe)."""
+    return probing.once(model, "trees", _tree_probe)
 
 
 def _tree_probe(model) -> str | None:
@@ -147,10 +137,10 @@ def _tree_probe(model) -> str | None:
         return "it is not a transformers model"
     if not hf.takes_batch_masks(model):
         return "its forward takes no attention mask and position ids"
-    tol = PROBE_TOLERANCE.get(_dtype(model), 5e-2)
+    tol = probing.tolerance(model)
     device = next(model.parameters()).device
-    L = max(probe_length(model), 12)
-    ids = _probe_ids(model, L, device)
+    L = max(probing.probe_length(model), 12)
+    ids = probing.ids(model, L, device)
     P = L - 4                                              # the sequence; the root is ids[P - 1]
     other = (ids[P:P + 3] + 1) % hf.vocab_rows(model)
     # nodes 0-1-2 follow the sequence's own continuation; 3 a sibling of 0 with a child 4; 5 a sibling of 1
@@ -162,13 +152,13 @@ def _tree_probe(model) -> str | None:
         for node in [-1] + list(range(len(tree))):
             path = tree.path(node) if node >= 0 else []
             want = hf.authors_forward(model, torch.cat([ids[:P], tree.tokens[path]]))[-1]
-            if not _close(got[node + 1], want, tol):
+            if not probing.close(got[node + 1], want, tol):
                 return f"in one pass under a tree mask, node {node}'s logits differ from its path's own forward"
         if not hf.regatherable(run.cache):
             return "its cache is not made of full attention layers that a tree's path can be kept in"
         run.retain(P, [0, 1])
         got = run(ids[P + 2:P + 4], keep=2)
-        if not _close(got, hf.authors_forward(model, ids[:P + 4])[-2:], tol):
+        if not probing.close(got, hf.authors_forward(model, ids[:P + 4])[-2:], tol):
             return "after a tree's path was kept, the next pass differs from the cache-free forward"
     except Exception as e:  # noqa: BLE001 - a forward that fails on a tree is a reason to verify branch by branch
         return f"its forward fails on a tree mask ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
@@ -263,77 +253,16 @@ class RecomputeRunner(_Runner):
 RUNNERS: dict[str, Callable[[Any, str], Runner]] = {r.path: r for r in (KVRunner, SnapshotRunner,
                                                                         StepwiseSnapshotRunner, RecomputeRunner)}
 
-# How far a runner's logits may stray from the cache-free forward's, relative to the
-# largest logit. Rounding alone, measured on tiny random models (CPU): up to 3e-7 in fp32
-# and 2e-8 in fp64 for most families, 1e-2 in bf16 (docs/FACTS.md); but some families compute parts in fp32
-# whatever the weights, and Qwen3-Next's gated delta rule (fp32 inside, a chunked kernel for
-# a block and a recurrent one for a step) strays 1.0e-6 in fp64 where a crop restores a
-# state part-way along and re-feeds on top of it (1.4e-6 stepwise). Real faults measured the
-# same way: a cache that is ignored 3e-3, a multi-token pass that drops the recurrent state
-# (Mamba) 3e-4. Half precision cannot tell faults that small from its own rounding; there
-# the probe catches the gross ones.
-PROBE_TOLERANCE = {torch.float64: 5e-6, torch.float32: 1e-5, torch.bfloat16: 5e-2, torch.float16: 2e-2}
-
-
-def _dtype(model) -> torch.dtype:
-    return next(model.parameters()).dtype
-
-
-# Config fields past which a model's attention changes what it looks at: sliding windows,
-# and the key budget of indexer-selected sparse attention (DeepSeek's DSA: index_topk). The
-# probe must run longer than these to see a rollback or a block pass cross them.
-_REACH = re.compile(r"(window|topk)", re.I)
-PROBE_MAX = 64
-
-
-def _reach_fields(cfg) -> dict[str, int]:
-    return {k: v for k, v in vars(cfg).items()
-            if _REACH.search(k) and isinstance(v, int) and not isinstance(v, bool) and v > 0
-            and not k.startswith(("num_experts", "moe_", "topk_group", "n_group", "norm_topk"))}
-
-
-def probe_length(model) -> int:
-    """Past every window-like reach of the model (sliding window, sparse top-k), at most PROBE_MAX."""
-    cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
-    reach = max(_reach_fields(cfg).values(), default=0)
-    length = max(12, reach + 6) if reach + 6 <= PROBE_MAX else 12
-    limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
-    return min(length, limit) if isinstance(limit, int) and limit >= 4 else length
-
-
 def unprobed_reach(model) -> str | None:
     """Indexer-selected sparse attention (DeepSeek's DSA: index_topk and kin) is refused: a block
     pass and one-token steps may select different keys, and on tiny models transformers' own
     cached greedy already disagrees with its cache-free forward past the key budget."""
-    cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
-    sparse = {k: v for k, v in _reach_fields(cfg).items() if "topk" in k.lower()}
+    sparse = {k: v for k, v in probing.reach_fields(probing.text_config(model)).items() if "topk" in k.lower()}
     if sparse:
         k, v = next(iter(sparse.items()))
         return (f"its attention selects keys per pass ({k}={v}): a verify pass may select other keys than "
                 f"one-token steps once the sequence passes {v}, so the output is not guaranteed to be greedy's")
     return None
-
-
-def _probe_ids(model, length: int, device) -> torch.Tensor:
-    """Seeded random ids; with a pad token in the middle for a model that counts positions by
-    skipping pad tokens (RoBERTa's family, spec.positions), so that its counting is checked
-    across one."""
-    gen = torch.Generator().manual_seed(1234)
-    rows = hf.vocab_rows(model)
-    ids = torch.randint(0, rows, (length,), generator=gen)
-    pad = counted_pad(model)
-    if pad is not None and 0 <= pad < rows:
-        ids[length // 2] = pad
-    return ids.to(device)
-
-
-def _close(a: torch.Tensor, b: torch.Tensor, tol: float) -> bool:
-    if a.shape != b.shape:
-        return False
-    a, b = a.double(), b.double()
-    diff = torch.where(a == b, 0.0, (a - b).abs())      # equal infinities (masked logits) agree
-    scale = b[b.isfinite()].abs().max() if b.isfinite().any() else b.new_tensor(0.0)
-    return bool(diff.max() <= tol * (1.0 + scale))
 
 
 def _replay(runner, ids: torch.Tensor, full: torch.Tensor, tol: float) -> str | None:
@@ -348,7 +277,7 @@ def _replay(runner, ids: torch.Tensor, full: torch.Tensor, tol: float) -> str | 
             continue
         start = len(runner)
         got = runner(ids[start:pos], keep=pos - start)
-        if not _close(got, full[start:pos], tol):
+        if not probing.close(got, full[start:pos], tol):
             return f"logits of positions {start}..{pos - 1} differ from the cache-free forward's"
     return None
 
@@ -359,7 +288,7 @@ def causal_check(model, ids: torch.Tensor, full: torch.Tensor, tol: float) -> st
     changed = ids.clone()
     changed[-3:] = (changed[-3:] + 1) % hf.vocab_rows(model)
     other = hf.authors_forward(model, changed)
-    if not _close(other[:-3], full[:-3], tol):
+    if not probing.close(other[:-3], full[:-3], tol):
         return "its forward is not causal: logits of a position change with later tokens"
     return None
 
@@ -368,7 +297,7 @@ def _causal_past_chunks(model, ids: torch.Tensor, tol: float) -> str | None:
     """The causal check again over a longer, prime length (spec.positions.cross_length): attention
     that sorts or chunks the sequence (Reformer's LSH layers) can be causal within one chunk and
     not across several."""
-    longer = _probe_ids(model, cross_length(model), ids.device)
+    longer = probing.ids(model, cross_length(model), ids.device)
     if longer.numel() <= ids.numel():
         return None
     try:
@@ -382,40 +311,17 @@ def _causal_past_chunks(model, ids: torch.Tensor, tol: float) -> str | None:
     # how long the whole is (Reformer pads to a multiple of its chunk length, and its LSH layers
     # then chunk the padded sequence).
     for n in sorted({ids.numel(), longer.numel() // 2, longer.numel() - 3}):
-        if not _close(hf.authors_forward(model, longer[:n]), full[:n], tol):
+        if not probing.close(hf.authors_forward(model, longer[:n]), full[:n], tol):
             return (f"its forward is not prefix-stable: logits of the first {n} positions change when "
                     f"{longer.numel() - n} more tokens follow")
     return None
 
 
-# Each model's verdict, keyed weakly (nothing is stored on the user's model): ((dtype, device),
-# (path, positions)) or ((dtype, device), the UnsupportedModelError to raise again).
-_VERDICTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def forget(model) -> None:
-    """Drop the memoised verdict on `model`, so that the next call probes it again."""
-    _VERDICTS.pop(model, None)
-
-
 def verdict(model) -> tuple[str, str]:
     """(runner path, positions mode) that reproduce `model`'s own forward, called as its
     authors call it (spec.positions); raises UnsupportedModelError with each candidate's
-    failure when none does. Probed once per model, dtype and device."""
-    key = (str(_dtype(model)), str(next(model.parameters()).device))
-    known = _VERDICTS.get(model)
-    if known is not None and known[0] == key:
-        if isinstance(known[1], Exception):
-            raise known[1]
-        return known[1]
-    try:
-        with torch.inference_mode():
-            found = _probe(model)
-    except UnsupportedModelError as error:
-        _VERDICTS[model] = (key, error)
-        raise
-    _VERDICTS[model] = (key, found)
-    return found
+    failure when none does. Probed once per model, dtype and device (spec.probe)."""
+    return probing.once(model, "path", _probe, remember=(UnsupportedModelError,))
 
 
 def probe(model) -> str:
@@ -424,12 +330,12 @@ def probe(model) -> str:
 
 
 def _probe(model) -> tuple[str, str]:
-    tol = PROBE_TOLERANCE.get(_dtype(model), 5e-2)
+    tol = probing.tolerance(model)
     if (why := unprobed_reach(model)) is not None:
         raise _refusal(model, why, runs_uncached=True)
     if (why := unsupported_head(model)) is not None:
         raise _refusal(model, why, runs_uncached=False)
-    ids = _probe_ids(model, probe_length(model), next(model.parameters()).device)
+    ids = probing.ids(model, probing.probe_length(model), next(model.parameters()).device)
     reasons = []
     try:
         full = hf.authors_forward(model, ids)
@@ -437,7 +343,7 @@ def _probe(model) -> tuple[str, str]:
         raise _refusal(model, f"its cache-free forward fails ({type(e).__name__}: {e})", runs_uncached=False) from None
     reason = nondeterministic(model, tol) or causal_check(model, ids, full, tol) or _causal_past_chunks(model, ids, tol)
     if reason is None:
-        positions = choose_positions(model, ids, full, lambda a, b: _close(a, b, tol))
+        positions = choose_positions(model, ids, full, lambda a, b: probing.close(a, b, tol))
         for path, cls in RUNNERS.items():
             if path is RunnerPath.KV_CACHE and hf.cache_kwarg(model) not in ("cache", "past_key_values"):
                 reasons.append(f"{path}: the forward takes no attention cache")
@@ -458,8 +364,8 @@ def nondeterministic(model, tol: float) -> str | None:
     with random hashing, dropout left on in training mode) cannot be reproduced by any decoder.
     Checked on PROBE_MAX tokens (within the model's position table, as cross_length): some randomness shows only
     on sequences longer than what one query attends to (LSH buckets over chunks)."""
-    ids = _probe_ids(model, min(PROBE_MAX, cross_length(model)), next(model.parameters()).device)
-    if not _close(hf.authors_forward(model, ids), hf.authors_forward(model, ids), tol):
+    ids = probing.ids(model, min(probing.PROBE_MAX, cross_length(model)), next(model.parameters()).device)
+    if not probing.close(hf.authors_forward(model, ids), hf.authors_forward(model, ids), tol):
         return ("its forward is not deterministic: two calls on the same ids give different logits (random "
                 "hashing, or dropout in training mode: call model.eval()), so no decoder can reproduce it")
     return None

@@ -17,7 +17,7 @@ import torch
 
 from spec import choose, hf
 from spec.lookup import PromptLookup
-from spec.protocols import Runner
+from spec.protocols import DraftSource, Need, Runner
 from spec.tree import Tree, score
 
 
@@ -27,13 +27,13 @@ def _count(name: str, value, low: int = 1) -> int:
     return value
 
 
-class TreeDraft:
+class TreeDraft(DraftSource):
     """Use as the draft: `speculative_generate(target, TreeDraft(draft_model), ids, gamma=4)`.
     gamma is the tree's depth; branches the width of each level; nodes the most nodes a round
     (the target scores nodes + 1 positions in its pass). branches=1 drafts the chain a draft
     model would."""
 
-    makes_trees = True
+    needs = frozenset({Need.TREES})
 
     def __init__(self, model, branches: int = 2, nodes: int = 8):
         self.model = model
@@ -98,7 +98,7 @@ class TreeDraft:
         run.crop(end)
         return Tree(torch.tensor(tokens, dtype=torch.long, device=seq.device), tuple(parents))
 
-    def observe(self, n: int, accepted: int) -> None:
+    def observe(self, n: int, accepted: int, hidden: torch.Tensor | None = None) -> None:
         if self.run is not None:
             self.run.crop(n - 1)            # all but the newest token, fed next round
 
@@ -106,12 +106,12 @@ class TreeDraft:
         return 0 if self.run is None else len(self.run)
 
 
-class LookupTree:
+class LookupTree(DraftSource):
     """Prompt lookup with branches: the continuations of up to `branches` earlier occurrences of
     the sequence's last n tokens (the most recent first; longest n first, as PromptLookup), merged
     into a tree where they share a prefix, at most `nodes` nodes and gamma deep."""
 
-    makes_trees = True
+    needs = frozenset({Need.TREES})
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 2, branches: int = 3, nodes: int = 16):
         self.lookup = PromptLookup(max_ngram, min_ngram)
@@ -148,13 +148,6 @@ class LookupTree:
             if hits:
                 return [_repeat(history[hit + k:].tolist(), limit) for hit in reversed(hits[-self.branches:])]
         return []
-
-    def observe(self, n: int, accepted: int) -> None:
-        pass
-
-    def __len__(self) -> int:
-        return 0
-
 
 def _repeat(known: list[int], limit: int) -> list[int]:
     """The continuation `known` extended to `limit` tokens by repeating it (PromptLookup's loop rule)."""

@@ -18,6 +18,7 @@ from spec.conformance import llamacpp
 from spec.conformance import kit
 from spec.conformance.stats import goodness_of_fit, reference_probabilities
 from spec.draft import Pick
+from spec.tree import Tree
 from spec.models import perturbed_copy
 
 pytestmark = pytest.mark.skipif(llamacpp.available() is not None, reason=str(llamacpp.available()))
@@ -51,12 +52,14 @@ class Recording:
         import llama_cpp
         self.inner, self.rounds, self.cache_after_observe, self._llama_cpp = inner, [], [], llama_cpp
 
-    def draft(self, seq, n, g):
-        m, q = self.inner.draft(seq, n, g)
-        self.rounds.append((seq[:n].tolist(), seq[n:n + m].tolist()))
-        return m, q
+    needs = frozenset()
 
-    def observe(self, n, accepted):
+    def draft(self, seq, n, g):
+        chain = self.inner.draft(seq, n, g)
+        self.rounds.append((seq[:n].tolist(), chain.tokens.tolist()))
+        return chain
+
+    def observe(self, n, accepted, hidden=None):
         self.inner.observe(n, accepted)
         memory = self.inner.run.llm._ctx.memory
         self.cache_after_observe.append((n, len(self.inner),
@@ -189,14 +192,16 @@ class SkewedQ:
     def __init__(self, inner):
         self.inner = inner
 
-    def draft(self, seq, n, g):
-        m, q = self.inner.draft(seq, n, g)
-        if q is None:   # nothing drafted
-            return m, q
-        flat = q.clamp_min(1e-30).log().div(4).softmax(-1) * (q > 0)
-        return m, flat / flat.sum(-1, keepdim=True)
+    needs = frozenset()
 
-    def observe(self, n, accepted):
+    def draft(self, seq, n, g):
+        chain = self.inner.draft(seq, n, g)
+        if chain.q is None:   # nothing drafted
+            return chain
+        flat = chain.q.clamp_min(1e-30).log().div(4).softmax(-1) * (chain.q > 0)
+        return Tree.chain(chain.tokens, flat / flat.sum(-1, keepdim=True))
+
+    def observe(self, n, accepted, hidden=None):
         self.inner.observe(n, accepted)
 
     def __len__(self):

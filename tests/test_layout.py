@@ -165,11 +165,15 @@ def test_the_protocols_exist_and_every_runner_and_drafter_keeps_them():
     # every drafter keeps the protocol, the built-in ones and any added as docs/DEVELOPING.md says (a new
     # spec/lastseen.py must not break this test): each is found, and its class has the protocol's methods
     import importlib
-    drafters = _classes_with(DRAFTER_METHODS)
+    # (a class with a `draft` method; the rest may come from a base such as spec.protocols.DraftSource)
+    drafters = _classes_with({"draft"})
     assert {"ModelDraft", "PromptLookup", "EachRow", "NoDraft", "GGUFDraft", "TreeDraft", "LookupTree"} <= set(drafters)
     for name, module in drafters.items():
         cls = getattr(importlib.import_module(f"spec.{module}"), name)
         assert DRAFTER_METHODS <= set(dir(cls)), name
+        if name not in ("ModelDraft", "EachRow", "NoDraft"):        # the single-row protocol declares its needs
+            assert isinstance(getattr(cls, "needs", None), frozenset) and \
+                all(isinstance(need, protocols.Need) for need in cls.needs), name
     # the loop's forms keep the batched protocols: one loop runs every prompt count
     for proto, classes in ((protocols.BatchRunner, (batch.Rows, batch.EachRunner)),
                            (protocols.BatchDrafter, (draft.ModelDraft, batch.EachRow, draft.NoDraft))):
@@ -178,7 +182,7 @@ def test_the_protocols_exist_and_every_runner_and_drafter_keeps_them():
             assert {m for m in vars(proto) if not m.startswith("_") or m in ("__call__", "__len__")} - {"lengths"} \
                 <= set(dir(cls)), cls.__name__
     assert isinstance(lookup.PromptLookup(), protocols.Drafter)
-    assert isinstance(draft.ModelDraft(batch.EachRunner([runner.RecomputeRunner(torch.nn.Linear(1, 1))]), draft.Pick(),
+    assert isinstance(draft.ModelDraft(batch.EachRunner([runner.RecomputeRunner(torch.nn.Linear(1, 1))]), [draft.Pick()],
                                        [1], width=1, rows=1, clamp=False), protocols.BatchDrafter)
 
 
@@ -225,7 +229,7 @@ def test_the_construction_finder_finds_a_construction():
 
 
 def test_nothing_is_stored_on_a_users_model():
-    """Memo tables are keyed weakly (spec.runner._VERDICTS, hf.COMPILED_STEPS): no `_spec_*`
+    """Memo tables are keyed weakly (spec.probe._MEMO, hf.COMPILED_STEPS): no `_spec_*`
     attribute is written, by assignment or setattr, anywhere in spec/."""
     writes = []
     for module, tree in _modules().items():

@@ -10,6 +10,7 @@ import torch
 from oracles import assert_logits_close
 
 from spec import accept
+from spec.tree import Tree
 
 NEG = -1e9  # a logit no argmax picks
 
@@ -20,6 +21,20 @@ def _logits(argmaxes: list[int], vocab: int = 5) -> torch.Tensor:
     for i, a in enumerate(argmaxes):
         rows[i, a] = 1.0
     return rows
+
+
+def _greedy(proposed, logits):
+    """The acceptance rule's greedy entry on the chain of `proposed`: (k, the token after)."""
+    path, token = accept.greedy(Tree.chain(proposed), logits)
+    assert path == list(range(len(path)))
+    return len(path), token
+
+
+def _sampled(proposed, q, p, u):
+    """Its sampled entry on the chain of `proposed` drawn from q: (k, the next token's law)."""
+    path, law = accept.sampled(Tree.chain(proposed, q), p, u)
+    assert path == list(range(len(path)))
+    return len(path), law
 
 
 # proposals, the target's argmax at each of the g + 1 positions -> accepted, next token
@@ -35,14 +50,14 @@ GREEDY_TABLE = [
 
 @pytest.mark.parametrize("proposed, argmaxes, k, token", GREEDY_TABLE)
 def test_greedy_table(proposed, argmaxes, k, token):
-    got_k, got_token = accept.greedy(torch.tensor(proposed, dtype=torch.long), _logits(argmaxes))
+    got_k, got_token = _greedy(torch.tensor(proposed, dtype=torch.long), _logits(argmaxes))
     assert (got_k, int(got_token)) == (k, token)
 
 
 def test_greedy_takes_the_first_of_tied_logits_as_argmax_does():
     logits = torch.tensor([[0.0, 2.0, 2.0], [5.0, 1.0, 5.0]])
-    assert accept.greedy(torch.tensor([2]), logits)[0] == 0            # torch.argmax picks id 1, not 2
-    k, token = accept.greedy(torch.tensor([1]), logits)
+    assert _greedy(torch.tensor([2]), logits)[0] == 0            # torch.argmax picks id 1, not 2
+    k, token = _greedy(torch.tensor([1]), logits)
     assert (k, int(token)) == (1, 0)
 
 
@@ -66,13 +81,13 @@ SAMPLING_TABLE = [
 
 @pytest.mark.parametrize("proposed, u, k, law", SAMPLING_TABLE)
 def test_sampling_table(proposed, u, k, law):
-    got_k, got = accept.sampled(torch.tensor(proposed), Q, P, torch.tensor(u, dtype=torch.float64))
+    got_k, got = _sampled(torch.tensor(proposed), Q, P, torch.tensor(u, dtype=torch.float64))
     assert got_k == k
     assert_logits_close(got, torch.tensor(law, dtype=torch.float64))
 
 
 def test_sampling_with_nothing_drafted_draws_from_the_first_row():
-    k, law = accept.sampled(torch.tensor([], dtype=torch.long), None, P, torch.tensor([], dtype=torch.float64))
+    k, law = _sampled(torch.tensor([], dtype=torch.long), None, P, torch.tensor([], dtype=torch.float64))
     assert k == 0 and torch.equal(law, P[0])
 
 
@@ -80,9 +95,9 @@ def test_a_deterministic_draft_is_kept_with_probability_p_and_else_p_without_it(
     """q=None: one-hot at each proposal (prompt lookup). x kept iff u < p(x); on rejection the
     next token is drawn from p with x removed."""
     proposed = torch.tensor([1, 2])
-    k, law = accept.sampled(proposed, None, P, torch.tensor([0.49, 0.49], dtype=torch.float64))
+    k, law = _sampled(proposed, None, P, torch.tensor([0.49, 0.49], dtype=torch.float64))
     assert k == 2 and torch.equal(law, P[2])
-    k, law = accept.sampled(proposed, None, P, torch.tensor([0.49, 0.5], dtype=torch.float64))
+    k, law = _sampled(proposed, None, P, torch.tensor([0.49, 0.5], dtype=torch.float64))
     assert k == 1
     assert_logits_close(law, torch.tensor([0.4, 0.6, 0.0], dtype=torch.float64))
 
@@ -91,9 +106,9 @@ def test_a_deterministic_draft_may_propose_any_id_of_the_vocabulary():
     """q=None: the one-hot is as wide as the vocabulary (p's last dimension), not the g + 1 rows:
     a proposal past g is kept or removed like any other."""
     p = torch.tensor([[0.1, 0.0, 0.0, 0.0, 0.4, 0.5], [0.0, 1.0, 0.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
-    k, law = accept.sampled(torch.tensor([5]), None, p, torch.tensor([0.4], dtype=torch.float64))
+    k, law = _sampled(torch.tensor([5]), None, p, torch.tensor([0.4], dtype=torch.float64))
     assert k == 1 and torch.equal(law, p[1])
-    k, law = accept.sampled(torch.tensor([5]), None, p, torch.tensor([0.5], dtype=torch.float64))
+    k, law = _sampled(torch.tensor([5]), None, p, torch.tensor([0.5], dtype=torch.float64))
     assert k == 0
     assert_logits_close(law, torch.tensor([0.2, 0, 0, 0, 0.8, 0], dtype=torch.float64))
 
@@ -102,7 +117,7 @@ def test_a_draft_distribution_narrower_than_the_target_counts_as_zero_beyond_it(
     """A draft head narrower than the target's (Pythia's padded embeddings): q is zero past its width."""
     p = torch.tensor([[0.2, 0.2, 0.6], [0.0, 0.0, 1.0]], dtype=torch.float64)
     q = torch.tensor([[0.5, 0.5]], dtype=torch.float64)
-    k, law = accept.sampled(torch.tensor([0]), q, p, torch.tensor([0.5], dtype=torch.float64))  # 0.25 >= 0.2
+    k, law = _sampled(torch.tensor([0]), q, p, torch.tensor([0.5], dtype=torch.float64))  # 0.25 >= 0.2
     assert k == 0
     assert_logits_close(law, torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64))
 
@@ -119,7 +134,7 @@ def _law_of_one_round(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         for u, weight in ((r / 2, r), ((1 + r) / 2, 1 - r)):
             if weight == 0:
                 continue
-            k, nxt = accept.sampled(torch.tensor([x]), q, p, torch.tensor([u], dtype=p.dtype))
+            k, nxt = _sampled(torch.tensor([x]), q, p, torch.tensor([u], dtype=p.dtype))
             law += q[0, x] * weight * (torch.nn.functional.one_hot(torch.tensor(x), p.shape[-1]).to(p.dtype)
                                        if k == 1 else nxt)
     return law

@@ -313,6 +313,69 @@ def test_row_sampling_check_rejects_rows_given_each_others_draft_laws(monkeypatc
     assert any(fit.rejects(ALPHA) for fit in fits), [str(f) for f in fits]
 
 
+# A server's batch: greedy and sampled requests side by side, each with its own options.
+MIXED = [dict(do_sample=False), dict(temperature=1.4, top_k=4), dict(do_sample=False, repetition_penalty=1.3), {}]
+
+
+def _mixed_rows(target, draft, n: int, seed: int):
+    """n batches of BATCH_PROMPTS with per_row=MIXED (sampling by default, one shared generator):
+    each row's first two tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = [[] for _ in BATCH_PROMPTS]
+    for _ in range(n):
+        for b, r in enumerate(speculative_generate(target, draft, BATCH_PROMPTS, gamma=2, max_new_tokens=2,
+                                                   do_sample=True, generator=gen, per_row=MIXED)):
+            rows[b].append(tuple(r.tokens))
+    return rows
+
+
+def _mixed_verdict(target, rows) -> list[str]:
+    """What is wrong with the rows of _mixed_rows: a greedy row other than its solo greedy run, or
+    a sampled row whose joint law of two tokens is rejected at ALPHA. Empty when each row is exact."""
+    wrong = []
+    for prompt, options, samples in zip(BATCH_PROMPTS, MIXED, rows):
+        if options.get("do_sample", True) is False:
+            want = tuple(greedy_generate(target, prompt, max_new_tokens=2, **options).tokens)
+            if set(samples) != {want}:
+                wrong.append(f"greedy row {prompt}: {sorted(set(samples))} != solo greedy {want}")
+        else:
+            fit = _joint_fit(Oracle(target, **options), prompt, samples, 6)
+            if fit.df < 1 or fit.rejects(ALPHA):
+                wrong.append(str(fit))
+    return wrong
+
+
+def test_a_batch_mixing_greedy_and_sampled_rows_is_exact_per_row():
+    """per_row: greedy rows (one with a repetition penalty) among sampled rows (one with its own
+    temperature and top-k), in one batch with one generator: each greedy row is its solo greedy
+    output every time, each sampled row follows its own options' law (chi-square at 0.001)."""
+    target, draft = _neox_pair()
+    rows = _mixed_rows(target, draft, 600, seed=63)
+    assert not _mixed_verdict(target, rows)
+
+
+def test_mixed_rows_check_rejects_a_batch_that_applies_the_calls_options_to_every_row(monkeypatch):
+    """Negative control: per_row ignored (every row sampled at the call's options) is caught."""
+    from spec import decode
+    real = decode.picks_for
+    monkeypatch.setattr(decode, "picks_for", lambda options, per_row, *rest: real(options, None, *rest))
+    target, draft = _neox_pair()
+    wrong = _mixed_verdict(target, _mixed_rows(target, draft, 300, seed=64))
+    assert len(wrong) >= 3, wrong          # both greedy rows and the row with its own warpers
+
+
+def test_per_row_options_are_checked_and_named_by_row(target):
+    with pytest.raises(ValueError, match=r"per_row must be a list of 2 dicts"):
+        greedy_generate(target, [[1, 2], [3]], max_new_tokens=2, per_row=[{}])
+    with pytest.raises(ValueError, match=r"per_row\[1\]: 'beams' is not a row's option"):
+        greedy_generate(target, [[1, 2], [3]], max_new_tokens=2, per_row=[{}, dict(beams=2)])
+    with pytest.raises(ValueError, match=r"per_row\[0\]: temperature must be a number > 0"):
+        speculative_generate(target, PromptLookup(), [[1, 2], [3]], max_new_tokens=2,
+                             per_row=[dict(temperature=0), {}])
+    with pytest.raises(ValueError, match=r"per_row\[1\]: do_sample must be True or False"):
+        greedy_generate(target, [[1, 2], [3]], max_new_tokens=2, per_row=[{}, dict(do_sample="yes")])
+
+
 def test_processors_count_from_each_rows_own_prompt(target, fp64_partial_draft):
     """repetition_penalty and min_new_tokens in a batch: each row equals its solo run, min_new_tokens
     counted from that row's own prompt (rows of different lengths)."""
@@ -332,11 +395,13 @@ def test_processors_count_from_each_rows_own_prompt(target, fp64_partial_draft):
 class _Remembers:
     """A stateful model-free drafter: proposes nothing, remembers the final lengths it was told."""
 
+    needs = frozenset()
+
     def __init__(self):
         self.seen = 0
 
     def draft(self, seq, n, g):
-        return 0, None
+        return Tree.chain(seq[n:n])
 
     def observe(self, n, accepted):
         self.seen = n

@@ -10,6 +10,7 @@ import torch
 
 from spec import greedy_generate, speculative_generate
 from spec.protocols import Drafter
+from spec.tree import Tree
 
 PROMPT = [5, 9, 13, 2, 7, 11]
 
@@ -22,13 +23,14 @@ class Oracle:
         self.P, self.tokens, self.cap, self.wrong = prompt_len, continuation, cap, wrong
         self.observed = []
 
-    def draft(self, seq: torch.Tensor, n: int, g: int) -> tuple[int, None]:
+    needs: frozenset = frozenset()
+
+    def draft(self, seq: torch.Tensor, n: int, g: int) -> Tree:
         at = n - self.P
         out = self.tokens[at:at + min(g, self.cap)]
         if self.wrong is not None and at <= self.wrong < at + len(out):
             out = out[:self.wrong - at] + [(out[self.wrong - at] + 1) % 100]
-        seq[n:n + len(out)] = torch.tensor(out, dtype=torch.long, device=seq.device)
-        return len(out), None
+        return Tree.chain(torch.tensor(out, dtype=torch.long, device=seq.device))
 
     def observe(self, n: int, accepted: int) -> None:
         self.observed.append((n, accepted))
@@ -104,6 +106,8 @@ def test_a_torch_module_that_keeps_the_drafter_protocol_is_a_drafter(target):
     from spec import PromptLookup, choose
 
     class ModuleDrafter(torch.nn.Module):
+        needs = frozenset()
+
         def __init__(self):
             super().__init__()
             self.lookup, self.calls = PromptLookup(min_ngram=1), 0

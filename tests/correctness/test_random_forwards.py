@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, ReformerConfig, ReformerModelWithLMHead
 
-from spec import greedy_generate, runner
+from spec import greedy_generate, probe, runner
 from spec.runner import UnsupportedModelError
 
 def reformer(layers: tuple[str, ...], chunk: int, hash_seed: int | None, seed: int = 0):
@@ -51,6 +51,6 @@ def test_a_model_left_in_training_mode_with_dropout_is_refused_naming_eval():
     model.train()
     with pytest.raises(UnsupportedModelError, match=r"call model\.eval\(\)"):
         greedy_generate(model, [5, 6, 7], max_new_tokens=2)
-    runner.forget(model)
+    probe.forget(model)
     assert greedy_generate(model.eval(), [5, 6, 7], max_new_tokens=2).tokens == authors_greedy(
         model, torch.tensor([5, 6, 7]), 2)

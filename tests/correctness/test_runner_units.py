@@ -22,7 +22,8 @@ import pytest
 import torch
 from oracles import relative_tolerance
 
-from spec import hf, runner
+from spec import hf, probe, runner
+from spec.positions import counted_pad
 from spec.runner import UnsupportedModelError
 
 # How far a runner's logits may stray from the forward's, relative to 1 + the largest logit. The
@@ -126,7 +127,7 @@ def test_counted_positions_stay_exact_across_a_pad_and_a_crop(roberta, cls):
     """RoBERTa counts positions from padding_idx + 1 over the whole sequence and gives a pad its
     own; the runner recounts over every id it holds, the ones before a crop included, and passes
     an attention mask (positions that step back at the pad read as a new packed sequence without)."""
-    pad = runner.counted_pad(roberta)
+    pad = counted_pad(roberta)
     ids = _ids(16, pad=pad)
     full = hf.authors_forward(roberta, ids)
     _drive(cls(roberta, "counted"), ids, full, SCHEDULE + [("crop", 0, None), ("feed", 16, 0)])  # the pad in a first pass
@@ -212,7 +213,7 @@ def test_recompute_runner_runs_the_whole_sequence_each_pass(gpt, fed):
                                                 ("roberta", ("kv-cache", "counted"))])
 def test_the_probe_finds_each_models_runner_and_positions(name, expected, request):
     model = request.getfixturevalue(name)
-    runner.forget(model)
+    probe.forget(model)
     assert runner.verdict(model) == expected
     assert runner.probe(model) == expected[0] == runner.path_of(model)
 
@@ -221,23 +222,23 @@ def test_a_verdict_is_memoised_per_model_and_dtype_and_forgotten_on_request(llam
     probes = []
     real = runner._probe
     monkeypatch.setattr(runner, "_probe", lambda model: probes.append(model) or real(model))
-    runner.forget(llama)
+    probe.forget(llama)
     assert runner.verdict(llama) == ("kv-cache", "explicit") and len(probes) == 1
     assert runner.verdict(llama) == ("kv-cache", "explicit") and len(probes) == 1
-    runner.forget(llama)
-    runner.forget(llama)                                 # forgetting twice is harmless
+    probe.forget(llama)
+    probe.forget(llama)                                 # forgetting twice is harmless
     assert runner.verdict(llama) == ("kv-cache", "explicit") and len(probes) == 2
     other = _model("llama")                              # an equal model is another model
     assert runner.verdict(other) == ("kv-cache", "explicit") and len(probes) == 3
     other.to(torch.float32)                              # another dtype: probed again
     assert runner.verdict(other) == ("kv-cache", "explicit") and len(probes) == 4
-    assert runner._VERDICTS[other][0] == ("torch.float32", "cpu")
+    assert probe.memo(other, "path")[0] == ("torch.float32", "cpu")
     assert runner.verdict(other) == ("kv-cache", "explicit") and len(probes) == 4
-    assert runner._VERDICTS[llama] == (("torch.float64", "cpu"), ("kv-cache", "explicit"))
+    assert probe.memo(llama, "path") == (("torch.float64", "cpu"), ("kv-cache", "explicit"))
 
 
 def test_a_refusal_is_memoised_and_raised_again(xlnet, monkeypatch):
-    runner.forget(xlnet)
+    probe.forget(xlnet)
     with pytest.raises(UnsupportedModelError) as first:
         runner.verdict(xlnet)
     assert str(first.value) == ("XLNetLMHeadModel cannot be decoded exactly by spec: its forward is not causal: "
@@ -247,17 +248,17 @@ def test_a_refusal_is_memoised_and_raised_again(xlnet, monkeypatch):
     with pytest.raises(UnsupportedModelError) as again:
         runner.probe(xlnet)
     assert again.value is first.value
-    assert runner._VERDICTS[xlnet] == (("torch.float64", "cpu"), first.value)
+    assert probe.memo(xlnet, "path") == (("torch.float64", "cpu"), first.value)
 
 
 def test_refusals_word_for_word(llama, monkeypatch):
     prefix = "LlamaForCausalLM cannot be decoded exactly by spec: "
 
     def refusal():
-        runner.forget(llama)
+        probe.forget(llama)
         with pytest.raises(UnsupportedModelError) as info:
             runner.verdict(llama)
-        runner.forget(llama)
+        probe.forget(llama)
         return str(info.value), info.value.runs_uncached
 
     def fails(*args, **kwargs):
@@ -306,23 +307,23 @@ def test_the_probe_tolerance_lies_between_rounding_and_the_smallest_fault(llama,
         logits, cache = real(model, ids, cache, **kwargs)
         return logits + 1e-7 * (1 + logits.abs().max()), cache
     monkeypatch.setattr(hf, "step", strays)
-    runner.forget(llama)
+    probe.forget(llama)
     assert runner.verdict(llama) == ("kv-cache", "explicit")
-    runner.forget(llama)
+    probe.forget(llama)
     for dtype in (torch.float64, torch.float32):
-        assert 3e-7 < runner.PROBE_TOLERANCE[dtype] < 1e-4
-    assert runner.PROBE_TOLERANCE[torch.bfloat16] > 1e-2 and runner.PROBE_TOLERANCE[torch.float16] > 2e-3
+        assert 3e-7 < probe.PROBE_TOLERANCE[dtype] < 1e-4
+    assert probe.PROBE_TOLERANCE[torch.bfloat16] > 1e-2 and probe.PROBE_TOLERANCE[torch.float16] > 2e-3
 
 
 def test_a_sparse_attention_model_is_refused_before_any_forward(llama, monkeypatch):
     monkeypatch.setattr(llama.config, "index_topk", 16, raising=False)
     monkeypatch.setattr(hf, "authors_forward", lambda *a: pytest.fail("the model was run"))
-    runner.forget(llama)
+    probe.forget(llama)
     try:
         with pytest.raises(UnsupportedModelError) as info:
             runner.verdict(llama)
     finally:
-        runner.forget(llama)
+        probe.forget(llama)
     assert str(info.value) == (
         "LlamaForCausalLM cannot be decoded exactly by spec: its attention selects keys per pass (index_topk=16): "
         "a verify pass may select other keys than one-token steps once the sequence passes 16, so the output is "
@@ -337,12 +338,12 @@ def test_a_model_with_several_heads_or_none_is_refused_before_any_forward(llama,
                               "stream of tokens"),
                       (None, "it has no single LM head (get_output_embeddings() gives no [vocab, hidden] weight)")]:
         monkeypatch.setattr(llama, "get_output_embeddings", lambda head=head: head)
-        runner.forget(llama)
+        probe.forget(llama)
         try:
             with pytest.raises(UnsupportedModelError) as info:
                 runner.verdict(llama)
         finally:
-            runner.forget(llama)
+            probe.forget(llama)
         assert str(info.value) == "LlamaForCausalLM cannot be decoded exactly by spec: " + why
         assert info.value.runs_uncached is False
 
@@ -411,12 +412,12 @@ def _with(**fields):
     ({"max_position_embeddings": 20.0}, 12),                      # nor one that is not an int
 ])
 def test_probe_length(fields, length):
-    assert runner.probe_length(_with(**fields)) == length
+    assert probe.probe_length(_with(**fields)) == length
 
 
 def test_probe_length_and_reach_read_the_decoders_text_config():
     config = _TextConfig(sliding_window=50, text=NS(sliding_window=8, index_topk=10))
-    assert runner.probe_length(NS(config=config)) == 16
+    assert probe.probe_length(NS(config=config)) == 16
     assert "(index_topk=10)" in runner.unprobed_reach(NS(config=config))
     assert runner.unprobed_reach(NS(config=_TextConfig(index_topk=10, text=NS()))) is None
 
@@ -432,11 +433,11 @@ def test_unprobed_reach_names_the_first_key_budget():
 
 
 def test_probe_ids_are_seeded_and_put_a_pad_mid_sequence_for_counted_positions(llama, roberta):
-    ids = runner._probe_ids(llama, 14, "cpu")
-    assert ids.dtype == torch.long and ids.shape == (14,) and torch.equal(ids, runner._probe_ids(llama, 14, "cpu"))
+    ids = probe.ids(llama, 14, "cpu")
+    assert ids.dtype == torch.long and ids.shape == (14,) and torch.equal(ids, probe.ids(llama, 14, "cpu"))
     assert int(ids.min()) >= 0 and int(ids.max()) < archs.VOCAB and len(set(ids.tolist())) > 7
-    counted = runner._probe_ids(roberta, 14, "cpu")
-    pad = runner.counted_pad(roberta)
+    counted = probe.ids(roberta, 14, "cpu")
+    pad = counted_pad(roberta)
     assert pad is not None and int(counted[7]) == pad and (counted == pad).sum() >= 1
     assert torch.equal(counted[:7], torch.randint(0, archs.VOCAB, (14,),
                                                   generator=torch.Generator().manual_seed(1234))[:7])
@@ -446,29 +447,29 @@ def test_probe_ids_are_seeded_and_put_a_pad_mid_sequence_for_counted_positions(l
 def test_a_pad_outside_the_vocabulary_is_not_placed(roberta, monkeypatch):
     plain = torch.randint(0, archs.VOCAB, (12,), generator=torch.Generator().manual_seed(1234))
     for pad in (archs.VOCAB, -1, archs.VOCAB - 1):
-        monkeypatch.setattr(runner, "counted_pad", lambda model, pad=pad: pad)
+        monkeypatch.setattr(probe, "counted_pad", lambda model, pad=pad: pad)
         expected = plain.clone()
         if pad == archs.VOCAB - 1:
             expected[6] = pad                           # the last id the model embeds is placed
-        assert torch.equal(runner._probe_ids(roberta, 12, "cpu"), expected)
+        assert torch.equal(probe.ids(roberta, 12, "cpu"), expected)
 
 
 def test_close():
     t = torch.tensor
     inf = float("inf")
-    assert runner._close(t([[1.0, 3.0]]), t([[1.0, 3.0]]), 0.0)
-    assert not runner._close(t([[1.0, 3.0]]), t([1.0, 3.0]), 0.5)                    # another shape
-    assert runner._close(t([[1.0, 5.0]]), t([[1.0, 3.0]]), 0.5)      # |5 - 3| = 2 = 0.5 * (1 + 3): at the bound
-    assert not runner._close(t([[1.0, 5.5]]), t([[1.0, 3.0]]), 0.5)
-    assert runner._close(t([[1.0, 3.0]]), t([[1.0, 5.5]]), 0.4)       # the scale is b's (the reference's)
-    assert not runner._close(t([[1.0, 5.5]]), t([[1.0, 3.0]]), 0.4)
-    assert runner._close(t([[-inf, 2.0]]), t([[-inf, 2.0]]), 0.0)                      # equal infinities agree
-    assert not runner._close(t([[0.0, 2.0]]), t([[-inf, 2.0]]), 0.5)                  # a masked logit is not small
-    assert runner._close(t([[-inf, inf]]), t([[-inf, inf]]), 0.0)                     # nothing finite: scale 0
-    assert not runner._close(t([[-inf, 0.0]]), t([[-inf, inf]]), 0.5)
-    assert runner._close(t([[0.25]]), t([[-4.0]]), 1.0)                               # the scale is |b|'s largest
-    assert not runner._close(t([[0.25]]), t([[-4.0]]), 0.8)
-    assert runner._close(t([[0.1, 0.0]], dtype=torch.float32), t([[0.1, 0.0]], dtype=torch.float64), 1e-7)
+    assert probe.close(t([[1.0, 3.0]]), t([[1.0, 3.0]]), 0.0)
+    assert not probe.close(t([[1.0, 3.0]]), t([1.0, 3.0]), 0.5)                    # another shape
+    assert probe.close(t([[1.0, 5.0]]), t([[1.0, 3.0]]), 0.5)      # |5 - 3| = 2 = 0.5 * (1 + 3): at the bound
+    assert not probe.close(t([[1.0, 5.5]]), t([[1.0, 3.0]]), 0.5)
+    assert probe.close(t([[1.0, 3.0]]), t([[1.0, 5.5]]), 0.4)       # the scale is b's (the reference's)
+    assert not probe.close(t([[1.0, 5.5]]), t([[1.0, 3.0]]), 0.4)
+    assert probe.close(t([[-inf, 2.0]]), t([[-inf, 2.0]]), 0.0)                      # equal infinities agree
+    assert not probe.close(t([[0.0, 2.0]]), t([[-inf, 2.0]]), 0.5)                  # a masked logit is not small
+    assert probe.close(t([[-inf, inf]]), t([[-inf, inf]]), 0.0)                     # nothing finite: scale 0
+    assert not probe.close(t([[-inf, 0.0]]), t([[-inf, inf]]), 0.5)
+    assert probe.close(t([[0.25]]), t([[-4.0]]), 1.0)                               # the scale is |b|'s largest
+    assert not probe.close(t([[0.25]]), t([[-4.0]]), 0.8)
+    assert probe.close(t([[0.1, 0.0]], dtype=torch.float32), t([[0.1, 0.0]], dtype=torch.float64), 1e-7)
 
 
 class _Replayer:
@@ -542,14 +543,14 @@ def test_causal_check_sees_a_forward_that_reads_a_few_tokens_ahead(ahead):
 
 def test_a_dtype_the_table_lacks_gets_the_loosest_tolerance(llama, monkeypatch):
     """5e-2 of the scale, as bf16: off by 1e-2 passes, off by 1e-1 is refused."""
-    monkeypatch.setattr(runner, "PROBE_TOLERANCE", {})
+    monkeypatch.setattr(probe, "PROBE_TOLERANCE", {})
     real = hf.step
     for off, accepted in ((1e-2, True), (1e-1, False)):
         def strays(model, ids, cache=None, off=off, **kwargs):
             logits, cache = real(model, ids, cache, **kwargs)
             return logits + off * (1 + logits.abs().max()), cache
         monkeypatch.setattr(hf, "step", strays)
-        runner.forget(llama)
+        probe.forget(llama)
         try:
             if accepted:
                 assert runner.verdict(llama)[0] == "kv-cache"
@@ -557,4 +558,4 @@ def test_a_dtype_the_table_lacks_gets_the_loosest_tolerance(llama, monkeypatch):
                 with pytest.raises(UnsupportedModelError, match="no way of running it reproduces"):
                     runner.verdict(llama)
         finally:
-            runner.forget(llama)
+            probe.forget(llama)

@@ -362,27 +362,28 @@ def _bonus_from_draft(draft_run, feed, cached, common, like, options):
 # name: (module, function, old text, new text): a source edit of that function, which the loop then calls
 SOURCE_MUTANTS = {
     # (b) no rejection: every drafted token is accepted
-    "accept-every-draft": (accept, "sampled", "passed = u * q[rows, proposed] < p[rows, proposed]",
+    "accept-every-draft": (accept, "_chain_sampled", "passed = u * q[rows, proposed] < p[rows, proposed]",
                            "passed = torch.ones(g, dtype=torch.bool, device=p.device)"),
     # (c) the bonus token drawn from the draft's q instead of the target's p
     "bonus-from-q": (decode, "_decode",
-                     "k, path = _accept_row(seq[b], n[b], trees[j], scores, processors[b], pick, target_run, j)",
-                     "k, path = _accept_bonus_from_q(drafter, seq[b], n[b], drafted[j], trees[j].q, "
-                     "_processed(processors[b], scores, seq[b], n[b]), pick), None"),
+                     "path = _accept_row(seq[b], n[b], trees[j], scores, processors[b], picks[b], target_run, j)",
+                     "path = _accept_bonus_from_q(drafter, seq[b], n[b], trees[j], scores, processors[b], picks[b], "
+                     "target_run, j)"),
 }
 
 
-def _accept_bonus_from_q(drafter, seq, n, m, q, scores, pick):
-    """decode._accept, but when every proposal is kept the bonus token is drawn from the draft's q
-    at that position (one more draft step), not from the target's p."""
-    k = decode._accept(seq, n, m, q, scores, pick)
-    if 0 < m == k:
+def _accept_bonus_from_q(drafter, seq, n, tree, scores, process, pick, target_run, row):
+    """decode._accept_row, but when every proposal is kept the bonus token is drawn from the draft's
+    q at that position (one more draft step), not from the target's p."""
+    path = decode._accept_row(seq, n, tree, scores, process, pick, target_run, row)
+    m = len(tree)
+    if 0 < m == len(path):
         run = drafter.run.runs[0]      # a single prompt's draft Runner
         options = dict(temperature=pick.temperature, top_k=pick.top_k, top_p=pick.top_p)
         q_bonus = _bonus_from_draft(run, seq[len(run):n + m], len(run), drafter.width, pick.probabilities(scores[m]),
                                     options)
-        seq[n + k] = sampling.sample(q_bonus, pick.generator)
-    return k
+        seq[n + m] = sampling.sample(q_bonus, pick.generator)
+    return path
 
 
 def mutant(name: str, monkeypatch):

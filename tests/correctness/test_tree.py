@@ -17,7 +17,7 @@ from stats import TableLM, goodness_of_fit, noisy_table, random_table
 from strategies import short_prompts_for_tiny_vocab
 
 from spec import accept, batch, greedy_generate, hf, runner, sampling, speculative_generate
-from spec.protocols import Drafter
+from spec.protocols import Drafter, Need
 from spec.tree import Tree, layout, score
 from spec.treedraft import LookupTree, TreeDraft
 
@@ -100,7 +100,7 @@ TREE_GREEDY_TABLE = [
 
 @pytest.mark.parametrize("shape, argmaxes, path, token", TREE_GREEDY_TABLE)
 def test_tree_greedy_table(shape, argmaxes, path, token):
-    got_path, got_token = accept.tree_greedy(_tree(*shape), _logits(argmaxes))
+    got_path, got_token = accept.greedy(_tree(*shape), _logits(argmaxes))
     assert (got_path, int(got_token)) == (path, token)
 
 
@@ -122,27 +122,29 @@ TREE_SAMPLED_TABLE = [
 @pytest.mark.parametrize("shape, u, path, dist", TREE_SAMPLED_TABLE)
 def test_tree_sampled_table(shape, u, path, dist):
     tree = _tree(*shape)
-    got_path, got = accept.tree_sampled(tree, P3[:len(tree) + 1], torch.tensor(u, dtype=torch.float64))
+    got_path, got = accept.sampled(tree, P3[:len(tree) + 1], torch.tensor(u, dtype=torch.float64))
     assert got_path == path
     torch.testing.assert_close(got, torch.tensor(dist, dtype=torch.float64))
 
 
 @given(st.integers(0, 4), st.integers(0, 10_000))
 def test_on_a_chain_the_tree_rules_are_algorithm_1(g, seed):
-    """tree_sampled and tree_greedy on a chain give what accept.sampled and accept.greedy give."""
+    """On a chain, the acceptance rule's fast path (Algorithm 1's step 3 as the paper writes it)
+    gives what walking the chain as a tree gives."""
     gen = torch.Generator().manual_seed(seed)
     V = 5
     p = torch.rand(g + 1, V, generator=gen, dtype=torch.float64).softmax(-1)
     q = torch.rand(g, V, generator=gen, dtype=torch.float64).softmax(-1)
     proposed = torch.multinomial(q, 1, generator=gen)[:, 0] if g else torch.zeros(0, dtype=torch.long)
     u = torch.rand(g, generator=gen, dtype=torch.float64)
-    k, dist = accept.sampled(proposed, q if g else None, p, u)
-    path, tree_dist = accept.tree_sampled(Tree.chain(proposed, q if g else None), p, u)
-    assert path == list(range(k))
+    chain = Tree.chain(proposed, q if g else None)
+    k_path, dist = accept.sampled(chain, p, u)
+    path, tree_dist = accept._walk_sampled(chain, p, u)
+    assert path == k_path
     torch.testing.assert_close(tree_dist, dist)
-    k, token = accept.greedy(proposed, p.log())
-    path, tree_token = accept.tree_greedy(Tree.chain(proposed), p.log())
-    assert path == list(range(k)) and int(tree_token) == int(token)
+    k_path, token = accept.greedy(chain, p.log())
+    path, tree_token = accept._walk_greedy(chain, p.log())
+    assert path == k_path and int(tree_token) == int(token)
 
 
 def _no_residual_tree_sampled(tree, p, u):
@@ -184,7 +186,7 @@ Q_LAW = torch.tensor([0.1, 0.2, 0.3, 0.25, 0.15], dtype=torch.float64)
 @pytest.mark.parametrize("k", [1, 2, 3])
 def test_siblings_drawn_from_q_emit_the_target_law(k):
     """SpecInfer's rule over k i.i.d. siblings (q far from p, p with a hole): the emitted token ~ p."""
-    counts = _first_token_law(accept.tree_sampled, P_LAW, Q_LAW, k, 6000, seed=k)
+    counts = _first_token_law(accept.sampled, P_LAW, Q_LAW, k, 6000, seed=k)
     fit = goodness_of_fit(f"first token, {k} siblings", {"all": (counts, P_LAW.tolist())})
     assert not fit.rejects(1e-3), str(fit)
 
@@ -326,7 +328,7 @@ def test_a_drafters_tree_too_deep_or_out_of_vocabulary_is_refused():
     target = cached_model("llama")
 
     class Deep:
-        makes_trees = True
+        needs = frozenset({Need.TREES})
 
         def __init__(self, tokens, parents):
             self.tree = _tree(tokens, parents)
@@ -358,7 +360,7 @@ class SampledTree:
     """A stochastic tree drafter for the law test: k siblings drawn i.i.d. from the draft's q at
     the root, each followed by one more token drawn from q after it (depth 2)."""
 
-    makes_trees = True
+    needs = frozenset({Need.TREES})
 
     def __init__(self, draft: TableLM, k: int, generator: torch.Generator):
         self.model, self.k, self.gen = draft, k, generator
@@ -434,7 +436,7 @@ def test_tree_sampling_follows_the_target_law(name, drafter_for):
 
 def test_tree_sampling_law_check_rejects_siblings_tried_against_the_full_p(monkeypatch):
     """Negative control, end to end: the loop with the no-residual rule fails the same check."""
-    monkeypatch.setattr(accept, "tree_sampled", _no_residual_tree_sampled)
+    monkeypatch.setattr(accept, "_walk_sampled", _no_residual_tree_sampled)
     target, draft = _table_pair()
     counts = _joint_two(target, lambda gen: SampledTree(draft, 3, gen), 3000, seed=5)
     fit = _fit(counts, _exact_two(target), "no residual between siblings")
@@ -501,11 +503,10 @@ def test_the_developer_pages_tree_drafter_keeps_the_sampling_law():
 
 class Recording:
     """A Drafter that needs the target's hidden states and records what it is told each round."""
-    needs_hidden = True
 
     def __init__(self, inner):
         self.inner, self.calls = inner, []
-        self.makes_trees = getattr(inner, "makes_trees", False)
+        self.needs = inner.needs | {Need.HIDDEN}
 
     def draft(self, seq, n, g):
         self.calls.append(["draft", n])
@@ -587,13 +588,15 @@ def test_the_tree_benchmark_recipe_runs_and_checks_exactness(target):
     assert rows["tree"]["tokens_per_target_pass"] > 2 and rows["greedy"]["drafted_per_round"] == 0
 
 
-def test_a_drafter_returning_trees_without_the_flag_is_told_to_set_it_and_an_empty_tree_is_nothing():
+def test_a_drafter_returning_trees_without_the_need_is_told_to_declare_it_and_an_empty_tree_is_nothing():
     """A batch on a shared cache cannot verify trees: a drafter that returns them without
-    `makes_trees` is refused naming the flag. An empty tree (even a float torch.tensor([])) is a round
-    with nothing proposed."""
+    Need.TREES in its `needs` is refused naming it. An empty tree (even a float torch.tensor([]))
+    is a round with nothing proposed."""
     target = cached_model("llama")
 
     class Unflagged:
+        needs = frozenset()
+
         def __init__(self, empty=False):
             self.empty = empty
 
@@ -606,7 +609,7 @@ def test_a_drafter_returning_trees_without_the_flag_is_told_to_set_it_and_an_emp
         def __len__(self):
             return 0
 
-    with pytest.raises(ValueError, match="makes_trees = True"):
+    with pytest.raises(ValueError, match="Need.TREES"):
         speculative_generate(target, Unflagged(), [[4, 5], [6, 7, 8]], gamma=2, max_new_tokens=4)
     out = speculative_generate(target, Unflagged(empty=True), [4, 5], gamma=2, max_new_tokens=4)
     assert out.tokens == greedy_generate(target, [4, 5], max_new_tokens=4).tokens and out.drafted == 0
