@@ -47,23 +47,36 @@ class PromptLookup(DraftSource):
         return Tree.chain(torch.tensor(self.propose(seq[:n], g), dtype=torch.long, device=seq.device))
 
     def propose(self, history: torch.Tensor, limit: int) -> list[int]:
-        """Up to `limit` tokens to follow `history` (1-D ids: prompt and output so far).
+        """Up to `limit` tokens to follow `history` (1-D ids: prompt and output so far): the
+        continuation of the longest tail n-gram's most recent earlier match (`matches`)."""
+        found = matches(history, self.max_ngram, self.min_ngram, limit, 1)
+        return found[0] if found else []
 
-        The continuation of the match is copied; where it reaches the end of the history it
-        goes on with the tokens just proposed (the match then sits a period d back, and the
-        text repeats with period d: a loop is drafted in full, not one token a round)."""
-        n = history.numel()
-        if limit < 1:
-            return []
-        for k in range(min(self.max_ngram, n - 1), self.min_ngram - 1, -1):
-            # windows[i] = history[i:i+k] for every i whose window ends before the last token
-            windows = history[:n - 1].unfold(0, k, 1)
-            hits = (windows == history[n - k:]).all(1).nonzero()
-            if hits.numel():
-                start = int(hits[-1]) + k          # first token after the most recent match
-                known = history[start:].tolist()   # its continuation, up to the end of history
-                out: list[int] = []
-                for j in range(limit):
-                    out.append(known[j] if j < len(known) else out[j - len(known)])
-                return out
+
+def matches(history: torch.Tensor, max_ngram: int, min_ngram: int, limit: int, count: int = 1) -> list[list[int]]:
+    """The continuations, `limit` tokens each, of the `count` most recent earlier occurrences of
+    history's longest tail n-gram that occurs earlier (n from max_ngram down to min_ngram), the
+    most recent first; [] where none occurs or limit < 1. An occurrence is earlier when it ends
+    before the last token, so each continuation has at least one known token.
+
+    The continuation of a match is copied; where it reaches the end of the history it goes on
+    with the tokens just proposed (the match then sits a period d back, and the text repeats with
+    period d: a loop is drafted in full, not one token a round)."""
+    n = history.numel()
+    if limit < 1:
         return []
+    for k in range(min(max_ngram, n - 1), min_ngram - 1, -1):
+        # windows[i] = history[i:i+k] for every i whose window ends before the last token
+        windows = history[:n - 1].unfold(0, k, 1)
+        hits = (windows == history[n - k:]).all(1).nonzero().flatten().tolist()
+        if hits:
+            return [_loop(history[hit + k:hit + k + limit].tolist(), limit) for hit in reversed(hits[-count:])]
+    return []
+
+
+def _loop(known: list[int], limit: int) -> list[int]:
+    """`known` (non-empty) extended to `limit` tokens by repeating it: the loop rule."""
+    out: list[int] = []
+    for j in range(limit):
+        out.append(known[j] if j < len(known) else out[j - len(known)])
+    return out

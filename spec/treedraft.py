@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from spec import choose, hf
-from spec.lookup import PromptLookup
+from spec.lookup import PromptLookup, matches
 from spec.protocols import DraftSource, Need, Runner
 from spec.tree import Tree, score
 
@@ -139,19 +139,4 @@ class LookupTree(DraftSource):
 
     def continuations(self, history: torch.Tensor, limit: int) -> list[list[int]]:
         """Up to `branches` continuations of the last n-gram's most recent earlier occurrences."""
-        n = history.numel()
-        if limit < 1:
-            return []
-        for k in range(min(self.lookup.max_ngram, n - 1), self.lookup.min_ngram - 1, -1):
-            windows = history[:n - 1].unfold(0, k, 1)
-            hits = (windows == history[n - k:]).all(1).nonzero().flatten().tolist()
-            if hits:
-                return [_repeat(history[hit + k:].tolist(), limit) for hit in reversed(hits[-self.branches:])]
-        return []
-
-def _repeat(known: list[int], limit: int) -> list[int]:
-    """The continuation `known` extended to `limit` tokens by repeating it (PromptLookup's loop rule)."""
-    out: list[int] = []
-    for j in range(limit):
-        out.append(known[j] if j < len(known) else out[j - len(known)])
-    return out
+        return matches(history, self.lookup.max_ngram, self.lookup.min_ngram, limit, self.branches)
