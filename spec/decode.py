@@ -275,6 +275,7 @@ def _decode(chosen: choose.ChosenRows, policies: list, *, max_new_tokens: int, s
     device, timed = seq.device, trace or any(policy.timed for policy in policies)
     results = [Result(tokens=[], traced=trace) for _ in prompts]
     live = list(range(len(prompts)))
+    delivered = [0] * len(prompts)      # positions whose target states a Need.HIDDEN drafter has heard
 
     while live:
         gs = [min(policies[b].gamma, max_new_tokens - (n[b] - P[b]) - 1) for b in live]  # never past max_new_tokens
@@ -288,6 +289,7 @@ def _decode(chosen: choose.ChosenRows, policies: list, *, max_new_tokens: int, s
 
         # 2. Verify: Mp scores every row's drafted + 1 positions, all rows in one pass.
         t1 = _clock(device, timed)
+        starts, before = list(target_run.lengths), [n[b] for b in live]
         logits = _verify(target_run, seq, n, live, trees)
 
         accepted, emitted, paths = [], [], []
@@ -306,7 +308,8 @@ def _decode(chosen: choose.ChosenRows, policies: list, *, max_new_tokens: int, s
 
         # 5. Roll back: each row keeps all but its newest token, fed next round. The verify pass's
         #    hidden states are read first: a runner that restores a state re-feeds on crop.
-        hidden = _hidden_states(target_run, drafted, paths, emitted) if chosen.hidden else None
+        hidden = _hidden_states(target_run.hidden, live, starts, before, paths, emitted, delivered) \
+            if chosen.hidden else None
         target_run.crop([n[b] - 1 for b in live])
         drafter.observe(n, accepted, live, hidden=hidden)
         t2 = _clock(device, timed)
@@ -375,13 +378,21 @@ def _accept_row(seq: torch.Tensor, n: int, tree, scores: torch.Tensor, process, 
     return path
 
 
-def _hidden_states(target_run, drafted: list[int], paths: list, emitted: list[int]) -> list[torch.Tensor]:
-    """For a drafter that reads them: each live row's target hidden states at the positions whose
-    logits chose its emitted tokens (the root, then the accepted proposals), [emitted, H]."""
+def _hidden_states(states: list[torch.Tensor], live: list[int], starts: list[int], before: list[int],
+                   paths: list, emitted: list[int], delivered: list[int]) -> list[torch.Tensor]:
+    """For a drafter that reads them (Need.HIDDEN): each live row's target hidden states, from the
+    verify pass (states[j]: every id row j was fed, positions starts[j] on, then its proposal's
+    nodes), at each position not yet delivered up to the one that chose the row's last emitted
+    token: the prompt's on the first round (prefill), then the root's and the accepted path's.
+    Advances `delivered`."""
     out = []
-    for states, m, path, e in zip(target_run.hidden, drafted, paths, emitted):
-        block = states[states.shape[0] - m - 1:]          # right-aligned, as the logits
-        out.append(block[[0] + [i + 1 for i in path]][:e])
+    for j, b in enumerate(live):
+        sequence = before[j] - starts[j]                   # rows of the sequence, the root last
+        first = delivered[b] - starts[j]
+        assert first >= 0, "a row's runner went back past the states already delivered"
+        rows = list(range(first, sequence)) + [sequence + i for i in paths[j]][:emitted[j] - 1]
+        out.append(states[j][rows])
+        delivered[b] = before[j] + emitted[j] - 1
     return out
 
 

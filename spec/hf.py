@@ -150,7 +150,7 @@ def step(model, ids: torch.Tensor, cache=None, *, position_ids: torch.Tensor | N
     and new), for positions that may step back (a pad token's, counted the RoBERTa way):
     given positions and no mask, transformers reads a step back as the start of another
     packed sequence and masks across it. hidden: a list that receives the last layer's hidden
-    states of the same positions as the logits, [n or keep, H] (for drafters that read them)."""
+    states of every position the forward ran, [n, H] (for drafters that read them)."""
     params = forward_params(type(model))
     kwargs = {"input_ids": ids[None], "use_cache": use_cache}
     if hidden is not None:
@@ -167,7 +167,7 @@ def step(model, ids: torch.Tensor, cache=None, *, position_ids: torch.Tensor | N
     out = (fn or model)(**kwargs)
     logits = out.logits[0]
     if hidden is not None:
-        hidden.append(last_hidden(out)[-logits.shape[0]:][-keep:] if keep else last_hidden(out)[-logits.shape[0]:])
+        hidden.append(last_hidden(out))
     return (logits[-keep:] if keep else logits), (returned_cache(out) if use_cache else None)
 
 
@@ -285,7 +285,8 @@ def tree_step(model, ids: torch.Tensor, cache, *, position_ids: torch.Tensor, ma
     attention as it is. A custom mask bypasses the model's sliding window, so the window is put in
     here, counted in positions as a chain's pass counts it; a model with both kinds of layers
     (config.layer_types) gets one mask per kind, the mapping its forward takes. Returns the
-    logits of the last `keep` positions, [keep, V]."""
+    logits of the last `keep` positions, [keep, V] (hidden: receives every position's last-layer
+    states, [n, H])."""
     dtype = next(model.parameters()).dtype
     cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
     window = getattr(cfg, "sliding_window", None)
@@ -313,7 +314,7 @@ def tree_step(model, ids: torch.Tensor, cache, *, position_ids: torch.Tensor, ma
         kwargs["output_hidden_states"] = True
     out = model(**kwargs)
     if hidden is not None:
-        hidden.append(last_hidden(out)[-keep:])
+        hidden.append(last_hidden(out))
     return out.logits[0, -keep:]
 
 

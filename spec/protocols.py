@@ -50,9 +50,11 @@ class Drafter(Protocol):
     `drafter.observe(n, accepted, hidden)` is told after each round that `seq[:n]` is now final
     and that `accepted` of the proposals were kept (a tree: the accepted path's length), so that
     a stateful source rolls back what was rejected. hidden is None unless the source has
-    Need.HIDDEN (an EAGLE- or Medusa-style head): then [emitted, H], the target's last-layer
-    hidden states at the positions whose logits chose this round's emitted tokens (position
-    n_before - 1 and the accepted proposals'; the last row is the one that chose seq[n - 1]).
+    Need.HIDDEN (an EAGLE- or Medusa-style head): then the target's last-layer hidden states,
+    from the verify pass itself, at every position not delivered before, up to n - 2: on the
+    first round the prompt's (prefill) and then the emitted tokens', [n - 1, H]; afterwards
+    [emitted, H], the positions whose logits chose this round's emitted tokens (n_before - 1 and
+    the accepted proposals'). Each position's state is heard once; the last row chose seq[n - 1].
     `len(drafter)` is the number of positions its state holds (0 for none; reported by
     trace=True). `needs`: a frozenset of Need (empty for most sources). Implementations:
     spec.lookup.PromptLookup, spec.gguf_draft.GGUFDraft, spec.treedraft.TreeDraft and LookupTree;

@@ -58,8 +58,8 @@ class _Runner:
     """What every runner shares: the model, how it counts positions (spec.positions), and
     the ids it holds (the "counted" positions are counted over the whole sequence)."""
 
-    # collect_hidden: keep the last layer's hidden states of the rows each call returns, in
-    # `hidden` (for a drafter that reads the target's hidden states, spec.protocols.Drafter)
+    # collect_hidden: keep the last layer's hidden states of every id each call was fed, in
+    # `hidden` [fed, H] (for a drafter that reads the target's hidden states, spec.protocols.Drafter)
     collect_hidden = False
     hidden: torch.Tensor | None = None
 
@@ -76,7 +76,7 @@ class _Runner:
         sink = self._sink()
         out = hf.step(self.model, ids, cache, position_ids=position_ids(self.positions, self.model, self.held, start),
                       keep=keep, mask_len=mask_len(self.positions, self.held.numel()), hidden=sink)
-        self.hidden = sink[0] if sink else None
+        self.hidden = sink[0][-ids.numel():] if sink else None
         return out
 
 
@@ -187,21 +187,25 @@ class SnapshotRunner(_Runner):
             for i in range(ids.numel()):
                 rows.append(self._feed(ids[i:i + 1], 1))
                 states.append(self.hidden)
-            self.hidden = torch.cat(states)[-(keep or ids.numel()):] if self.collect_hidden else None
+            self.hidden = torch.cat(states) if self.collect_hidden else None
             return torch.cat(rows)[-(keep or ids.numel()):]
         logits, self.cache = self._step(ids, self.cache, self.len, keep)
         self.len += ids.numel()
         return logits
 
     def __call__(self, ids: torch.Tensor, keep: int = 0) -> torch.Tensor:
+        first = None
         if self.saved is None:
             if 0 < keep < ids.numel():
                 # The rows asked for are the ones a crop may take back (the loop's verify rows);
                 # the copy goes where they start, so the prompt before them is fed only once.
                 self._feed(ids[:-keep], 1)
-                ids = ids[-keep:]
+                first, ids = self.hidden, ids[-keep:]
             self.saved = (self.len, copy.deepcopy(self.cache))
-        return self._feed(ids, keep)
+        logits = self._feed(ids, keep)
+        if first is not None and self.hidden is not None:     # every id fed has its state
+            self.hidden = torch.cat([first, self.hidden])
+        return logits
 
     def crop(self, keep: int) -> None:
         if keep < self.len:
@@ -238,7 +242,7 @@ class RecomputeRunner(_Runner):
         sink = self._sink()
         logits, _ = hf.step(self.model, held, position_ids=positions, keep=keep or ids.numel(), use_cache=False,
                             mask_len=mask_len(self.positions, held.numel()), hidden=sink)
-        self.hidden = sink[0] if sink else None
+        self.hidden = sink[0][-ids.numel():] if sink else None
         return logits
 
     def crop(self, keep: int) -> None:

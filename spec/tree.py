@@ -118,6 +118,7 @@ def score(run, before: torch.Tensor, tree: Tree) -> torch.Tensor:
     end = base + before.numel()                 # the root is the sequence's last id, at end - 1
     rows: list = [None] * (len(tree) + 1)
     states: list = [None] * (len(tree) + 1)        # hidden states, for a runner that keeps them
+    sequence = None                                # the states of `before` up to the root
     for i, leaf in enumerate(tree.leaves()):
         if i:
             run.crop(end - 1)                   # back to the sequence; the root is fed again
@@ -126,13 +127,15 @@ def score(run, before: torch.Tensor, tree: Tree) -> torch.Tensor:
                                f"it held when the tree came")
         path = tree.path(leaf)
         logits = run(torch.cat([before[len(run) - base:], tree.tokens[path]]), keep=len(path) + 1)
-        hidden = getattr(run, "hidden", None)
+        hidden = getattr(run, "hidden", None)          # every id fed: `before`'s, then the path's
+        if hidden is not None and i == 0:
+            sequence = hidden[:-(len(path) + 1)]
         for depth, node in enumerate([-1] + path):
             rows[node + 1] = logits[depth]
-            states[node + 1] = hidden[depth] if hidden is not None else None
+            states[node + 1] = hidden[hidden.shape[0] - len(path) - 1 + depth] if hidden is not None else None
     run.crop(end)                               # the accepted path is fed with the next round
     if getattr(run, "collect_hidden", False):
-        run.hidden = torch.stack(states)
+        run.hidden = torch.cat([sequence, torch.stack(states)])     # as a one-pass runner gives them
     return torch.stack(rows)
 
 

@@ -536,8 +536,9 @@ def _last_layer(model, ids: list[int]) -> torch.Tensor:
 ])
 @torch.inference_mode()
 def test_a_drafter_that_needs_hidden_states_gets_the_targets_own(family, inner):
-    """Each round the drafter hears, for every emitted token, the target's last-layer state at the
-    position that chose it, equal to the model's own cache-free forward's; the output stays greedy's."""
+    """Each round the drafter hears the target's last-layer states at every position it has not
+    heard yet up to the one that chose the round's last emitted token (the first round: the prompt's
+    too), each once, equal to the model's own cache-free forward's; the output stays greedy's."""
     target = cached_model(family)
     prompt = [5, 9, 14, 3, 5, 9, 14, 3, 5]
     drafter = Recording(inner())                    # a self-draft: its trees' paths are accepted
@@ -547,11 +548,15 @@ def test_a_drafter_that_needs_hidden_states_gets_the_targets_own(family, inner):
     assert len(drafter.calls) == len(out.rounds) and out.accepted > 0
     if family in ("mamba2", "rwkv"):                # the case under test happened: a chain partly kept
         assert any(0 < r.accepted < r.drafted for r in out.rounds), out.rounds
+    heard = 0
     for (_, before, after, accepted, hidden), r in zip(drafter.calls, out.rounds):
-        assert hidden.shape == (after - before, full.shape[-1]) and accepted == r.accepted
+        assert hidden.shape == (after - 1 - heard, full.shape[-1]) and accepted == r.accepted
+        assert heard == (0 if heard == 0 else before - 1)      # the prefill first, then each round's own
         # fp32's bound on these fp64 models: HF's eager attention takes its softmax in fp32 (a tree's
         # rows sum their exps in another order than the cache-free forward's)
-        assert_logits_close(hidden, full[before - 1:after - 1], torch.float32, f"{family}, hidden states")
+        assert_logits_close(hidden, full[heard:after - 1], torch.float32, f"{family}, hidden states")
+        heard = after - 1
+    assert drafter.calls[0][-1].shape[0] >= len(prompt)      # the prompt's states came with the first round
 
 
 def test_the_developer_pages_hidden_state_drafter_runs_as_written():
