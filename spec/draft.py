@@ -77,6 +77,18 @@ class ModelDraft:
         return max(self.run.lengths, default=0)
 
 
+def resync(run, held: torch.Tensor, seq: torch.Tensor, n: int) -> int:
+    """Keep the cached prefix the new sequence shares, cut the rest: `run` (a Runner) holds the ids
+    `held` (at least its len(run) first positions); crops it to the longest prefix of them that
+    equals seq[:n - 1] (the final tokens but the newest, which is fed again) and returns the
+    length kept, so the caller feeds seq[kept:n]. For a draft one object serves across runs, or
+    that was not asked every round: whatever it held that the sequence does not share goes."""
+    shared = min(len(run), n - 1, held.numel())
+    differs = (held[:shared] != seq[:shared].to(held.device)).nonzero()
+    run.crop(int(differs[0]) if differs.numel() else shared)
+    return len(run)
+
+
 class NoDraft:
     """Nothing drafted: every round is one target step. greedy_generate is the loop with this."""
 

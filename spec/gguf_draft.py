@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from spec import batch, hf, llamaguard
-from spec.draft import ModelDraft, Pick
+from spec.draft import ModelDraft, Pick, resync
 from spec.tree import Tree
 
 INSTALL = 'pip install "spec[llama]"'
@@ -114,10 +114,7 @@ class GGUFDraft:
     def draft(self, seq: torch.Tensor, n: int, g: int) -> Tree:
         # One GGUFDraft serves many runs (it is a Drafter the caller made, not one spec.choose makes
         # per run): keep the cached prefix the new sequence shares, cut the rest out of the cache.
-        held = min(len(self.run), n - 1)
-        cached = torch.from_numpy(self.run.llm.input_ids[:held].astype(np.int64))
-        differs = (cached != seq[:held].cpu()).nonzero()
-        self.run.crop(int(differs[0]) if len(differs) else held)
+        resync(self.run, torch.from_numpy(self.run.llm.input_ids[:len(self.run)].astype(np.int64)), seq, n)
         return self.model.draft(seq[None], [n], [g], [0])[0]
 
     def observe(self, n: int, accepted: int, hidden: torch.Tensor | None = None) -> None:

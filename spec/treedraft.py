@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from spec import choose, hf
+from spec.draft import resync
 from spec.lookup import PromptLookup, matches
 from spec.protocols import DraftSource, Need, Runner
 from spec.tree import Tree, score
@@ -54,13 +55,9 @@ class TreeDraft(DraftSource):
         if self.run is None:
             self.run = choose.runs({"draft": self.model}, seq[:n], draft_impl="hf").runs[0]
             self.seen = seq[:0].clone()
-        run = self.run
-        held = min(len(run), n - 1, self.seen.numel())
-        differs = (self.seen[:held] != seq[:held].to(self.seen.device)).nonzero()
-        run.crop(int(differs[0]) if differs.numel() else held)
-        start = len(run)
+        start = resync(self.run, self.seen, seq, n)
         self.seen = seq[:n].clone()
-        return run, seq[start:n]
+        return self.run, seq[start:n]
 
     @torch.inference_mode()
     def draft(self, seq: torch.Tensor, n: int, g: int) -> Tree:
