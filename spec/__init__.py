@@ -9,7 +9,8 @@ _EXPORTS = {"Result": "spec.decode", "Round": "spec.decode", "greedy_generate": 
             "speculative_generate": "spec.decode", "SHIPPED_PAIR": "spec.models", "Pair": "spec.models",
             "build_gpt_neox": "spec.models", "load_pair": "spec.models",
             "PromptLookup": "spec.lookup", "TreeDraft": "spec.treedraft", "LookupTree": "spec.treedraft",
-            "Tree": "spec.tree", "Need": "spec.protocols", "DraftSource": "spec.protocols"}
+            "FirstOf": "spec.firstof", "Tree": "spec.tree", "Need": "spec.protocols",
+            "DraftSource": "spec.protocols"}
 
 __all__ = list(_EXPORTS)
 __version__ = "0.1.0"
