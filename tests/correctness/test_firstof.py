@@ -139,7 +139,8 @@ def test_a_batch_of_prompts_gives_each_row_its_solo_output():
 
 def test_a_source_that_needs_hidden_states_gets_them_and_the_others_do_not():
     target = cached_model("llama")
-    plain, reader = Fixed("plain", [4, 4], when=lambda n: n % 2 == 0), Fixed("reader", [], needs=frozenset({Need.HIDDEN}))
+    plain = Fixed("plain", [4, 4], when=lambda n: n % 2 == 0)
+    reader = Fixed("reader", [], needs=frozenset({Need.HIDDEN}))
     out = speculative_generate(target, FirstOf(plain, reader), PROMPT, gamma=2, max_new_tokens=10)
     assert out.tokens == greedy_generate(target, PROMPT, max_new_tokens=10).tokens
     assert len(plain.observed) == len(reader.observed) == len(out.rounds)
