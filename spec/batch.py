@@ -39,7 +39,8 @@ import torch
 from spec import hf
 from spec import probe as probing
 from spec.options import RunnerPath
-from spec.tree import Tree, in_place, retain as retain_tree, score as score_tree
+from spec.runner import ModelRunner, retain_tree, score_tree
+from spec.tree import Tree, in_place
 from spec.validate import as_prompt, model_device
 
 
@@ -101,6 +102,8 @@ class Rows:
     the last `keep` positions of every row, [B, keep, V] (keep <= the shortest feed);
     `rows.crop(keeps)` forgets, in row i, every position from keeps[i] on; `rows.select(kept)`
     keeps only the rows at those indices, in that order; `rows.lengths` what each row holds."""
+
+    hidden = None          # no row's hidden states: a drafter that reads them gets an EachRunner
 
     def __init__(self, model, batch: int):
         self.model, self.device = model, model_device(model)
@@ -204,6 +207,10 @@ class EachRow:
             raise ValueError(f"draft: {type(drafter).__name__} cannot be copied for each of the {batch} prompts "
                              f"({type(e).__name__}: {e}); decode the prompts one at a time") from None
 
+    def begin(self, prompts: list[torch.Tensor]) -> None:
+        for drafter, prompt in zip(self.drafters, prompts):
+            drafter.begin(prompt)
+
     def draft(self, seq: torch.Tensor, n: list[int], gs: list[int], live: list[int]) -> list[Tree]:
         out = []
         for b, g in zip(live, gs):
@@ -239,6 +246,7 @@ class EachRunner:
 
     def __init__(self, runs: list, why: str | None = None):
         self.runs, self.why = runs, why
+        self.collecting = False
 
     @property
     def lengths(self) -> list[int]:
@@ -264,15 +272,16 @@ class EachRunner:
     def collect_hidden(self) -> None:
         """Keep each call's last-layer hidden states (`hidden`): a drafter reads them."""
         for run in self.runs:
-            if not hasattr(run, "collect_hidden"):
+            if not isinstance(run, ModelRunner):
                 raise ValueError(f"a drafter that reads the target's hidden states needs the target on a "
                                  f"spec.runner path; this one runs on {type(run).__name__}")
             run.collect_hidden = True
+        self.collecting = True
 
     @property
-    def hidden(self) -> list[torch.Tensor]:
-        """Each row's hidden states of the rows the last call returned."""
-        return [run.hidden for run in self.runs]
+    def hidden(self) -> list[torch.Tensor] | None:
+        """Each row's hidden states of every id the last call fed it (collect_hidden), else None."""
+        return [run.hidden for run in self.runs] if self.collecting else None
 
     def crop(self, keeps: list[int]) -> None:
         for run, keep in zip(self.runs, keeps):

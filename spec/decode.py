@@ -276,13 +276,13 @@ def _decode(chosen: choose.ChosenRows, policies: list, *, max_new_tokens: int, s
     results = [Result(tokens=[], traced=trace) for _ in prompts]
     live = list(range(len(prompts)))
     delivered = [0] * len(prompts)      # positions whose target states a Need.HIDDEN drafter has heard
+    drafter.begin(prompts)
 
     while live:
         gs = [min(policies[b].gamma, max_new_tokens - (n[b] - P[b]) - 1) for b in live]  # never past max_new_tokens
 
         # 1. Draft: each live row b proposes a tree of at most gs[j] tokens deep after seq[b, :n[b]]
-        #    (a chain, Algorithm 1's gamma tokens, is written to seq[b, n[b]:]), with q, the
-        #    distributions they were drawn from.
+        #    (a chain: Algorithm 1's gamma tokens), with q, the distributions they were drawn from.
         t0 = _clock(device, timed)
         trees = drafter.draft(seq, n, gs, live)
         drafted = [len(tree) for tree in trees]
@@ -292,24 +292,17 @@ def _decode(chosen: choose.ChosenRows, policies: list, *, max_new_tokens: int, s
         starts, before = list(target_run.lengths), [n[b] for b in live]
         logits = _verify(target_run, seq, n, live, trees)
 
-        accepted, emitted, paths = [], [], []
-        for j, b in enumerate(live):
-            # 3. Accept the longest prefix (a tree: path) that passes, then append one token from Mp.
-            scores = logits[j, logits.shape[1] - drafted[j] - 1:]   # right-aligned: row i predicts seq[b, n[b] + i]
-            path = _accept_row(seq[b], n[b], trees[j], scores, processors[b], picks[b], target_run, j)
-            k = len(path)                                           # 4. Cut at EOS.
-            cut = _first_stop(seq[b, n[b]:n[b] + k + 1].tolist(), stops) if stops else None
-            out = k + 1 if cut is None else cut + 1
-            results[b].stop_reason = StopReason.EOS if cut is not None else results[b].stop_reason
-            n[b] += out
-            accepted.append(k)
-            emitted.append(out)
-            paths.append(path)
+        # 3. Accept the longest prefix (a tree: path) that passes, then append one token from Mp;
+        # 4. cut at EOS.
+        paths = [_accept_row(seq[b], n[b], trees[j], logits[j, logits.shape[1] - drafted[j] - 1:], processors[b],
+                             picks[b], target_run, j) for j, b in enumerate(live)]     # (logits right-aligned)
+        accepted = [len(path) for path in paths]
+        emitted = [_emit(seq[b], n, b, k, stops, results[b]) for b, k in zip(live, accepted)]
 
         # 5. Roll back: each row keeps all but its newest token, fed next round. The verify pass's
         #    hidden states are read first: a runner that restores a state re-feeds on crop.
-        hidden = _hidden_states(target_run.hidden, live, starts, before, paths, emitted, delivered) \
-            if chosen.hidden else None
+        states = target_run.hidden          # None unless the drafter reads them (Need.HIDDEN)
+        hidden = None if states is None else _hidden_states(states, live, starts, before, paths, emitted, delivered)
         target_run.crop([n[b] - 1 for b in live])
         drafter.observe(n, accepted, live, hidden=hidden)
         t2 = _clock(device, timed)
@@ -320,12 +313,23 @@ def _decode(chosen: choose.ChosenRows, policies: list, *, max_new_tokens: int, s
                                  draft_cache=len(drafter)) if trace else {}
             # draft tokens that reached the output (an EOS may cut a block)
             results[b].rounds.append(Round(drafted[j], min(accepted[j], emitted[j]), emitted[j], **timings))
-        live = _retire(live, [j for j, b in enumerate(live)
-                              if results[b].stop_reason is not StopReason.EOS and n[b] - P[b] < max_new_tokens], target_run, drafter)
+        live = _retire(live, [j for j, b in enumerate(live) if results[b].stop_reason is not StopReason.EOS
+                              and n[b] - P[b] < max_new_tokens], target_run, drafter)
 
     for b, result in enumerate(results):
         result.tokens = seq[b, P[b]:n[b]].tolist()
     return results
+
+
+def _emit(seq: torch.Tensor, n: list[int], b: int, k: int, stops: frozenset[int], result: Result) -> int:
+    """Step 4 for row b, whose k proposals and Mp's token after them lie at seq[n[b]:]: the tokens
+    emitted (k + 1, or up to the first stop id), n[b] moved past them, an EOS recorded."""
+    cut = _first_stop(seq[n[b]:n[b] + k + 1].tolist(), stops) if stops else None
+    if cut is not None:
+        result.stop_reason = StopReason.EOS
+    out = k + 1 if cut is None else cut + 1
+    n[b] += out
+    return out
 
 
 def _verify(target_run, seq: torch.Tensor, n: list[int], live: list[int], trees: list):

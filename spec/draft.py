@@ -48,6 +48,9 @@ class ModelDraft:
                            for pick, n in zip(picks, prompt_lens)]
         self.width, self.rows, self.clamp = width, rows, clamp
 
+    def begin(self, prompts: list[torch.Tensor]) -> None:
+        pass                        # its runner is made for the run (spec.choose.rows)
+
     def draft(self, seq: torch.Tensor, n: list[int], gs: list[int], live: list[int]):
         q: list[list[torch.Tensor]] = [[] for _ in live]
         for i in range(max(gs)):    # every row steps together; a row keeps only its first gs[j]
@@ -91,6 +94,9 @@ def resync(run, held: torch.Tensor, seq: torch.Tensor, n: int) -> int:
 
 class NoDraft:
     """Nothing drafted: every round is one target step. greedy_generate is the loop with this."""
+
+    def begin(self, prompts: list[torch.Tensor]) -> None:
+        pass
 
     def draft(self, seq: torch.Tensor, n: list[int], gs: list[int], live: list[int]):
         return [Tree.chain(seq[b, n[b]:n[b]]) for b in live]

@@ -56,6 +56,10 @@ class FirstOf(DraftSource):
     def __repr__(self) -> str:
         return f"FirstOf({', '.join(map(repr, self.sources))})"
 
+    def begin(self, prompt: torch.Tensor) -> None:
+        for source in self.sources:
+            source.begin(prompt)
+
     def draft(self, seq: torch.Tensor, n: int, g: int) -> Tree:
         """The first source's tree with a node, in the chain's order; no source is asked when g < 1."""
         self.drafter = None

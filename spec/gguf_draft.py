@@ -28,6 +28,7 @@ import torch
 
 from spec import batch, hf, llamaguard
 from spec.draft import ModelDraft, Pick, resync
+from spec.protocols import DraftSource
 from spec.tree import Tree
 
 INSTALL = 'pip install "spec[llama]"'
@@ -85,7 +86,7 @@ class LlamaRun:
         self.llm.close()
 
 
-class GGUFDraft:
+class GGUFDraft(DraftSource):
     """A GGUF file as the draft for `target` (a Hugging Face causal LM with the same vocabulary).
     tokenizer: the target's, to check the GGUF's tokens against (without one only the sizes are
     compared). pick: how the draft picks (spec.draft.Pick; greedy by default). threads, n_ctx,

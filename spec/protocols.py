@@ -40,7 +40,8 @@ class Need(enum.Enum):
 class Drafter(Protocol):
     """A source of draft tokens for speculative decoding, for one sequence.
 
-    `drafter.draft(seq, n, g)` proposes what may follow the final tokens `seq[:n]`: a
+    `drafter.begin(prompt)` starts a sequence (1-D ids): a source forgets any state from an
+    earlier one (one drafter serves many runs). `drafter.draft(seq, n, g)` proposes what may follow the final tokens `seq[:n]`: a
     spec.tree.Tree no deeper than g (0 nodes is allowed: the round is then one target step), with
     q, the distribution each node was drawn from, or None for a deterministic source (q one-hot
     at each node; the acceptance rule stays exact for any q). The paper's gamma tokens in a row
@@ -62,6 +63,8 @@ class Drafter(Protocol):
 
     needs: frozenset[Need]
 
+    def begin(self, prompt: torch.Tensor) -> None: ...
+
     def draft(self, seq: torch.Tensor, n: int, g: int) -> Tree: ...
 
     def observe(self, n: int, accepted: int, hidden: torch.Tensor | None = None) -> None: ...
@@ -71,9 +74,12 @@ class Drafter(Protocol):
 
 class DraftSource:
     """A base for a Drafter: nothing needed, no state (nothing to roll back, no positions held).
-    A subclass writes `draft` and, where it keeps state, `observe` and `__len__`."""
+    A subclass writes `draft` and, where it keeps state, `begin`, `observe` and `__len__`."""
 
     needs: frozenset[Need] = frozenset()
+
+    def begin(self, prompt: torch.Tensor) -> None:
+        pass
 
     def draft(self, seq: torch.Tensor, n: int, g: int) -> Tree:
         raise NotImplementedError
@@ -112,12 +118,17 @@ class BatchRunner(Protocol):
     (cache compaction: the nodes' positions after `base` become the path's, in order).
     `rows.crop(keeps)` forgets, in row i, every position from keeps[i] on (a row may go back
     further, like a Runner); `rows.select(kept)` keeps only the rows at those indices, in that
-    order: a finished row leaves and costs nothing more.
+    order: a finished row leaves and costs nothing more. `rows.hidden`: where the rows keep them
+    (a drafter with Need.HIDDEN), each row's last-layer states of every id the last call fed it
+    (positions rows.lengths before the call on, then its tree's nodes), else None.
     Implementations: spec.batch.Rows (one shared left-padded cache; chains only), spec.batch.EachRunner
     (one Runner per row: a single prompt's, or a model that cannot share a cache)."""
 
     @property
     def lengths(self) -> list[int]: ...
+
+    @property
+    def hidden(self) -> list[torch.Tensor] | None: ...
 
     def __call__(self, feeds: list[torch.Tensor], keep: int, trees: list | None = None) -> torch.Tensor: ...
 
@@ -130,7 +141,8 @@ class BatchRunner(Protocol):
 
 @runtime_checkable
 class BatchDrafter(Protocol):
-    """A draft source over the rows. `drafter.draft(seq, n, gs, live)` proposes, for each row b =
+    """A draft source over the rows. `drafter.begin(prompts)` starts a run (each row's prompt, in
+    the batch's order); `drafter.draft(seq, n, gs, live)` proposes, for each row b =
     live[j] (indices into the [B, L] buffer `seq`, in the batch's order), at most gs[j] tokens deep
     after seq[b, :n[b]]; returns one spec.tree.Tree per live row (a chain's tokens are also
     written to seq[b, n[b]:], and Tree.tokens is a view of them). `observe(n, accepted, live,
@@ -139,6 +151,8 @@ class BatchDrafter(Protocol):
     leave (kept: indices into live). Implementations: spec.draft.ModelDraft (a draft model over a
     BatchRunner), spec.batch.EachRow (one model-free Drafter per row), spec.draft.NoDraft (plain
     decoding)."""
+
+    def begin(self, prompts: list[torch.Tensor]) -> None: ...
 
     def draft(self, seq: torch.Tensor, n: list[int], gs: list[int], live: list[int]) -> list[Tree]: ...
 

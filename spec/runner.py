@@ -41,7 +41,7 @@ from spec import hf
 from spec import probe as probing
 from spec.options import RunnerPath
 from spec.protocols import Runner
-from spec.tree import Tree, layout
+from spec.tree import Tree, in_place, layout
 from spec.positions import choose as choose_positions, cross_length, mask_len, position_ids
 
 
@@ -54,7 +54,7 @@ class UnsupportedModelError(ValueError):
         self.runs_uncached = runs_uncached
 
 
-class _Runner:
+class ModelRunner:
     """What every runner shares: the model, how it counts positions (spec.positions), and
     the ids it holds (the "counted" positions are counted over the whole sequence)."""
 
@@ -80,7 +80,7 @@ class _Runner:
         return out
 
 
-class KVRunner(_Runner):
+class KVRunner(ModelRunner):
     """A DynamicCache of full layers (hf.new_cache), cropped to `keep`."""
     path = RunnerPath.KV_CACHE
 
@@ -165,7 +165,7 @@ def _tree_probe(model) -> str | None:
     return None
 
 
-class SnapshotRunner(_Runner):
+class SnapshotRunner(ModelRunner):
     """The model's own cache (whatever kind it builds), copied at the start of the first pass
     after each crop; a crop to a shorter length restores the copy and re-feeds the kept tokens
     after it at once, so the runner then holds exactly `keep` positions and the next copy is
@@ -231,7 +231,7 @@ class StepwiseSnapshotRunner(SnapshotRunner):
     stepwise = True
 
 
-class RecomputeRunner(_Runner):
+class RecomputeRunner(ModelRunner):
     """No cache: each pass runs the model over every token held so far."""
     path = RunnerPath.RECOMPUTE
 
@@ -412,3 +412,50 @@ def path_of(model) -> str:
     if not isinstance(model, PreTrainedModel):
         return "custom"
     return probe(model)
+
+
+# --- Scoring a tree on any Runner (spec.protocols) --------------------------------------------------
+
+def score_tree(run, before: torch.Tensor, tree: Tree) -> torch.Tensor:
+    """The target's logits for the tree: [N + 1, V], row 0 after the root (the last id of
+    `before`, the sequence's ids the runner has not seen), row i + 1 after node i.
+
+    A chain (nodes in a row, none included) is the runner's plain pass over the sequence and
+    its tokens. A runner that takes trees (`run.takes_trees`: spec.runner.KVRunner on a model
+    whose forward passed the tree probe) scores every node in one pass and keeps them until
+    `retain`. Any other runner is fed the tree branch by branch, root to each leaf, and cut back
+    to the sequence after each: exact on every runner, at a pass per leaf."""
+    if tree.is_chain:
+        return run(torch.cat([before, tree.tokens]), keep=len(tree) + 1)
+    if isinstance(run, KVRunner) and run.takes_trees:
+        return run.feed_tree(before, tree)
+    base = len(run)
+    end = base + before.numel()                 # the root is the sequence's last id, at end - 1
+    rows: list = [None] * (len(tree) + 1)
+    states: list = [None] * (len(tree) + 1)        # hidden states, for a runner that keeps them
+    sequence = None                                # the states of `before` up to the root
+    for i, leaf in enumerate(tree.leaves()):
+        if i:
+            run.crop(end - 1)                   # back to the sequence; the root is fed again
+        if len(run) < base:
+            raise RuntimeError(f"{type(run).__name__} went back to {len(run)} positions, before the {base} "
+                               f"it held when the tree came")
+        path = tree.path(leaf)
+        logits = run(torch.cat([before[len(run) - base:], tree.tokens[path]]), keep=len(path) + 1)
+        hidden = run.hidden if isinstance(run, ModelRunner) else None    # every id fed: `before`'s, then the path's
+        if hidden is not None and i == 0:
+            sequence = hidden[:-(len(path) + 1)]
+        for depth, node in enumerate([-1] + path):
+            rows[node + 1] = logits[depth]
+            states[node + 1] = hidden[hidden.shape[0] - len(path) - 1 + depth] if hidden is not None else None
+    run.crop(end)                               # the accepted path is fed with the next round
+    if isinstance(run, ModelRunner) and run.collect_hidden:
+        run.hidden = torch.cat([sequence, torch.stack(states)])     # as a one-pass runner gives them
+    return torch.stack(rows)
+
+
+def retain_tree(run, base: int, path: list[int]) -> None:
+    """After `score`: keep, of the tree's nodes (cached from position `base` on), the accepted
+    path only, moved up behind the sequence. A runner fed branch by branch holds none of them."""
+    if not in_place(path) and isinstance(run, KVRunner) and run.takes_trees:
+        run.retain(base, path)

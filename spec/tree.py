@@ -99,54 +99,7 @@ def layout(tree: Tree, start: int, fed: int) -> tuple[torch.Tensor, torch.Tensor
     return positions, mask
 
 
-# --- Scoring a tree on a Runner (spec.protocols) -----------------------------------------------------
-
-def score(run, before: torch.Tensor, tree: Tree) -> torch.Tensor:
-    """The target's logits for the tree: [N + 1, V], row 0 after the root (the last id of
-    `before`, the sequence's ids the runner has not seen), row i + 1 after node i.
-
-    A chain (nodes in a row, none included) is the runner's plain pass over the sequence and
-    its tokens. A runner that takes trees (`run.takes_trees`: spec.runner.KVRunner on a model
-    whose forward passed the tree probe) scores every node in one pass and keeps them until
-    `retain`. Any other runner is fed the tree branch by branch, root to each leaf, and cut back
-    to the sequence after each: exact on every runner, at a pass per leaf."""
-    if tree.is_chain:
-        return run(torch.cat([before, tree.tokens]), keep=len(tree) + 1)
-    if getattr(run, "takes_trees", False):
-        return run.feed_tree(before, tree)
-    base = len(run)
-    end = base + before.numel()                 # the root is the sequence's last id, at end - 1
-    rows: list = [None] * (len(tree) + 1)
-    states: list = [None] * (len(tree) + 1)        # hidden states, for a runner that keeps them
-    sequence = None                                # the states of `before` up to the root
-    for i, leaf in enumerate(tree.leaves()):
-        if i:
-            run.crop(end - 1)                   # back to the sequence; the root is fed again
-        if len(run) < base:
-            raise RuntimeError(f"{type(run).__name__} went back to {len(run)} positions, before the {base} "
-                               f"it held when the tree came")
-        path = tree.path(leaf)
-        logits = run(torch.cat([before[len(run) - base:], tree.tokens[path]]), keep=len(path) + 1)
-        hidden = getattr(run, "hidden", None)          # every id fed: `before`'s, then the path's
-        if hidden is not None and i == 0:
-            sequence = hidden[:-(len(path) + 1)]
-        for depth, node in enumerate([-1] + path):
-            rows[node + 1] = logits[depth]
-            states[node + 1] = hidden[hidden.shape[0] - len(path) - 1 + depth] if hidden is not None else None
-    run.crop(end)                               # the accepted path is fed with the next round
-    if getattr(run, "collect_hidden", False):
-        run.hidden = torch.cat([sequence, torch.stack(states)])     # as a one-pass runner gives them
-    return torch.stack(rows)
-
-
 def in_place(path: list[int]) -> bool:
     """The path is the proposal's first nodes (a chain's accepted prefix): its positions are
     already in order behind the sequence, and keeping it is the crop that follows."""
     return path == list(range(len(path)))
-
-
-def retain(run, base: int, path: list[int]) -> None:
-    """After `score`: keep, of the tree's nodes (cached from position `base` on), the accepted
-    path only, moved up behind the sequence. A runner fed branch by branch holds none of them."""
-    if not in_place(path) and getattr(run, "takes_trees", False):
-        run.retain(base, path)

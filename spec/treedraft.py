@@ -19,7 +19,8 @@ from spec import choose, hf
 from spec.draft import resync
 from spec.lookup import PromptLookup, matches
 from spec.protocols import DraftSource, Need, Runner
-from spec.tree import Tree, score
+from spec.runner import score_tree
+from spec.tree import Tree
 
 
 def _count(name: str, value, low: int = 1) -> int:
@@ -90,7 +91,7 @@ class TreeDraft(DraftSource):
             # the draft's next-token logits at the new level, every node given its own path
             run.crop(end - 1)                           # the root is fed again with the tree
             tree = Tree(torch.tensor(tokens, dtype=torch.long, device=seq.device), tuple(parents))
-            rows = score(run, seq[len(run):n], tree)
+            rows = score_tree(run, seq[len(run):n], tree)
             logp = torch.log_softmax(rows[[i + 1 for i in level], :self.width].double(), -1)
         run.crop(end)
         return Tree(torch.tensor(tokens, dtype=torch.long, device=seq.device), tuple(parents))

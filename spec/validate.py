@@ -15,7 +15,7 @@ MAX_PADDING_GAP = 1024
 
 def check_model(model, name: str) -> None:
     if name == "draft" and callable(getattr(model, "draft", None)) and not hasattr(model, "config"):
-        missing = [m for m in ("needs", "observe", "__len__") if not hasattr(model, m)]
+        missing = [m for m in ("needs", "begin", "observe", "__len__") if not hasattr(model, m)]
         raise TypeError(f"draft: {type(model).__name__} has a `draft` method but not {', '.join(map(repr, missing))} "
                         f"of the Drafter protocol (spec.protocols); declare `needs = frozenset()` (or the "
                         f"spec.Need values it needs), or subclass spec.DraftSource")

@@ -54,6 +54,9 @@ class Recording:
 
     needs = frozenset()
 
+    def begin(self, prompt):
+        self.inner.begin(prompt)
+
     def draft(self, seq, n, g):
         chain = self.inner.draft(seq, n, g)
         self.rounds.append((seq[:n].tolist(), chain.tokens.tolist()))
@@ -193,6 +196,9 @@ class SkewedQ:
         self.inner = inner
 
     needs = frozenset()
+
+    def begin(self, prompt):
+        self.inner.begin(prompt)
 
     def draft(self, seq, n, g):
         chain = self.inner.draft(seq, n, g)

@@ -120,7 +120,7 @@ def test_one_clock():
 # --- issue 25: one loop over two small protocols, chosen in one place --------------------------
 
 RUNNER_METHODS = {"__call__", "crop", "__len__"}
-DRAFTER_METHODS = {"draft", "observe", "__len__"}
+DRAFTER_METHODS = {"begin", "draft", "observe", "__len__"}
 
 
 def _classes_with(methods: set[str]) -> dict[str, str]:

@@ -400,6 +400,9 @@ class _Remembers:
     def __init__(self):
         self.seen = 0
 
+    def begin(self, prompt):
+        pass
+
     def draft(self, seq, n, g):
         return Tree.chain(seq[n:n])
 

@@ -25,6 +25,9 @@ class Oracle:
 
     needs: frozenset = frozenset()
 
+    def begin(self, prompt):
+        pass
+
     def draft(self, seq: torch.Tensor, n: int, g: int) -> Tree:
         at = n - self.P
         out = self.tokens[at:at + min(g, self.cap)]
@@ -111,6 +114,9 @@ def test_a_torch_module_that_keeps_the_drafter_protocol_is_a_drafter(target):
         def __init__(self):
             super().__init__()
             self.lookup, self.calls = PromptLookup(min_ngram=1), 0
+
+        def begin(self, prompt):
+            pass
 
         def draft(self, seq, n, g):
             self.calls += 1

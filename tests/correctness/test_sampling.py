@@ -366,9 +366,8 @@ SOURCE_MUTANTS = {
                            "passed = torch.ones(g, dtype=torch.bool, device=p.device)"),
     # (c) the bonus token drawn from the draft's q instead of the target's p
     "bonus-from-q": (decode, "_decode",
-                     "path = _accept_row(seq[b], n[b], trees[j], scores, processors[b], picks[b], target_run, j)",
-                     "path = _accept_bonus_from_q(drafter, seq[b], n[b], trees[j], scores, processors[b], picks[b], "
-                     "target_run, j)"),
+                     "paths = [_accept_row(seq[b], n[b], trees[j],",
+                     "paths = [_accept_bonus_from_q(drafter, seq[b], n[b], trees[j],"),
 }
 
 

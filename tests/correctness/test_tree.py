@@ -18,7 +18,8 @@ from strategies import short_prompts_for_tiny_vocab
 
 from spec import accept, batch, greedy_generate, hf, runner, sampling, speculative_generate
 from spec.protocols import Drafter, Need
-from spec.tree import Tree, layout, score
+from spec.runner import score_tree as score
+from spec.tree import Tree, layout
 from spec.treedraft import LookupTree, TreeDraft
 
 NEG = -1e9
@@ -333,6 +334,9 @@ def test_a_drafters_tree_too_deep_or_out_of_vocabulary_is_refused():
         def __init__(self, tokens, parents):
             self.tree = _tree(tokens, parents)
 
+        def begin(self, prompt):
+            pass
+
         def draft(self, seq, n, g):
             return self.tree
 
@@ -368,6 +372,9 @@ class SampledTree:
     def _q(self, context: list[int]) -> torch.Tensor:
         logits = self.model(input_ids=torch.tensor([context]), use_cache=False).logits[0, -1]
         return logits.double().softmax(-1)
+
+    def begin(self, prompt):
+        pass
 
     def draft(self, seq, n, g):
         if g < 1:
@@ -508,6 +515,9 @@ class Recording:
         self.inner, self.calls = inner, []
         self.needs = inner.needs | {Need.HIDDEN}
 
+    def begin(self, prompt):
+        self.inner.begin(prompt)
+
     def draft(self, seq, n, g):
         self.calls.append(["draft", n])
         return self.inner.draft(seq, n, g)
@@ -604,6 +614,9 @@ def test_a_drafter_returning_trees_without_the_need_is_told_to_declare_it_and_an
 
         def __init__(self, empty=False):
             self.empty = empty
+
+        def begin(self, prompt):
+            pass
 
         def draft(self, seq, n, g):
             return Tree(torch.tensor([]), ()) if self.empty or g < 1 else _tree([1, 2], [-1, -1])
