@@ -9,6 +9,7 @@ options (library functions take explicit arguments)."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -289,3 +290,22 @@ def test_the_namespace_finder_finds_a_reader():
                      "def main(argv):\n    args = parser.parse_args(argv)\n    return args.gamma\n")
     assert _namespace_readers("m", tree) == ["spec/m.py:1 step", "spec/m.py:3 later"]
     assert _namespace_readers("__main__", _modules()["__main__"])   # the command line itself reads them
+
+
+def test_one_acceptance_path_one_probe_memo_and_no_capability_flags():
+    """The structure issue 42 asked for, held: spec.accept has one entry per rule (greedy, sampled)
+    over every proposal, the loop never asks a proposal's shape, the probes' verdicts live in one
+    memo (spec.probe), and no capability is read as an optional attribute (getattr/hasattr with a
+    default): needs are declared (spec.Need), runners are asked by type."""
+    import spec.accept as accept
+    public = sorted(n for n, v in vars(accept).items()
+                    if callable(v) and not n.startswith("_") and getattr(v, "__module__", "") == accept.__name__)
+    assert public == ["greedy", "sampled"], public
+    sources = {name: ast.unparse(tree) for name, tree in _modules().items()}
+    assert "is_chain" not in sources["decode"] and "is_chain" not in sources["batch"].replace("tree.is_chain for", "")
+    memos = [name for name, text in sources.items() if "WeakKeyDictionary()" in text]
+    assert "probe" in memos and "runner" not in memos and "batch" not in memos, memos
+    flags = ("makes_trees", "needs_hidden", "takes_trees", "collect_hidden", "hidden", "needs")
+    found = [f"spec/{name}.py: {m.group(0)}" for name, text in sources.items() if not name.startswith("conformance")
+             for m in re.finditer(r"\b(?:getattr|hasattr)\([^'\n]*?'(\w+)'", text) if m.group(1) in flags]
+    assert not found, found
