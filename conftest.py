@@ -268,6 +268,39 @@ def vllm_servers(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def llama_servers(tmp_path_factory):
+    """llama_servers(kind): llama.cpp's own llama-server (SPEC_LLAMA_SERVER, tests/servers.py) on
+    SmolLM2-135M-Instruct as an f32 GGUF (dequantized from the Q4_1 one), kind None (plain) or a key of
+    servers.LLAMA_SPECULATIVE ("draft": the Q4_1 GGUF drafts); skipped with the reason without the binary
+    or the GGUF (python -m spec.realmodel); all stopped at the session's end."""
+    from servers import LlamaServer, llama_server_binary
+
+    from spec import realmodel
+    from spec.conformance import llamacpp
+    binary, why = llama_server_binary()
+    if why:
+        pytest.skip(why)
+    q4 = realmodel.gguf_path()
+    if not q4.is_file():
+        pytest.skip(f"no SmolLM2 GGUF at {q4} (python -m spec.realmodel)")
+    f32 = q4.with_name(q4.name.replace(".Q4_1.gguf", ".f32.gguf"))
+    if not f32.exists():
+        llamacpp.dequantized_gguf(q4, f32, "f32")
+    logs = tmp_path_factory.mktemp("llama-server-logs")
+    servers: dict = {}
+
+    def server(kind: str | None):
+        if kind not in servers:
+            servers[kind] = LlamaServer(binary, f32, kind, logs / f"{kind or 'plain'}.log", draft=q4).wait(120)
+        return servers[kind]
+    try:
+        yield server
+    finally:
+        for s in servers.values():
+            s.stop()
+
+
+@pytest.fixture(scope="session")
 def llamacpp_servers(tmp_path_factory):
     """(prompt-lookup server, plain server) of llama-cpp-python on the SmolLM2 Q4_1 GGUF (tests/servers.py);
     skipped with the reason without the server's dependencies or the GGUF (python -m spec.realmodel)."""

