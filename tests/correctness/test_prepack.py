@@ -1,0 +1,63 @@
+"""spec.prepack: oneDNN-prepacked linears compute nn.Linear's function within fp32 rounding, pass the
+runner probe's replay, and leave the model as it was."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from oracles import assert_logits_close
+
+from spec import hf, prepack, runner
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch")
+
+
+def llama(dtype=torch.float32, bias=True):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, attention_bias=bias, mlp_bias=bias)
+    return LlamaForCausalLM(cfg).to(dtype).eval()
+
+
+@pytest.mark.parametrize("shape", [(1, 64), (2, 64), (3, 64), (9, 64), (1, 2, 64), (2, 5, 64), (0, 64)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_packed_forward_is_the_linear(shape, bias):
+    torch.manual_seed(1)
+    lin = torch.nn.Linear(64, 96, bias=bias)
+    x = torch.randn(shape)
+    with torch.inference_mode():
+        got = prepack.packed_forward(lin)(x)
+        assert_logits_close(got, F.linear(x, lin.weight, lin.bias), torch.float32, what=str(shape))
+
+
+def test_the_runner_probe_accepts_the_packed_model():
+    model = llama()
+    ids = torch.randint(0, 128, (24,), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        full = hf.authors_forward(model, ids)
+        with prepack.packed_linears(model):
+            assert runner._replay(runner.KVRunner(model), ids, full, 1e-5) is None
+            assert_logits_close(hf.authors_forward(model, ids), full, torch.float32)
+
+
+def test_the_model_is_put_back_even_on_error():
+    model = llama()
+    ids = torch.randint(0, 128, (1, 7), generator=torch.Generator().manual_seed(3))
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    with torch.inference_mode():
+        before = model(ids).logits
+        with pytest.raises(RuntimeError, match="inside"):
+            with prepack.packed_linears(model):
+                assert all("forward" in vars(m) for m in linears)
+                raise RuntimeError("inside")
+        assert not any("forward" in vars(m) for m in linears)
+        assert torch.equal(model(ids).logits, before)
+
+
+def test_a_model_not_fp32_on_cpu_is_left_alone():
+    model = llama(torch.float64)
+    assert not prepack.available(model)
+    with prepack.packed_linears(model):
+        assert not any("forward" in vars(m) for m in model.modules())
