@@ -7,12 +7,18 @@ differ from F.linear's by fp32 rounding only (a different summation order), whic
 exactness checks as the runner probe does. The packed copies add the linears' weight memory once more.
 
 `packed_linears(model)` swaps every plain nn.Linear's forward for the packed one while the context
-is open and puts the model's own back on exit; a model that is not fp32 on CPU is left as it is.
+is open and puts the model's own back on exit; a model that is not fp32 on CPU is left as it is. The
+packed copies are made once per model and kept while its weights are unchanged (keyed weakly).
+`used(model)`: whether spec's runners run `model` packed: fp32 on CPU with oneDNN, not switched off
+(SPEC_PREPACK=0), and the packed forward agreeing with the model's own within the probe's tolerance
+(spec.probe, once per model); spec.runner's passes then run inside `packed_linears`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import weakref
 
 import torch
 
@@ -41,15 +47,48 @@ def packed_forward(linear: torch.nn.Linear):
     return forward
 
 
+# model -> (the linears' weight versions, {linear: its packed forward})
+_PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _forwards(model) -> dict:
+    """Each plain nn.Linear's packed forward, made once while the weights stay as they were."""
+    mods = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    versions = tuple(m.weight._version for m in mods)
+    known = _PACKED.get(model)
+    if known is None or known[0] != versions:
+        known = _PACKED[model] = (versions, {m: packed_forward(m) for m in mods})
+    return known[1]
+
+
 @contextlib.contextmanager
 def packed_linears(model):
     """Within the context, `model`'s nn.Linear modules (exactly that class) run packed_forward."""
-    mods = [m for m in model.modules() if type(m) is torch.nn.Linear and "forward" not in vars(m)] \
-        if available(model) else []
+    forwards = _forwards(model) if available(model) else {}
+    mods = [m for m in forwards if "forward" not in vars(m)]
     try:
         for m in mods:
-            m.forward = packed_forward(m)
+            m.forward = forwards[m]
         yield model
     finally:
         for m in mods:
             vars(m).pop("forward", None)
+
+
+def used(model) -> bool:
+    """Whether spec's runners run `model` packed (see the module docstring)."""
+    if os.environ.get("SPEC_PREPACK", "1") == "0" or not available(model):
+        return False
+    from spec import probe
+    return probe.once(model, "packed linears", _agrees)
+
+
+def _agrees(model) -> bool:
+    """The packed forward's logits within the probe's tolerance of the model's own, over the probe's
+    ids (many rows) and over its first id alone (one row, padded)."""
+    from spec import hf, probe
+    ids = probe.ids(model, probe.probe_length(model), next(model.parameters()).device)
+    want = [hf.authors_forward(model, ids), hf.authors_forward(model, ids[:1])]
+    with packed_linears(model):
+        got = [hf.authors_forward(model, ids), hf.authors_forward(model, ids[:1])]
+    return all(probe.close(g, w, probe.tolerance(model)) for g, w in zip(got, want))

@@ -31,13 +31,14 @@ is refused with the reason, before any decoding.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import Any, Callable
 
 import torch
 from transformers import PreTrainedModel
 
-from spec import hf
+from spec import hf, prepack
 from spec import probe as probing
 from spec.options import RunnerPath
 from spec.protocols import Runner
@@ -70,12 +71,19 @@ class ModelRunner:
     def _sink(self) -> list | None:
         return [] if self.collect_hidden else None
 
+    def _linears(self):
+        """The context a pass runs in: the model's linears prepacked where spec.prepack says so (fp32 on
+        CPU: a pass of a few rows then costs about one one-token step)."""
+        return prepack.packed_linears(self.model) if prepack.used(self.model) else contextlib.nullcontext()
+
     def _step(self, ids: torch.Tensor, cache, start: int, keep: int):
         """hf.step over `ids` fed on top of the `start` positions held, positions as the model counts."""
         self.held = ids if start == 0 or self.held is None else torch.cat([self.held[:start], ids])
         sink = self._sink()
-        out = hf.step(self.model, ids, cache, position_ids=position_ids(self.positions, self.model, self.held, start),
-                      keep=keep, mask_len=mask_len(self.positions, self.held.numel()), hidden=sink)
+        with self._linears():
+            out = hf.step(self.model, ids, cache, keep=keep, hidden=sink,
+                          position_ids=position_ids(self.positions, self.model, self.held, start),
+                          mask_len=mask_len(self.positions, self.held.numel()))
         self.hidden = sink[0][-ids.numel():] if sink else None
         return out
 
@@ -110,8 +118,9 @@ class KVRunner(ModelRunner):
         ids = torch.cat([before, tree.tokens])
         self.held = ids if start == 0 or self.held is None else torch.cat([self.held[:start], ids])
         sink = self._sink()
-        logits = hf.tree_step(self.model, ids, self.cache, position_ids=positions.to(ids.device), mask=mask,
-                              keep=len(tree) + 1, hidden=sink)
+        with self._linears():
+            logits = hf.tree_step(self.model, ids, self.cache, position_ids=positions.to(ids.device), mask=mask,
+                                  keep=len(tree) + 1, hidden=sink)
         self.hidden = sink[0] if sink else None
         return logits
 
@@ -240,8 +249,9 @@ class RecomputeRunner(ModelRunner):
         self.held = held
         positions = position_ids(self.positions, self.model, held, 0)
         sink = self._sink()
-        logits, _ = hf.step(self.model, held, position_ids=positions, keep=keep or ids.numel(), use_cache=False,
-                            mask_len=mask_len(self.positions, held.numel()), hidden=sink)
+        with self._linears():
+            logits, _ = hf.step(self.model, held, position_ids=positions, keep=keep or ids.numel(), use_cache=False,
+                                mask_len=mask_len(self.positions, held.numel()), hidden=sink)
         self.hidden = sink[0][-ids.numel():] if sink else None
         return logits
 

@@ -61,3 +61,38 @@ def test_a_model_not_fp32_on_cpu_is_left_alone():
     assert not prepack.available(model)
     with prepack.packed_linears(model):
         assert not any("forward" in vars(m) for m in model.modules())
+
+
+def test_spec_runs_an_fp32_cpu_model_packed_and_stays_exact(monkeypatch):
+    """The runners use the packed linears where the model agrees with its own forward (probed once):
+    greedy and speculative decoding then run packed, and speculative output equals greedy's."""
+    from spec import greedy_generate, probe, speculative_generate
+    from spec.models import perturbed_copy
+    model = llama()
+    probe.forget(model)
+    assert prepack.used(model) and probe.memo(model, "packed linears")[1] is True
+    calls = []
+    real = prepack.packed_linears
+    monkeypatch.setattr(prepack, "packed_linears", lambda m: calls.append(m) or real(m))
+    draft = perturbed_copy(model, noise=0.05, seed=3)
+    for prompt in ([5, 9, 14, 3], [7, 7, 1, 2, 8]):
+        out = speculative_generate(model, draft, prompt, gamma=3, max_new_tokens=16)
+        assert out.tokens == greedy_generate(model, prompt, max_new_tokens=16).tokens and out.accepted > 0
+    assert model in calls
+    assert all("forward" not in vars(m) for m in model.modules())       # put back after every pass
+
+
+def test_packing_is_off_when_asked_or_when_the_packed_forward_disagrees(monkeypatch):
+    from spec import probe
+    model = llama()
+    probe.forget(model)
+    monkeypatch.setenv("SPEC_PREPACK", "0")
+    assert not prepack.used(model)
+    monkeypatch.delenv("SPEC_PREPACK")
+    real = prepack.packed_forward
+    monkeypatch.setattr(prepack, "packed_forward", lambda lin: (lambda x, f=real(lin): f(x) * 1.001))
+    prepack._PACKED.pop(model, None)
+    assert not prepack.used(model)                   # 0.1% off the model's own: not used, the plain path runs
+    assert runner.verdict(model)[0] == "kv-cache"
+    probe.forget(model)
+    prepack._PACKED.pop(model, None)
