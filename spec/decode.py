@@ -25,6 +25,7 @@ from spec.autogamma import AutoGamma
 from spec.draft import FixedGamma, Pick
 from spec.options import GammaMode, StopReason
 from spec.processors import Processors
+from spec.tree import in_place
 from spec.validate import check_options, check_positions, stop_ids
 
 
@@ -376,9 +377,12 @@ def _accept_row(seq: torch.Tensor, n: int, tree, scores: torch.Tensor, process, 
     else:
         path, token = accept.greedy(tree, scores)
     k = len(path)
-    seq[n:n + k] = tree.tokens[path]
+    if in_place(path):                                    # a chain's prefix: no gather, nothing to compact
+        seq[n:n + k] = tree.tokens[:k]
+    else:
+        seq[n:n + k] = tree.tokens[path]
+        target_run.retain(row, n, path)
     seq[n + k] = token                                    # Mp's own token after the path
-    target_run.retain(row, n, path)
     return path
 
 

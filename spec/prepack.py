@@ -10,7 +10,7 @@ exactness checks as the runner probe does. The packed copies add the linears' we
 is open and puts the model's own back on exit; a model that is not fp32 on CPU is left as it is. The
 packed copies are made once per model and kept while its weights are unchanged (keyed weakly).
 `used(model)`: whether spec's runners run `model` packed: fp32 on CPU with oneDNN, not switched off
-(SPEC_PREPACK=0), and the packed forward agreeing with the model's own within the probe's tolerance
+(SPEC_PREPACK=0), linears of at least MIN_BYTES, and the packed forward agreeing with the model's own within the probe's tolerance
 (spec.probe, once per model); spec.runner's passes then run inside `packed_linears`.
 """
 
@@ -23,6 +23,9 @@ import weakref
 import torch
 
 HINT = 16  # the batch size oneDNN picks the weight's layout for (4 and 16 measured alike)
+# Packing pays where a pass streams the weights from memory; a model whose linears fit in the CPU's
+# caches (the shipped pair: 6 MB) runs its many small products faster through F.linear.
+MIN_BYTES = 64 << 20
 MIN_ROWS = 3  # 1 and 2 rows are padded to 3: oneDNN's 3-row product is faster than its 1- and 2-row ones
 
 
@@ -84,9 +87,13 @@ def used(model) -> bool:
 
 
 def _agrees(model) -> bool:
-    """The packed forward's logits within the probe's tolerance of the model's own, over the probe's
-    ids (many rows) and over its first id alone (one row, padded)."""
+    """The model's linears are large enough to pay (MIN_BYTES), and the packed forward's logits are
+    within the probe's tolerance of the model's own, over the probe's ids (many rows) and over its
+    first id alone (one row, padded)."""
     from spec import hf, probe
+    size = sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if type(m) is torch.nn.Linear)
+    if size < MIN_BYTES:
+        return False
     ids = probe.ids(model, probe.probe_length(model), next(model.parameters()).device)
     want = [hf.authors_forward(model, ids), hf.authors_forward(model, ids[:1])]
     with packed_linears(model):

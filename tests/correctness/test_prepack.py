@@ -70,6 +70,9 @@ def test_spec_runs_an_fp32_cpu_model_packed_and_stays_exact(monkeypatch):
     from spec.models import perturbed_copy
     model = llama()
     probe.forget(model)
+    assert not prepack.used(model)                    # its 60 KB of linears fit in any cache: F.linear is faster
+    probe.forget(model)
+    monkeypatch.setattr(prepack, "MIN_BYTES", 0)      # as if it were large
     assert prepack.used(model) and probe.memo(model, "packed linears")[1] is True
     calls = []
     real = prepack.packed_linears
@@ -86,6 +89,7 @@ def test_packing_is_off_when_asked_or_when_the_packed_forward_disagrees(monkeypa
     from spec import probe
     model = llama()
     probe.forget(model)
+    monkeypatch.setattr(prepack, "MIN_BYTES", 0)
     monkeypatch.setenv("SPEC_PREPACK", "0")
     assert not prepack.used(model)
     monkeypatch.delenv("SPEC_PREPACK")
