@@ -11,7 +11,7 @@ is open and puts the model's own back on exit; a model that is not fp32 on CPU i
 packed copies are made once per model and kept while its weights are unchanged (keyed weakly).
 `used(model)`: whether spec's runners run `model` packed: fp32 on CPU with oneDNN, not switched off
 (SPEC_PREPACK=0), linears of at least MIN_BYTES, and the packed forward agreeing with the model's own within the probe's tolerance
-(spec.probe, once per model); spec.runner's passes then run inside `packed_linears`.
+(spec.probe, once per model); spec.runner's passes then run inside `swapped(forwards(model))`.
 """
 
 from __future__ import annotations
@@ -54,8 +54,9 @@ def packed_forward(linear: torch.nn.Linear):
 _PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _forwards(model) -> dict:
-    """Each plain nn.Linear's packed forward, made once while the weights stay as they were."""
+def forwards(model) -> dict:
+    """Each plain nn.Linear's packed forward, made once while the weights stay as they were (a walk
+    over the model: a runner asks once and keeps the dict)."""
     mods = [m for m in model.modules() if type(m) is torch.nn.Linear]
     versions = tuple(m.weight._version for m in mods)
     known = _PACKED.get(model)
@@ -65,17 +66,23 @@ def _forwards(model) -> dict:
 
 
 @contextlib.contextmanager
-def packed_linears(model):
-    """Within the context, `model`'s nn.Linear modules (exactly that class) run packed_forward."""
-    forwards = _forwards(model) if available(model) else {}
-    mods = [m for m in forwards if "forward" not in vars(m)]
+def swapped(packed: dict):
+    """Within the context, each linear in `packed` runs its packed forward (from `forwards`)."""
+    mods = [m for m in packed if "forward" not in vars(m)]
     try:
-        for m in mods:
-            m.forward = forwards[m]
-        yield model
+        for m in mods:      # (object's setattr: nn.Module's own costs microseconds a call, 211 times a pass)
+            object.__setattr__(m, "forward", packed[m])
+        yield
     finally:
         for m in mods:
             vars(m).pop("forward", None)
+
+
+@contextlib.contextmanager
+def packed_linears(model):
+    """Within the context, `model`'s nn.Linear modules (exactly that class) run packed_forward."""
+    with swapped(forwards(model) if available(model) else {}):
+        yield model
 
 
 def used(model) -> bool:

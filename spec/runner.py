@@ -67,7 +67,7 @@ class ModelRunner:
     def __init__(self, model, positions: str = "explicit"):
         self.model, self.positions = model, positions
         self.held: torch.Tensor | None = None
-        self.packed: bool | None = None        # spec.prepack decides at the first pass
+        self.packed: dict | None = None        # the packed linears (spec.prepack), decided at the first pass
 
     def _sink(self) -> list | None:
         return [] if self.collect_hidden else None
@@ -76,8 +76,8 @@ class ModelRunner:
         """The context a pass runs in: the model's linears prepacked where spec.prepack says so (fp32 on
         CPU: a pass of a few rows then costs about one one-token step)."""
         if self.packed is None:             # decided at the runner's first pass
-            self.packed = prepack.used(self.model)
-        return prepack.packed_linears(self.model) if self.packed else contextlib.nullcontext()
+            self.packed = prepack.forwards(self.model) if prepack.used(self.model) else {}
+        return prepack.swapped(self.packed) if self.packed else contextlib.nullcontext()
 
     def _step(self, ids: torch.Tensor, cache, start: int, keep: int):
         """hf.step over `ids` fed on top of the `start` positions held, positions as the model counts."""

@@ -75,13 +75,13 @@ def test_spec_runs_an_fp32_cpu_model_packed_and_stays_exact(monkeypatch):
     monkeypatch.setattr(prepack, "MIN_BYTES", 0)      # as if it were large
     assert prepack.used(model) and probe.memo(model, "packed linears")[1] is True
     calls = []
-    real = prepack.packed_linears
-    monkeypatch.setattr(prepack, "packed_linears", lambda m: calls.append(m) or real(m))
+    real = prepack.swapped
+    monkeypatch.setattr(prepack, "swapped", lambda packed: calls.append(len(packed)) or real(packed))
     draft = perturbed_copy(model, noise=0.05, seed=3)
     for prompt in ([5, 9, 14, 3], [7, 7, 1, 2, 8]):
         out = speculative_generate(model, draft, prompt, gamma=3, max_new_tokens=16)
         assert out.tokens == greedy_generate(model, prompt, max_new_tokens=16).tokens and out.accepted > 0
-    assert model in calls
+    assert calls and all(count == 15 for count in calls), calls     # every pass, all 15 linears packed
     assert all("forward" not in vars(m) for m in model.modules())       # put back after every pass
 
 
