@@ -6,7 +6,9 @@
 1. Data, the project's own: training prompts that are not the evaluation prompts (SmolLM2: chat
    instructions built from TOPICS x TASKS; the pair: windows of the running Python's standard
    library sources, the pair's own training corpus), each continued by the target's greedy
-   decoding (spec.greedy_generate, batched): the head learns the target's own text.
+   decoding (spec.greedy_generate, batched): the head learns the target's own text; and
+   `--windows` 256-token windows of local text (this project's docs, the standard library),
+   teacher-forced.
 2. Features: one cache-free forward of the target over each whole sequence gives its last-layer
    states f_t and its argmax a_t at every position (self-distillation: the head is scored on the
    token the target would pick, which is what greedy acceptance asks).
@@ -64,6 +66,22 @@ def code_prompts(tok, count: int, length: int = 48, seed: int = 0) -> list[list[
     return out
 
 
+def text_windows(tok, count: int, length: int = 256, seed: int = 1) -> list[list[int]]:
+    """`count` windows of `length` tokens of local text: this project's docs and the running Python's
+    standard library sources (teacher-forced: the head is trained on the target's own argmax at every
+    position, whoever wrote the text)."""
+    root = Path(__file__).resolve().parent.parent
+    files = sorted((root / "docs").glob("*.md")) + sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+    gen = torch.Generator().manual_seed(seed)
+    out: list[list[int]] = []
+    while len(out) < count:
+        ids = tok.encode(files[int(torch.randint(len(files), (1,), generator=gen))].read_text(errors="replace"))
+        if len(ids) > length:
+            start = int(torch.randint(len(ids) - length, (1,), generator=gen))
+            out.append(list(ids[start:start + length]))
+    return out
+
+
 def corpus(target, prompts: list[list[int]], new_tokens: int, batch: int = 8) -> list[list[int]]:
     """Each prompt followed by the target's greedy continuation."""
     out = []
@@ -115,7 +133,7 @@ def train(target, data, ids: torch.Tensor, *, steps: int = 600, batch: int = 256
     f0, x, a, nxt = _windows(data, unroll)
     labels = index[a]
     params = [p for p in head.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
     gen = torch.Generator().manual_seed(seed)
     losses = []
@@ -158,6 +176,40 @@ def evaluate(target, head, prompts: list[list[int]], *, gamma: int, new_tokens: 
                 speedup=t_plain / t_spec, plain_s=t_plain, spec_s=t_spec, rows=rows)
 
 
+def compare(target, tok, head, prompts: list[list[int]], *, new_tokens: int, threads: int) -> dict:
+    """SmolLM2: the head against the other drafters a CPU user has, interleaved prompt by prompt, one
+    process: plain greedy, EAGLE chains (gamma 4) and trees (2 branches), prompt lookup (gamma 8) and
+    the model's own Q4_1 GGUF in llama.cpp (gamma 6). Per drafter: outputs equal to greedy, alpha,
+    tokens per round, the draft's cost c (its time per drafted token over greedy's per token) and the
+    speedup over greedy (total time)."""
+    from spec import realmodel
+    from spec.gguf_draft import GGUFDraft
+    from spec.lookup import PromptLookup
+    drafters = {"eagle": (eagle.EagleDraft(head), 4), "eagle tree": (eagle.EagleDraft(head, branches=2), 4),
+                "lookup": (PromptLookup(), 8), "q4_1": (GGUFDraft(realmodel.fetch(), target, tok, threads=threads), 6)}
+    rows: dict = {name: dict(s=0.0, draft_s=0.0, drafted=0, alpha=[], tpr=[], equal=True) for name in drafters}
+    plain_s, plain_tokens = 0.0, 0
+    for p in prompts:
+        t0 = time.perf_counter()
+        plain = greedy_generate(target, p, max_new_tokens=new_tokens)
+        plain_s, plain_tokens = plain_s + time.perf_counter() - t0, plain_tokens + len(plain.tokens)
+        for name, (draft, gamma) in drafters.items():
+            t0 = time.perf_counter()
+            out = speculative_generate(target, draft, p, gamma=gamma, max_new_tokens=new_tokens, trace=True)
+            row = rows[name]
+            row["s"] += time.perf_counter() - t0
+            row["draft_s"] += sum(r.draft_s for r in out.rounds)
+            row["drafted"] += out.drafted
+            row["alpha"].append(out.alpha)
+            row["tpr"].append(out.mean_tokens_per_round)
+            row["equal"] &= out.tokens == plain.tokens
+    step = plain_s / plain_tokens
+    return {name: dict(equal=r["equal"], alpha=sum(r["alpha"]) / len(r["alpha"]),
+                       tokens_per_round=sum(r["tpr"]) / len(r["tpr"]),
+                       c=(r["draft_s"] / r["drafted"]) / step if r["drafted"] else float("nan"),
+                       speedup=plain_s / r["s"]) for name, r in rows.items()} | {"greedy_ms_per_token": 1e3 * step}
+
+
 def _load(kind: str):
     """(target, tokenizer, training prompts maker, evaluation prompts) for --target."""
     if kind == "smollm2":
@@ -174,15 +226,16 @@ def _load(kind: str):
 
 def _train(args, target, tok, make_prompts, out: Path) -> dict:
     t0 = time.perf_counter()
-    sequences = corpus(target, make_prompts(tok, args.prompts), args.new_tokens)
+    sequences = corpus(target, make_prompts(tok, args.prompts), args.new_tokens) + text_windows(tok, args.windows)
     data = features(target, sequences)
     t1 = time.perf_counter()
     ids = draft_vocabulary(data, args.k)
     positions = sum(i.numel() for i, _, _ in data)
     print(f"data: {len(sequences)} sequences, {positions} positions ({t1 - t0:.0f} s); draft vocabulary {ids.numel()}")
-    head, losses = train(target, data, ids, steps=args.steps)
+    head, losses = train(target, data, ids, steps=args.steps, batch=args.batch)
     t2 = time.perf_counter()
-    about = dict(target=args.target, prompts=args.prompts, new_tokens=args.new_tokens, positions=positions,
+    about = dict(target=args.target, prompts=args.prompts, new_tokens=args.new_tokens, windows=args.windows,
+                 positions=positions,
                  k=int(ids.numel()), steps=args.steps, losses=losses, data_s=round(t1 - t0), train_s=round(t2 - t1),
                  threads=args.threads)
     eagle.save(head, target, out, about)
@@ -196,14 +249,17 @@ def main(argv=None) -> int:
     ap.add_argument("--target", choices=("smollm2", "pair"), default="smollm2")
     ap.add_argument("--prompts", type=int, default=48, help="training prompts")
     ap.add_argument("--new-tokens", type=int, default=96, help="greedy tokens generated per training prompt")
+    ap.add_argument("--windows", type=int, default=240, help="256-token windows of local text (teacher-forced)")
     ap.add_argument("--k", type=int, default=4096, help="draft vocabulary size")
-    ap.add_argument("--steps", type=int, default=800)
+    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--eval-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--step", choices=("all", "train", "eval"), default="all",
-                    help="train only, evaluate a saved head only, or both")
+    ap.add_argument("--step", choices=("all", "train", "eval", "compare"), default="all",
+                    help="train only, evaluate a saved head only, both, or (SmolLM2) compare a saved head with "
+                         "prompt lookup and the Q4_1 GGUF draft")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     target, tok, make_prompts, eval_prompts = _load(args.target)
@@ -215,6 +271,11 @@ def main(argv=None) -> int:
     else:
         about = json.loads(out.with_suffix(".json").read_text())["about"]
     head = eagle.load(out, target)
+    if args.step == "compare":
+        table = compare(target, tok, head, eval_prompts, new_tokens=args.eval_tokens, threads=args.threads)
+        print(json.dumps(table, indent=1))
+        out.with_name(f"{args.target}-compare.json").write_text(json.dumps(table, indent=1))
+        return 0 if all(v["equal"] for k, v in table.items() if isinstance(v, dict)) else 1
     results = [evaluate(target, head, eval_prompts, gamma=args.gamma, new_tokens=args.eval_tokens, branches=b)
                for b in (1, 2)]
     for r in results:
