@@ -350,7 +350,7 @@ def test_a_batch_mixing_greedy_and_sampled_rows_is_exact_per_row():
     temperature and top-k), in one batch with one generator: each greedy row is its solo greedy
     output every time, each sampled row follows its own options' law (chi-square at 0.001)."""
     target, draft = _neox_pair()
-    rows = _mixed_rows(target, draft, 600, seed=63)
+    rows = _mixed_rows(target, draft, 300, seed=63)
     assert not _mixed_verdict(target, rows)
 
 
@@ -360,7 +360,7 @@ def test_mixed_rows_check_rejects_a_batch_that_applies_the_calls_options_to_ever
     real = decode.picks_for
     monkeypatch.setattr(decode, "picks_for", lambda options, per_row, *rest: real(options, None, *rest))
     target, draft = _neox_pair()
-    wrong = _mixed_verdict(target, _mixed_rows(target, draft, 300, seed=64))
+    wrong = _mixed_verdict(target, _mixed_rows(target, draft, 150, seed=64))
     assert len(wrong) >= 3, wrong          # both greedy rows and the row with its own warpers
 
 
