@@ -264,7 +264,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     target, tok, make_prompts, eval_prompts = _load(args.target)
     out = args.out or Path(os.environ.get("SPEC_CACHE", Path.home() / ".cache" / "spec")) / "eagle" / f"{args.target}.pt"
-    if args.step != "eval":
+    if args.step in ("all", "train"):
         about = _train(args, target, tok, make_prompts, out)
         if args.step == "train":
             return 0
