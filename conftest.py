@@ -254,11 +254,17 @@ def vllm_servers(tmp_path_factory):
         pytest.skip(f"no SmolLM2 fp32 folder at {fp32} (python -m spec.realmodel)")
     folder = model_folder(fp32, tmp_path_factory.mktemp("vllm-model"))
     logs = tmp_path_factory.mktemp("vllm-logs")
+    yield from _server_pool(lambda kind: VllmServer(python, folder, kind, logs / f"{kind or 'plain'}.log").wait())
+
+
+def _server_pool(start):
+    """A session's servers by kind, each started (`start(kind)`) on first use, all stopped at the end:
+    what the server fixtures yield."""
     servers: dict = {}
 
     def server(kind: str | None):
         if kind not in servers:
-            servers[kind] = VllmServer(python, folder, kind, logs / f"{kind or 'plain'}.log").wait()
+            servers[kind] = start(kind)
         return servers[kind]
     try:
         yield server
@@ -287,17 +293,8 @@ def llama_servers(tmp_path_factory):
     if not f32.exists():
         llamacpp.dequantized_gguf(q4, f32, "f32")
     logs = tmp_path_factory.mktemp("llama-server-logs")
-    servers: dict = {}
-
-    def server(kind: str | None):
-        if kind not in servers:
-            servers[kind] = LlamaServer(binary, f32, kind, logs / f"{kind or 'plain'}.log", draft=q4).wait(120)
-        return servers[kind]
-    try:
-        yield server
-    finally:
-        for s in servers.values():
-            s.stop()
+    yield from _server_pool(lambda kind: LlamaServer(binary, f32, kind, logs / f"{kind or 'plain'}.log",
+                                                     draft=q4).wait(120))
 
 
 @pytest.fixture(scope="session")
