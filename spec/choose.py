@@ -55,7 +55,6 @@ class ChosenRows:
     drafter: BatchDrafter           # ModelDraft, EachRow over a model-free Drafter, or NoDraft
     models: dict                    # the roles that are models, by role
     batched: bool                   # the input was a batch (a list of results is returned), not one prompt
-    hidden: bool = False            # the drafter reads the target's hidden states (the target keeps them)
 
 
 def is_drafter(obj) -> bool:
@@ -134,10 +133,9 @@ def rows(roles: dict, input_ids, attention_mask=None, *, input_features=None, de
     else:
         drafter = NoDraft()
     target = made[next(iter(roles))]
-    hidden = Need.HIDDEN in needs_of(roles.get("draft"))
-    if hidden and isinstance(target, batch.EachRunner):      # (it is: `_rows` gives such a drafter one)
-        target.collect_hidden()
-    return ChosenRows(prompts, target, drafter, models, batched, hidden)
+    if Need.HIDDEN in needs_of(roles.get("draft")) and isinstance(target, batch.EachRunner):   # (`_rows` gives one)
+        target.collect_hidden()                 # target.hidden then holds the rows' states
+    return ChosenRows(prompts, target, drafter, models, batched)
 
 
 def _refuse_batch(models: dict, draft_impl: str, *, share_encoder: bool, **encoder_inputs) -> None:
@@ -175,17 +173,11 @@ def _rows(model, role: str, count: int, own: list[str] | None = None):
 class Capabilities:
     """What spec's probes found about a model in a role (spec.probe), read as one record: the
     path it runs on and how it counts positions (decided when the record is made), and, asked
-    only when read (each probe runs once per model), why it cannot score a tree in one pass and
-    why its rows cannot share a left-padded cache (None: it can)."""
+    only when read (the probe runs once per model), why its rows cannot share a left-padded cache
+    (None: they can). (Whether it scores a tree in one pass its KVRunner asks: runner.tree_support.)"""
     model: Any
     path: str               # a spec.runner path, "plain", "compiled" or UNCACHED
     positions: str
-
-    @property
-    def trees(self) -> str | None:
-        if self.path != RunnerPath.KV_CACHE or self.positions != "explicit":
-            return f"it runs on the {self.path} path with {self.positions!r} positions; trees need a KV cache"
-        return runner.tree_support(self.model)
 
     @property
     def batches(self) -> str | None:

@@ -138,6 +138,13 @@ def compile_step(model):
     return torch.compile(model.forward, mode=mode, dynamic=False, fullgraph=False)
 
 
+def text_config(model):
+    """The config of the model's text decoder (a multimodal or encoder-decoder config's), or the
+    model's own config where it has no parts."""
+    cfg = model.config
+    return cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
+
+
 def step(model, ids: torch.Tensor, cache=None, *, position_ids: torch.Tensor | None = None, keep: int = 0,
          use_cache: bool = True, fn=None, mask_len: int | None = None, hidden: list | None = None):
     """Run `ids` (1-D) through `model` on top of `cache` (None: the model builds its own).
@@ -288,7 +295,7 @@ def tree_step(model, ids: torch.Tensor, cache, *, position_ids: torch.Tensor, ma
     logits of the last `keep` positions, [keep, V] (hidden: receives every position's last-layer
     states, [n, H])."""
     dtype = next(model.parameters()).dtype
-    cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+    cfg = text_config(model)
     window = getattr(cfg, "sliding_window", None)
     mask = mask.cpu()
     masks = {"full_attention": mask}

@@ -99,7 +99,7 @@ def _primes_upto(n: int) -> list[int]:
 
 def cross_length(model) -> int:
     """The longest prime length <= CROSS_LENGTH the model's position table holds."""
-    cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+    cfg = hf.text_config(model)
     limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
     cap = min(CROSS_LENGTH, limit) if isinstance(limit, int) and limit >= 2 else CROSS_LENGTH
     return max(_primes_upto(cap), default=cap)

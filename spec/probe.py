@@ -24,9 +24,10 @@ import torch
 from spec import hf
 from spec.positions import counted_pad
 
-# How far a runner's logits may stray from the model's cache-free forward, relative to the
-# logits' scale (close): fp64 runners agree to ~1e-15 on full attention, but a state-snapshot
-# runner on a hybrid model (an attention layer and a recurrent one, or a chunked scan for
+# How far a runner's logits may stray from the cache-free forward's, relative to the
+# largest logit. Rounding alone, measured on tiny random models (CPU): up to 3e-7 in fp32
+# and 2e-8 in fp64 for most families, 1e-2 in bf16 (docs/FACTS.md); but some families compute parts in fp32
+# whatever the weights, and Qwen3-Next's gated delta rule (fp32 inside, a chunked kernel for
 # a block and a recurrent one for a step) strays 1.0e-6 in fp64 where a crop restores a
 # state part-way along and re-feeds on top of it (1.4e-6 stepwise). Real faults measured the
 # same way: a cache that is ignored 3e-3, a multi-token pass that drops the recurrent state
@@ -51,11 +52,6 @@ _REACH = re.compile(r"(window|topk)", re.I)
 PROBE_MAX = 64
 
 
-def text_config(model):
-    cfg = model.config
-    return cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
-
-
 def reach_fields(cfg) -> dict[str, int]:
     """The config's window-like fields (sliding windows, sparse top-k) and their values."""
     return {k: v for k, v in vars(cfg).items()
@@ -65,7 +61,7 @@ def reach_fields(cfg) -> dict[str, int]:
 
 def probe_length(model) -> int:
     """Past every window-like reach of the model (sliding window, sparse top-k), at most PROBE_MAX."""
-    cfg = text_config(model)
+    cfg = hf.text_config(model)
     reach = max(reach_fields(cfg).values(), default=0)
     length = max(12, reach + 6) if reach + 6 <= PROBE_MAX else 12
     limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)

@@ -41,8 +41,8 @@ class Drafter(Protocol):
     """A source of draft tokens for speculative decoding, for one sequence.
 
     `drafter.begin(prompt)` starts a sequence (1-D ids): a source forgets any state from an
-    earlier one (one drafter serves many runs). `drafter.draft(seq, n, g)` proposes what may follow the final tokens `seq[:n]`: a
-    spec.tree.Tree no deeper than g (0 nodes is allowed: the round is then one target step), with
+    earlier one (one drafter serves many runs). `drafter.draft(seq, n, g)` proposes what may
+    follow the final tokens `seq[:n]`: a spec.tree.Tree no deeper than g (0 nodes is allowed: the round is then one target step), with
     q, the distribution each node was drawn from, or None for a deterministic source (q one-hot
     at each node; the acceptance rule stays exact for any q). The paper's gamma tokens in a row
     are `Tree.chain(tokens, q)`; a source of several candidate continuations returns a branching

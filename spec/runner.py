@@ -274,7 +274,7 @@ def unprobed_reach(model) -> str | None:
     """Indexer-selected sparse attention (DeepSeek's DSA: index_topk and kin) is refused: a block
     pass and one-token steps may select different keys, and on tiny models transformers' own
     cached greedy already disagrees with its cache-free forward past the key budget."""
-    sparse = {k: v for k, v in probing.reach_fields(probing.text_config(model)).items() if "topk" in k.lower()}
+    sparse = {k: v for k, v in probing.reach_fields(hf.text_config(model)).items() if "topk" in k.lower()}
     if sparse:
         k, v = next(iter(sparse.items()))
         return (f"its attention selects keys per pass ({k}={v}): a verify pass may select other keys than "
