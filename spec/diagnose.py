@@ -1,7 +1,17 @@
-"""Is a divergence from greedy a numerical tie or a bug?
+"""Is a divergence from greedy a numerical tie or a bug? One diagnosis for every subject.
 
-Greedy decoding picks each token from a one-token cached step; speculative
-decoding picks the same token from a position inside a (gamma+1)-token verify
+`first_difference` finds the first position where an output differs from its reference; `judge`
+makes the verdict there from the reference's scores (`Scores`: its top-2 gap at that position and
+the noise of the subject's computation), and `Divergence` is the one record every subject prints:
+a Hugging Face target (`diagnose` below), a served model (spec.conformance.endpoints: the reference
+server's top-2 logprob gap against the noise measured on it) and llama.cpp in process
+(spec.conformance.llamacpp: the engine's own logits against its one-token vs block noise). The rule
+is the same for all: a length difference (one output stopped) is a bug; a differing token is a tie
+only where the reference's top-2 gap there is within the noise (and, where the subject knows its
+reference's two best tokens, both tokens are among them); anything else is a bug.
+
+For a Hugging Face target: greedy decoding picks each token from a one-token cached step;
+speculative decoding picks the same token from a position inside a (gamma+1)-token verify
 pass. The two matmul shapes round differently, so where the target's top-2
 logits are closer than that rounding noise the argmax may legitimately flip.
 At the first divergent position we recompute the target's logits both ways and
@@ -30,13 +40,11 @@ difference (one output stopped) is always a bug.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Callable
 
-import torch
-
-from spec import choose
 from spec.options import Verdict
-from spec.validate import model_device
 
 # Relative rounding floor per dtype (a few ulps of the largest logit), used when the
 # two recomputed paths happen to agree more closely than the dtype can promise.
@@ -44,31 +52,85 @@ _ULPS = 8
 
 
 @dataclass
+class Scores:
+    """What a subject's reference says at one position, for the verdict there."""
+    gap: float                            # the reference's top-2 gap (logits, or logprobs for a server)
+    noise: float                          # how far the subject's own computation moves it
+    top2: frozenset[int] | None = None    # the reference's two best ids, where the subject knows them
+    gap_block: float | None = None        # HF: the same gap inside a block pass (gap: the one-token step)
+    dtype: str | None = None              # HF: the target's dtype (the noise floor's)
+    replay: list[int] | None = None       # llama.cpp: block widths whose last row gives the emitted token
+
+
+@dataclass
 class Divergence:
-    position: int            # index into the new tokens
-    expected: int | None     # greedy's token there (None: greedy stopped)
-    actual: int | None       # the checked decoder's token (None: it stopped)
-    gap_step: float          # target's top-2 logit gap, one-token cached step
-    gap_block: float         # the same inside one multi-token pass
-    noise: float             # rounding noise between the two paths
-    dtype: str
-    verdict: Verdict         # "tie" or "bug"
+    """The first divergence of an output from its reference and its verdict (Verdict.TIE or BUG), with
+    the evidence; `str()` is the line every property and report prints."""
+    position: int                   # index into the new tokens
+    expected: int | None            # the reference's token there (None: the reference stopped)
+    actual: int | None              # the checked output's token (None: it stopped)
+    verdict: Verdict
+    gap: float = math.nan           # the reference's top-2 gap there (NaN: not computed, a length difference)
+    noise: float = math.nan         # the noise it is judged against
+    gap_block: float | None = None  # HF: the gap inside one multi-token pass (gap: the one-token cached step)
+    dtype: str | None = None        # HF: the target's dtype
+    replay: list[int] | None = None  # llama.cpp: the engine's block widths whose last row gives `actual`
+    reference: str = "greedy"       # what the expected output is called ("greedy", "reference")
+    scale: str = "logit"            # what the gap is of ("logit"; "logprob" for a server)
+
+    @property
+    def gap_step(self) -> float:
+        """HF: the top-2 gap in the one-token cached step (greedy's path)."""
+        return self.gap
 
     def __str__(self) -> str:
-        return (f"first divergence at new token {self.position}: greedy {self.expected}, got {self.actual}; "
-                f"target top-2 logit gap {self.gap_step:.3g} (one-token step) / {self.gap_block:.3g} (block verify), "
-                f"noise {self.noise:.3g} ({self.dtype}): "
-                + ("numerical tie" if self.verdict == Verdict.TIE else "BUG (gap beyond the dtype's noise)"))
+        head = f"first divergence at new token {self.position}: {self.reference} {self.expected}, got {self.actual}"
+        if math.isnan(self.gap):
+            return f"{head} (a length difference: a stop rule, not a tie): BUG"
+        tie = self.verdict == Verdict.TIE
+        if self.gap_block is not None:     # a Hugging Face target: both paths recomputed, the dtype's noise
+            return (f"{head}; target top-2 {self.scale} gap {self.gap:.3g} (one-token step) / {self.gap_block:.3g} "
+                    f"(block verify), noise {self.noise:.3g} ({self.dtype}): "
+                    + ("numerical tie" if tie else "BUG (gap beyond the dtype's noise)"))
+        line = (f"{head}; {self.reference} top-2 {self.scale} gap {self.gap:.3g}, measured noise {self.noise:.3g}: "
+                + ("numerical tie" if tie else "BUG (gap beyond the engine's noise)"))
+        if self.replay is not None:
+            line += (f"; the engine's own block pass of width {self.replay} gives {self.actual}" if self.replay
+                     else f"; no block pass of width 1..gamma+1 gives {self.actual}")
+        return line
 
 
 def first_difference(expected: list[int], actual: list[int]) -> int | None:
+    """The first index where the two differ (a shorter one differs where it ends), or None."""
     for i, (a, b) in enumerate(zip(expected, actual)):
         if a != b:
             return i
     return None if len(expected) == len(actual) else min(len(expected), len(actual))
 
 
-def _gap(logits: torch.Tensor) -> float:
+def judge(expected: list[int], actual: list[int], scores: Callable[[int], Scores], *, noise: float = math.nan,
+          score_lengths: bool = False, **describe) -> Divergence | None:
+    """None when the outputs agree; otherwise the first divergence and its verdict, from `scores(i)`, the
+    subject's reference at position i. A length difference is a bug whatever the scores (they are asked
+    for it only when `score_lengths`, as evidence; else it carries `noise`). A differing token is a tie
+    only where the gap (the smaller of the step and block gaps, where both are known) is within the noise
+    and, where the scores name the reference's two best ids, both tokens are among them."""
+    i = first_difference(expected, actual)
+    if i is None:
+        return None
+    e = int(expected[i]) if i < len(expected) else None
+    a = int(actual[i]) if i < len(actual) else None
+    if (e is None or a is None) and not score_lengths:
+        return Divergence(i, e, a, Verdict.BUG, noise=noise, **describe)
+    s = scores(i)
+    gap = s.gap if s.gap_block is None else min(s.gap, s.gap_block)
+    tie = (e is not None and a is not None and gap <= s.noise and (s.top2 is None or {e, a} <= s.top2))
+    return Divergence(i, e, a, Verdict.TIE if tie else Verdict.BUG, s.gap, s.noise, s.gap_block, s.dtype, s.replay,
+                      **describe)
+
+
+def _gap(logits) -> float:
+    import torch
     top = torch.topk(logits.double(), 2).values
     return float(top[0] - top[1])
 
@@ -80,13 +142,19 @@ def diagnose(target, prompt_ids, expected: list[int], actual: list[int], **encod
     a tie: stopping depends on token ids, not on logits. An encoder-decoder target takes
     the inputs speculative_generate took (prompt_ids is the encoder input; input_features=,
     decoder_input_ids= as keywords): its decoder is checked, over the encoder output."""
-    i = first_difference(expected, actual)
-    if i is None:
-        return None
+    return judge(expected, actual, lambda i: _scores(target, prompt_ids, expected, i, encoder_inputs),
+                 score_lengths=True)
+
+
+def _scores(target, prompt_ids, expected: list[int], i: int, encoder_inputs: dict) -> Scores:
+    """The target's logits at new token i recomputed as greedy's one-token step and as a block."""
+    import torch
+
+    from spec import choose
+    from spec.validate import model_device
+
     device = model_device(target)
     dtype = next(target.parameters()).dtype
-    exp_tok = expected[i] if i < len(expected) else None
-    act_tok = actual[i] if i < len(actual) else None
     fresh = lambda: choose.runs({"target": target}, prompt_ids, **encoder_inputs)  # noqa: E731
     with torch.inference_mode():   # a context, not a decorator: mutmut leaves decorated functions alone
         chosen = fresh()
@@ -107,10 +175,5 @@ def diagnose(target, prompt_ids, expected: list[int], actual: list[int], **encod
     finite = torch.isfinite(step) & torch.isfinite(block)  # tokens an encoder-decoder's masks rule out
     measured = float((step.double() - block.double())[finite].abs().max())
     floor = _ULPS * torch.finfo(dtype).eps * float(step.double()[finite].abs().max())
-    noise = max(measured, floor)
-    gap_step, gap_block = _gap(step), _gap(block)
     top2 = set(torch.topk(step.double(), 2).indices.tolist()) | set(torch.topk(block.double(), 2).indices.tolist())
-    is_tie = (exp_tok is not None and act_tok is not None and {exp_tok, act_tok} <= top2
-              and min(gap_step, gap_block) <= noise)
-    return Divergence(i, exp_tok, act_tok, gap_step, gap_block, noise, str(dtype).replace("torch.", ""),
-                      Verdict.TIE if is_tie else Verdict.BUG)
+    return Scores(_gap(step), max(measured, floor), frozenset(top2), _gap(block), str(dtype).replace("torch.", ""))

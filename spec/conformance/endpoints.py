@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import math
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 from spec.conformance.endpoint import EndpointError, Unsupported
 from spec.conformance.stats import goodness_of_fit, homogeneity
+from spec.diagnose import Divergence, Scores, first_difference, judge
+from spec.options import Verdict
 
 # Two logprobs that differ by float32 rounding alone are equal: servers compute and print them in float32
 # (a relative step of 1.19e-7), so the bound scales with the values (a fixed 1e-6 is one float32 step
@@ -56,13 +57,6 @@ def concurrently(calls: list, workers: int = 8) -> list:
         return [f.result() for f in [pool.submit(c) for c in calls]]
 
 
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
 def measure_noise(ref, prompts: list[list[int]], n: int) -> float:
     """The reference's own logprob noise across batch shapes: the largest difference between a
     position's logprobs (the emitted token's and the top-2) computed alone and among concurrent
@@ -80,36 +74,14 @@ def measure_noise(ref, prompts: list[list[int]], n: int) -> float:
     return worst
 
 
-@dataclass
-class Divergence:
-    position: int
-    expected: int | None
-    actual: int | None
-    gap: float
-    noise: float
-    verdict: str            # "tie" or "bug"
-
-    def __str__(self) -> str:
-        if math.isnan(self.gap):
-            return (f"first divergence at new token {self.position}: reference {self.expected}, got {self.actual} "
-                    f"(a length difference: a stop rule, not a tie): BUG")
-        return (f"first divergence at new token {self.position}: reference {self.expected}, got {self.actual}; "
-                f"reference top-2 logprob gap {self.gap:.3g}, measured noise {self.noise:.3g}: "
-                + ("numerical tie" if self.verdict == "tie" else "BUG (gap beyond the engine's noise)"))
-
-
 def diagnose(ref, prompt: list[int], expected: list[int], actual: list[int], noise: float) -> Divergence | None:
-    i = first_difference(expected, actual)
-    if i is None:
-        return None
-    e = expected[i] if i < len(expected) else None
-    a = actual[i] if i < len(actual) else None
-    if e is None or a is None:
-        return Divergence(i, e, a, math.nan, noise, "bug")
-    top = ref.complete(list(prompt) + expected[:i], 1, logprobs=2).top
-    values = sorted(top[0].values(), reverse=True) if top else []
-    gap = values[0] - values[1] if len(values) >= 2 else math.inf
-    return Divergence(i, e, a, gap, noise, "tie" if gap <= noise else "bug")
+    """The first divergence of `actual` from the reference's `expected` (spec.diagnose.judge): a tie where
+    the reference's top-2 logprob gap after the same prefix is within the measured `noise`."""
+    def scores(i: int) -> Scores:
+        top = ref.complete(list(prompt) + expected[:i], 1, logprobs=2).top
+        values = sorted(top[0].values(), reverse=True) if top else []
+        return Scores(values[0] - values[1] if len(values) >= 2 else math.inf, noise)
+    return judge(expected, actual, scores, noise=noise, reference="reference", scale="logprob")
 
 
 def greedy_exact(spec, ref, prompts: list[list[int]], n: int, noise: float) -> str:
@@ -118,7 +90,7 @@ def greedy_exact(spec, ref, prompts: list[list[int]], n: int, noise: float) -> s
         want, got = ref.complete(p, n).ids, spec.complete(p, n).ids
         d = diagnose(ref, p, want, got, noise)
         if d is not None:
-            (ties if d.verdict == "tie" else bugs).append(f"prompt {k} ({len(p)} ids, {n} tokens): {d}\n"
+            (ties if d.verdict == Verdict.TIE else bugs).append(f"prompt {k} ({len(p)} ids, {n} tokens): {d}\n"
                                                           f"    prompt {p}\n    expected {want}\n    actual   {got}")
     if bugs:
         raise Violation("greedy output differs from the reference's beyond a tie:\n  " + "\n  ".join(bugs + ties))
@@ -206,7 +178,7 @@ def _crowd_check(spec, ref, prompts: list[list[int]], n: int, noise: float, samp
     for k, (p, a, c) in enumerate(zip(prompts + prompts, alone + alone, crowd)):
         d = diagnose(ref, p, a, c, noise)
         if d is not None:
-            (ties if d.verdict == "tie" else bugs).append(
+            (ties if d.verdict == Verdict.TIE else bugs).append(
                 f"prompt {k % len(prompts)}: alone {a}, among {len(greedy)} greedy"
                 + (f" and {len(others)} sampled" if sampled else "") + f" requests at once {c}: {d}")
     return len(greedy) + len(others), ties, bugs
@@ -347,7 +319,7 @@ def greedy_options(spec, ref, prompts: list[list[int]], n: int, noise: float) ->
             if d is None and want.text is not None and got.text != want.text:
                 bugs.append(f"prompt {k}, {name} {options}: same ids, text {got.text!r} != the reference's {want.text!r}")
             elif d is not None:
-                (ties if d.verdict == "tie" else bugs).append(
+                (ties if d.verdict == Verdict.TIE else bugs).append(
                     f"prompt {k}, {name} {options}: {d}\n    expected {want.ids}\n    actual   {got.ids}")
             else:
                 done.append(name)

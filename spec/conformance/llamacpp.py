@@ -36,13 +36,13 @@ import subprocess
 import sys
 import tempfile
 import traceback
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
 import numpy as np
 
 from spec import llamaguard
+from spec.diagnose import Divergence, Scores, judge
 
 PIN = "0.3.36"   # the llama-cpp-python version the findings in docs/CONFORMANCE.md were measured with
 
@@ -149,23 +149,6 @@ def sampler_law(logits: np.ndarray, temp: float, top_k: int = 0, top_p: float = 
     return out
 
 
-@dataclass
-class Divergence:
-    position: int
-    expected: int
-    actual: int
-    gap: float            # the engine's greedy top-2 gap there, one-token pass
-    noise: float          # the engine's measured one-token vs block noise for this model
-    replay: list[int]     # block widths whose last row's argmax is the emitted token
-    verdict: str          # "tie" or "BUG"
-
-    def __str__(self) -> str:
-        shapes = (f"the engine's own block pass of width {self.replay} gives {self.actual}" if self.replay
-                  else f"no block pass of width 1..gamma+1 gives {self.actual}")
-        return (f"first divergence at new token {self.position}: greedy {self.expected}, got {self.actual}; "
-                f"top-2 gap {self.gap:.3g} vs noise {self.noise:.3g}: {self.verdict}; {shapes}")
-
-
 class LocalEngine:
     """One GGUF model in llama.cpp at `threads` threads, in this process (`Engine` runs one in a child
     process: a native crash here takes the process with it). greedy, speculative and sample return the
@@ -256,26 +239,35 @@ class LocalEngine:
             self._noise[key] = worst
         return self._noise[key]
 
-    def diagnose(self, prompt, expected, actual, noise: float, gamma: int = 8) -> Divergence | None:
-        """The first divergence of `actual` from the engine's greedy `expected`, tie or bug."""
-        j = next((i for i, (a, b) in enumerate(zip(expected, actual)) if a != b), None)
-        if j is None:
-            return None
-        context = list(prompt) + list(expected[:j])
+    def top2(self, context) -> tuple[float, frozenset[int]]:
+        """The engine's greedy top-2 logit gap after `context` (one-token passes) and those two ids."""
         row = self.logits(context)[-1]
-        top2 = np.sort(row)[-2:]
-        gap = float(top2[1] - top2[0])
-        replay = []
+        best = np.argsort(-row, kind="stable")[:2]
+        return float(row[best[0]] - row[best[1]]), frozenset(int(t) for t in best)
+
+    def replay(self, context, token: int, gamma: int) -> list[int]:
+        """The block widths (1..gamma+1, a block ending at the last position of `context`, as the
+        engine's verify passes run) whose last row's argmax is `token`."""
+        widths = []
         for width in range(1, gamma + 2):
             if width >= len(context):
                 break
             self.scorer.reset()
             self.scorer.eval(context[:-width])
             self.scorer.eval(context[-width:])
-            if int(np.argmax(self.scorer.scores[len(context) - 1])) == actual[j]:
-                replay.append(width)
-        verdict = "tie" if gap <= noise else "BUG"
-        return Divergence(j, int(expected[j]), int(actual[j]), gap, noise, replay, verdict)
+            if int(np.argmax(self.scorer.scores[len(context) - 1])) == token:
+                widths.append(width)
+        return widths
+
+    def diagnose(self, prompt, expected, actual, noise: float, gamma: int = 8) -> Divergence | None:
+        """The first divergence of `actual` from the engine's greedy `expected` (spec.diagnose.judge): a
+        tie where the greedy top-2 gap there is within the engine's measured noise; with the pass shapes
+        that emit the speculative run's token."""
+        def scores(i: int) -> Scores:
+            context = list(prompt) + list(expected[:i])
+            gap, _ = self.top2(context)
+            return Scores(gap, noise, replay=self.replay(context, int(actual[i]), gamma))
+        return judge(list(expected), list(actual), scores, noise=noise)
 
 
 # --- the engine in a child process: a native crash is a verdict --------------------------------------

@@ -59,3 +59,27 @@ def test_exact_tie_is_a_tie(target):
     assert d.gap_step == pytest.approx(0.0, abs=logit_tolerance(torch.float64, logits))
     assert "numerical tie" in str(d)
     del other
+
+
+def test_one_rule_and_one_record_for_every_subject():
+    """spec.diagnose.judge is the verdict of every subject (HF targets here, served models in
+    spec.conformance.endpoints, llama.cpp in spec.conformance.llamacpp): a token within the noise is a
+    tie, beyond it a bug, outside the reference's two best a bug, a length difference a bug."""
+    from spec.conformance import endpoints, llamacpp
+    from spec.diagnose import Divergence, Scores, judge
+    assert endpoints.Divergence is Divergence and llamacpp.Divergence is Divergence
+
+    def at(gap, noise, top2=None):
+        return lambda i: Scores(gap, noise, top2)
+    assert judge([1, 2, 3], [1, 2, 3], at(0.0, 1.0)) is None
+    tie = judge([1, 2, 3], [1, 5, 3], at(0.1, 0.2), reference="reference", scale="logprob")
+    assert (tie.position, tie.expected, tie.actual, tie.verdict) == (1, 2, 5, "tie")
+    assert str(tie) == ("first divergence at new token 1: reference 2, got 5; reference top-2 logprob gap 0.1, "
+                        "measured noise 0.2: numerical tie")
+    assert judge([1, 2, 3], [1, 5, 3], at(0.3, 0.2)).verdict == "bug"
+    assert judge([1, 2, 3], [1, 5, 3], at(0.0, 0.2, frozenset({2, 9}))).verdict == "bug"   # 5 is not among the two best
+    assert judge([1, 2, 3], [1, 5, 3], at(0.0, 0.2, frozenset({2, 5}))).verdict == "tie"
+    length = judge([1, 2], [1, 2, 3], at(0.0, 1e9), noise=1e9)
+    assert length.verdict == "bug" and "a length difference" in str(length) and str(length).endswith("BUG")
+    shapes = judge([4, 6], [4, 7], lambda i: Scores(0.01, 0.5, replay=[2, 3]))
+    assert str(shapes).endswith("numerical tie; the engine's own block pass of width [2, 3] gives 7")
