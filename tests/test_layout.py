@@ -21,7 +21,8 @@ LONG_ALLOWED = {"speculative_generate"}  # the decode loop: Algorithm 1 on one s
 # The package by audience: the runtime (spec/*.py), the experiment (spec/experiment/) and the kit's
 # modules (spec/conformance/, its property modules test_*.py aside). Names are dotted below spec.
 PACKAGES = ("experiment", "conformance")
-COMMAND_LINES = {"__main__", "realmodel"}      # runtime-level files that drive the experiment
+COMMAND_LINES = {"__main__"}      # runtime-level files that drive the experiment (realmodel only fetches:
+                                  # `--real` is a preset of spec.experiment.load, not a pipeline of its own)
 
 
 def _name(path: Path) -> str:
@@ -67,6 +68,15 @@ def test_the_runtime_imports_neither_the_experiment_nor_the_kit():
             assert not reached & set(PACKAGES), f"spec/{name}.py imports {sorted(reached & set(PACKAGES))}"
         if name.split(".")[0] == "experiment":
             assert "conformance" not in reached, f"{name} imports the conformance kit"
+
+
+def test_the_real_model_is_a_preset_of_the_experiment():
+    """Issue 42: `python -m spec --real` runs the one pipeline. spec/realmodel.py only fetches and
+    loads SmolLM2 (it imports nothing of the experiment: the test above), spec.experiment's load
+    step is what reaches it, and the command line does not, so no second path writes results.json."""
+    modules = _modules()
+    assert "realmodel" in _spec_imports(modules["experiment"])
+    assert "realmodel" not in _spec_imports(modules["__main__"])
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:

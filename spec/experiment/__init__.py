@@ -5,20 +5,22 @@ Each step is one function of explicit arguments that returns the loaded pair or 
 the command line, parses options, calls the steps in order and prints. The steps:
 
   setup      seed, threads, transformers' own logging silenced, the output folder
-  load       the target/draft pair (the shipped one, the seeded stand-in, or paths)
+  load       the target and its draft: a draft model (the shipped pair, the seeded stand-in, or
+             paths), or a draft source: `--real` (SmolLM2-135M-Instruct with prompt lookup or its
+             own Q4_1 GGUF, spec.realmodel) and `--draft FILE.gguf` (llama.cpp) are this step's presets
   prompts    the prompt texts and their token ids, checked against the models' limits
-  costs      warm-up, then c from interleaved one-token steps of draft and target
+  costs      warm-up, then c from interleaved one-token steps of draft and target (a draft
+             source: the verify pass's cost line instead)
   gamma      the gamma to run: fixed, calibrated once, or the online controller
-  time_runs  greedy, speculative (and the HF peer) alternating, repeated
+  peers      what is timed beside ours: HF assisted generation, or HF prompt lookup for a draft source
+  time_runs  greedy, speculative (and the peers) alternating, repeated
   compare    per-prompt records: speedups, acceptance, exactness (diagnosed if not)
-  summarize  pooled alpha, Theorem 3.8 next to the measured speedup, warnings
-
-spec.realmodel (`python -m spec --real`) runs its prompts through the same time_runs, record
-and pooled figures.
+  summarize  pooled alpha, Theorem 3.8 next to the measured speedup, the peers, warnings
 """
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections import Counter
@@ -32,7 +34,7 @@ from spec import choose, clock, decode, defaults, hf, hfref, models, parallel, s
 from spec.diagnose import first_difference
 from spec.experiment import measure
 from spec.experiment.records import (Calibration, Difference, InRun, PairInfo, Peer, PeerSummary, PromptRecord,
-                                     Prompts, Results, Summary, Theory)
+                                     Prompts, Results, Summary, Theory, VerifyFit)
 from spec.options import GammaMode
 from spec.prompts import CODE_PROMPTS, SEED_PROMPTS
 
@@ -126,12 +128,73 @@ def _from_paths(target: str | None, draft: str | None, *, device: str, target_dt
     return pair, info
 
 
-def load(target: str | None, draft: str | None, *, device: str = "cpu", target_dtype: str = "fp32",
-         draft_dtype: str = "fp32", tp: int = 1, seed: int = 0, draft_impl: str = "auto", peer: str | None = None,
-         features: list | None = None, say=lambda msg: None) -> tuple[models.Pair, PairInfo]:
-    """The pair (target and draft: folders, hub ids, or None for the shipped pair) and a
-    description of it; raises UsageError for anything the user can fix."""
+def is_gguf(draft: str | None) -> bool:
+    return draft is not None and draft.lower().endswith(".gguf")
+
+
+# --real's drafts (prompt lookup, or SmolLM2's own Q4_1 GGUF in llama.cpp) and each one's gamma,
+# measured best on the seed prompts (docs/BENCHMARKS.md); a --draft FILE.gguf run takes "q4"'s.
+REAL_DRAFTS = ("lookup", "q4")
+DEFAULT_GAMMA = {"lookup": 8, "q4": 6}
+LOOKUP_PEER = "spec prompt lookup"   # our prompt lookup, timed beside a GGUF draft
+
+
+def default_gamma(pair_info: PairInfo) -> int:
+    """The gamma a draft source runs at when none is asked (a draft model's is the CLI's 5)."""
+    return DEFAULT_GAMMA["lookup" if pair_info.draft == "lookup" else "q4"]
+
+
+def _sourced(target: str | None, draft: str | None, *, real: bool, target_dtype: str,
+             notice) -> tuple[models.Pair, PairInfo]:
+    """The presets whose draft is a source, not a model: `real` (SmolLM2-135M-Instruct, fetched and
+    converted on first use with `notice` saying so, drafted by prompt lookup or "q4", its own Q4_1
+    GGUF), or the target at `target` drafted by the GGUF file `draft` in llama.cpp."""
+    from spec import realmodel
+    from spec.lookup import PromptLookup
+
+    option = "--real" if real else "--target"
+    try:
+        if real:
+            model, tok = realmodel.load(notice, dtype=DTYPES[target_dtype])
+        else:
+            model, tok = models.load_model(target, dtype=DTYPES[target_dtype], role="target")
+            if tok is None:
+                raise ValueError(f"{target} has no tokenizer; a GGUF draft is checked against the target's")
+    except (RuntimeError, ImportError, OSError, ValueError) as err:
+        raise UsageError(f"{option}: {err}") from None
+    kind = (draft or "lookup") if real else draft
+    try:
+        if kind == "lookup":
+            source, runs_as = PromptLookup(), "model-free"
+        else:
+            from spec.gguf_draft import GGUFDraft
+            gguf = realmodel.fetch(notice) if kind == "q4" else Path(kind)
+            source, runs_as = GGUFDraft(gguf, model, tok, threads=torch.get_num_threads()), "llama.cpp"
+    except (RuntimeError, ImportError, OSError, ValueError) as err:
+        raise UsageError(f"--draft {kind}: {err}") from None
+    where = str(realmodel.fp32_dir()) if real else target
+    info = PairInfo(source="real" if real else "paths", target=where, draft=kind,
+                    target_name=realmodel.NAME if real else _short_name(target), draft_name=repr(source),
+                    note=None, draft_path=runs_as)
+    return models.Pair(model, source, tok), info
+
+
+def load(target: str | None, draft: str | None, *, real: bool = False, device: str = "cpu",
+         target_dtype: str = "fp32", draft_dtype: str = "fp32", tp: int = 1, seed: int = 0,
+         draft_impl: str = "auto", peer: str | None = None, features: list | None = None,
+         say=lambda msg: None, notice=lambda msg: None) -> tuple[models.Pair, PairInfo]:
+    """The pair (target and draft: folders, hub ids, or None for the shipped pair; with `real`,
+    SmolLM2-135M-Instruct and draft "lookup" or "q4"; a draft FILE.gguf runs in llama.cpp) and a
+    description of it; raises UsageError for anything the user can fix. notice: what is said
+    even when progress is not (a one-time download)."""
     check_device(device)
+    if real or is_gguf(draft):
+        if device != "cpu" or tp > 1:
+            raise UsageError(f"{'--real' if real else '--draft FILE.gguf'}: runs on the CPU, unsplit (a draft "
+                             "source beside a one-thread target)")
+        check_paths(None if real else target, None if real else draft)
+        pair, info = _sourced(target, draft, real=real, target_dtype=target_dtype, notice=notice)
+        return pair, _described(pair, info, draft_impl, peer, features)
     check_paths(target, draft)
     shipped_present = all((models.SHIPPED_PAIR / role / "config.json").exists() for role in ("target", "draft"))
     if target is None and not shipped_present:
@@ -141,14 +204,20 @@ def load(target: str | None, draft: str | None, *, device: str = "cpu", target_d
     else:
         pair, info = _from_paths(target, draft, device=device, target_dtype=target_dtype, draft_dtype=draft_dtype,
                                  tp=tp, say=say)
+    return pair, _described(pair, info, draft_impl, peer, features)
+
+
+def _described(pair: models.Pair, info: PairInfo, draft_impl: str, peer, features) -> PairInfo:
+    """`info` completed with how each model runs and its size, once the options are known to suit it."""
     if (why := refusal(pair.target, peer, features)) is not None:
         raise UsageError(why)
     info.target_split = parallel.describe(pair.target)  # whole, tensor parallel, or a device map
-    info.target_path, info.draft_path = runner_paths(pair, draft_impl)
+    target_path, draft_path = runner_paths(pair, draft_impl)
+    info.target_path, info.draft_path = target_path, info.draft_path or draft_path
     info.target_params = sum(p.numel() for p in pair.target.parameters())
-    info.draft_params = sum(p.numel() for p in pair.draft.parameters())
+    info.draft_params = 0 if choose.is_drafter(pair.draft) else sum(p.numel() for p in pair.draft.parameters())
     info.tokenizer = pair.tokenizer is not None
-    return pair, info
+    return info
 
 
 def refusal(target, peer: str | None, features=None) -> str | None:
@@ -179,6 +248,9 @@ def runner_paths(pair: models.Pair, draft_impl: str) -> tuple[str, str]:
 
     names = []
     for role, model in (("target", pair.target), ("draft", pair.draft)):
+        if choose.is_drafter(model):   # a draft source runs as itself
+            names.append("")
+            continue
         try:
             path = choose.path(model, role, draft_impl)
         except UnsupportedModelError as err:
@@ -205,8 +277,13 @@ def read_prompts(path: Path) -> list[str]:
     return prompts
 
 
+def _models(pair: models.Pair) -> dict:
+    """The pair's models by role: a draft source is not one."""
+    return {"target": pair.target, **({} if choose.is_drafter(pair.draft) else {"draft": pair.draft})}
+
+
 def encode(prompt: str, pair: models.Pair, index: int, chat: bool = False) -> list[int]:
-    rows = min(hf.vocab_rows(pair.target), hf.vocab_rows(pair.draft))
+    rows = min(hf.vocab_rows(m) for m in _models(pair).values())
     if pair.tokenizer is not None:
         try:
             ids = models.encode_prompt(pair.tokenizer, prompt, chat=chat)
@@ -262,7 +339,7 @@ def prompts(pair: models.Pair, source: str, *, prompt_file: Path | None = None, 
     ids = [encode(p, pair, i, chat) for i, p in enumerate(texts, 1)]
     for i, row in enumerate(ids, 1):
         try:
-            validate.check_positions(len(row), max_new_tokens, {"target": pair.target, "draft": pair.draft})
+            validate.check_positions(len(row), max_new_tokens, _models(pair))
         except ValueError as err:
             raise UsageError(f"prompt {i}: {err}") from None
     return Prompts(list(texts), ids, prompt_set, eos)
@@ -278,12 +355,17 @@ def _spec(target, draft, ids, gamma, max_new_tokens, eos, draft_impl, trace=Fals
 
 def costs(pair: models.Pair, ps: Prompts, *, gamma, max_new_tokens: int, draft_impl: str = "auto",
           say=lambda msg: None) -> measure.Costs:
-    """Warm-up (allocator, kernels, lazy initialisation), then c from one-token steps."""
+    """Warm-up (allocator, kernels, lazy initialisation), then c from one-token steps; for a draft
+    source, which has no model step to time, the verify pass's cost line instead (its c comes
+    from the timed runs)."""
     say("warm-up")
     first, eos, n = ps.ids[0], ps.eos, max_new_tokens
     decode.greedy_generate(pair.target, first, max_new_tokens=min(8, n), eos_token_id=eos)
     warm_gamma = gamma if isinstance(gamma, int) else defaults.CALIBRATION_GAMMA
     _spec(pair.target, pair.draft, first, warm_gamma, min(16, n), eos, draft_impl)
+    if choose.is_drafter(pair.draft):
+        say("timing verify passes of 1 to 17 tokens (the verify line)")
+        return measure.Costs(None, None, measure.verify_line(pair.target, first, max_gamma=16))
     say("measuring c (cached one-token steps of draft and target)")
     return measure.cost_ratio(pair.target, pair.draft, first, draft_impl=draft_impl)
 
@@ -295,6 +377,9 @@ def choose_gamma(pair: models.Pair, ps: Prompts, cost: measure.Costs, *, gamma, 
     chosen once. "auto": the API's online controller, re-chosen every round. A number: itself."""
     if gamma != GammaMode.CALIBRATED:
         return gamma, None
+    if cost.c is None:
+        raise UsageError("--gamma calibrated: needs a draft model's step cost; a draft source runs at a number "
+                         "or 'auto'")
     g0, n0, top = defaults.CALIBRATION_GAMMA, defaults.CALIBRATION_TOKENS, defaults.MAX_AUTO_GAMMA
     say(f"calibrating gamma: {n0} tokens at gamma={g0} on prompt 1")
     cal = _spec(pair.target, pair.draft, ps.ids[0], g0, min(n0, max_new_tokens), ps.eos, draft_impl)
@@ -338,6 +423,52 @@ def assisted_peer(pair: models.Pair, ps: Prompts, gamma, max_new_tokens: int, sa
 
     run(ps.ids[0], min(16, max_new_tokens))
     return {"hf_assisted": run}
+
+
+def lookup_peers(target, settings, *, max_new_tokens: int, eos) -> tuple[dict, dict]:
+    """({name: ids -> new tokens}, {name: setting}): HF prompt lookup at each setting
+    (prompt_lookup_num_tokens, max_matching_ngram_size)."""
+    runs, named = {}, {}
+    for num_tokens, max_ngram in settings:
+        name = f"HF prompt lookup ({num_tokens}, {max_ngram})"
+        runs[name] = functools.partial(hfref.hf_prompt_lookup, target, max_new_tokens=max_new_tokens,
+                                       eos_token_id=eos, num_tokens=num_tokens, max_ngram=max_ngram)
+        named[name] = (num_tokens, max_ngram)
+    return runs, named
+
+
+def source_peers(pair: models.Pair, pair_info: PairInfo, ps: Prompts, gamma, max_new_tokens: int,
+                 say=lambda msg: None) -> tuple[dict, dict]:
+    """What a draft source is timed beside: HF prompt lookup at our gamma and n-gram, and beside a
+    GGUF draft also at HF's own default (10, 2) and our prompt lookup at its gamma, so that the
+    draft meets the best of them. ({name: ids -> new tokens}, {name: setting}), warmed up."""
+    from spec.lookup import PromptLookup
+
+    ours = (gamma if isinstance(gamma, int) else 10, PromptLookup().max_ngram)
+    lookup = pair_info.draft == "lookup"
+    runs, settings = lookup_peers(pair.target, [ours] if lookup or ours == (10, 2) else [ours, (10, 2)],
+                                  max_new_tokens=max_new_tokens, eos=ps.eos)
+    if not lookup:
+        runs[LOOKUP_PEER] = functools.partial(_lookup_tokens, pair.target, gamma=DEFAULT_GAMMA["lookup"],
+                                              max_new_tokens=max_new_tokens, eos=ps.eos)
+    say("HF prompt lookup: warm-up")
+    hfref.hf_prompt_lookup(pair.target, torch.tensor(ps.ids[0]), 4)
+    return runs, settings
+
+
+def _lookup_tokens(target, ids, *, gamma: int, max_new_tokens: int, eos) -> list[int]:
+    from spec.lookup import PromptLookup
+    return decode.speculative_generate(target, PromptLookup(), ids, gamma=gamma, max_new_tokens=max_new_tokens,
+                                       eos_token_id=eos).tokens
+
+
+def peers(pair: models.Pair, pair_info: PairInfo, ps: Prompts, gamma, peer: str | None, max_new_tokens: int,
+          say=lambda msg: None) -> tuple[dict, dict]:
+    """The peers timed beside ours and their settings: a draft source's (source_peers), or with
+    peer "hf" HF assisted generation (assisted_peer), or none."""
+    if choose.is_drafter(pair.draft):
+        return source_peers(pair, pair_info, ps, gamma, max_new_tokens, say)
+    return (assisted_peer(pair, ps, gamma, max_new_tokens, say) if peer == "hf" else {}), {}
 
 
 def time_runs(target, draft, prompt_ids: list, *, gamma, max_new_tokens: int, eos, repeats: int, device: str,
@@ -414,9 +545,10 @@ def record(index: int, prompt: str | None, ids, run: Timings, target, tokenizer=
                         text=tokenizer.decode(s.tokens) if tokenizer is not None else None, peers=peers)
 
 
-def compare(pair: models.Pair, ps: Prompts, runs: list[Timings], say=lambda msg: None) -> list[PromptRecord]:
-    """The per-prompt records, in prompt order."""
-    return [record(i, text, ids, run, pair.target, pair.tokenizer, say=say)
+def compare(pair: models.Pair, ps: Prompts, runs: list[Timings], settings: dict | None = None,
+            say=lambda msg: None) -> list[PromptRecord]:
+    """The per-prompt records, in prompt order; settings: each peer's, by name."""
+    return [record(i, text, ids, run, pair.target, pair.tokenizer, peer_settings=settings, say=say)
             for i, (text, ids, run) in enumerate(zip(ps.texts, ps.ids, runs), 1)]
 
 
@@ -473,7 +605,7 @@ def repeat_speedups(records: list[PromptRecord]) -> list[float]:
 
 def _theory(alpha, gamma: int, c: float) -> Theory:
     """Theorem 3.8 at the run's gamma and at its own optimum; whether any gamma can win."""
-    if alpha is None:
+    if alpha is None or c is None:
         return Theory()
     best = theory.optimal_gamma(alpha, c)
     best_speedup = theory.expected_speedup(alpha, best, c)
@@ -482,38 +614,78 @@ def _theory(alpha, gamma: int, c: float) -> Theory:
                   optimal_predicted_speedup=best_speedup, draft_cannot_win=best_speedup <= 1.0)
 
 
-def _peer_summary(records: list[PromptRecord], peer_gamma: int) -> PeerSummary:
-    """Speed ratios only over prompts where the peer produced greedy's tokens: other output is other work."""
-    same = [r for r in records if r.peer.identical]
-    hf_total = sum(r.peer.s for r in same)
-    return PeerSummary(hf_compared_prompts=len(same),
-                       hf_speedup=sum(r.greedy_s for r in same) / hf_total if same else None,
-                       ours_vs_hf=hf_total / sum(r.spec_s for r in same) if same else None, peer_gamma=peer_gamma)
+def peer_summaries(records: list[PromptRecord]) -> dict[str, PeerSummary]:
+    """Each peer by name. Speed ratios only over prompts where the peer produced greedy's tokens:
+    other output is other work."""
+    out = {}
+    for name in [p.name for p in records[0].peers]:
+        runs = [(r, p) for r in records for p in r.peers if p.name == name]
+        same = [(r, p) for r, p in runs if p.identical]
+        total = sum(p.s for _, p in same)
+        out[name] = PeerSummary(compared_prompts=len(same),
+                                speedup=sum(r.greedy_s for r, _ in same) / total if same else None,
+                                ours_vs=total / sum(r.spec_s for r, _ in same) if same else None,
+                                setting=runs[0][1].setting)
+    return out
+
+
+def _target_step(records: list[PromptRecord]) -> float:
+    """Greedy's time per token: the target step the figures are priced in."""
+    return sum(r.greedy_s for r in records) / sum(len(r.greedy.tokens) for r in records)
+
+
+def runs_c(records: list[PromptRecord]) -> float | None:
+    """c from the timed runs: draft time per drafted token over the target step (None: nothing drafted)."""
+    drafted = sum(r.spec.drafted for r in records)
+    return sum(t.draft_s for r in records for t in r.spec.trace or []) / drafted / _target_step(records) \
+        if drafted else None
+
+
+def predicted_speedup(records: list[PromptRecord], fixed: float, slope: float) -> float:
+    """Greedy time over the speculative time the verify line predicts for the rounds as they ran:
+    a round drafting g >= 1 tokens costs fixed + slope * g target steps (one step if g = 0), and
+    the draft phases cost what they cost (timed)."""
+    step = _target_step(records)
+    spec = sum(sum(t.draft_s for t in r.spec.trace or [])
+               + step * sum((fixed + slope * g) if g else 1.0 for g in r.spec.drafted_per_round) for r in records)
+    return sum(r.greedy_s for r in records) / spec
+
+
+def verify_fit(records: list[PromptRecord], line: measure.VerifyLine | None) -> VerifyFit | None:
+    if line is None:
+        return None
+    return VerifyFit(fixed=line.fixed, slope=line.slope, measured=line.measured,
+                     predicted_speedup=predicted_speedup(records, line.fixed, line.slope),
+                     predicted_speedup_flat=predicted_speedup(records, 1.0, 0.0))
 
 
 def summarize(records: list[PromptRecord], gamma, calibration: Calibration | None, cost: measure.Costs, *,
               gamma_option, draft_impl: str = "auto", peer_gamma: int | None = None) -> Summary:
-    """The pooled figures; peer_gamma: the HF peer's gamma, None when no peer ran."""
+    """The pooled figures; peer_gamma: HF assisted generation's gamma, None when it did not run.
+    A draft source's c (cost.c None) is the timed runs' (runs_c)."""
     alpha, rate, per_round = pooled(records)
     g_th = theory_gamma(gamma, records)
+    c = cost.c if cost.c is not None else runs_c(records)
     total_g, total_s = sum(r.greedy_s for r in records), sum(r.spec_s for r in records)
     ties = sum(1 for r in records if r.is_tie)
+    drafted = [g for r in records for g in r.spec.drafted_per_round]
     return Summary(
-        gamma=gamma, gamma_option=gamma_option, theory_gamma=g_th, calibration=calibration, c=cost.c,
+        gamma=gamma, gamma_option=gamma_option, theory_gamma=g_th, calibration=calibration, c=c,
         draft_step_s=cost.draft_step_s, target_step_s=cost.target_step_s, alpha=alpha, accept_rate=rate,
-        tokens_per_round=per_round, theory=_theory(alpha, g_th, cost.c), speedups=[r.speedup for r in records],
+        tokens_per_round=per_round, theory=_theory(alpha, g_th, c), speedups=[r.speedup for r in records],
         repeat_speedups=repeat_speedups(records), greedy_s=total_g, spec_s=total_s,
         in_run=in_run(records, alpha, g_th, total_g / total_s), draft_impl=draft_impl,
         threads=torch.get_num_threads(), all_identical=all(r.identical for r in records), ties=ties,
-        failures=sum(1 for r in records if not r.identical) - ties,
-        peer=_peer_summary(records, peer_gamma) if peer_gamma is not None else None)
+        failures=sum(1 for r in records if not r.identical) - ties, peers=peer_summaries(records),
+        peer_gamma=peer_gamma, rounds_drafting_nothing=sum(g == 0 for g in drafted) / len(drafted),
+        verify=verify_fit(records, cost.verify))
 
 
 def consistency_warnings(summary: Summary) -> list[str]:
     """The run's own figures checked against each other; each disagreement is one line."""
     out = []
     s, r = summary, summary.in_run
-    if r is not None and s.c > 0 and r.c > 0:
+    if r is not None and s.draft_step_s is not None and s.c > 0 and r.c > 0:
         ratio = max(s.c, r.c) / min(s.c, r.c)
         if ratio > defaults.C_DISAGREEMENT:
             out.append(f"the two estimates of c disagree {ratio:.1f}-fold ({s.c:.3f} from one-token "

@@ -40,12 +40,15 @@ def step_time(model, input_ids, *, steps: int = 32, warmup: int = 4, draft_impl:
 
 @dataclass
 class Costs:
-    draft_step_s: float
-    target_step_s: float
+    """One-token step times of a draft model and the target (None for a draft source, which has
+    no model step to time), and the verify line where one was measured."""
+    draft_step_s: float | None
+    target_step_s: float | None
+    verify: VerifyLine | None = None
 
     @property
-    def c(self) -> float:
-        return self.draft_step_s / self.target_step_s
+    def c(self) -> float | None:
+        return None if self.draft_step_s is None else self.draft_step_s / self.target_step_s
 
 
 def cost_ratio(target, draft, input_ids, *, steps: int = 32, warmup: int = 4, draft_impl: str = "auto") -> Costs:

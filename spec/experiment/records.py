@@ -135,7 +135,7 @@ class PromptRecord:
     def peer_json(self, p: Peer) -> dict:
         return {"name": p.name, "hf_s": p.s, "hf_tok_s": p.tok_s, "hf_speedup": self.greedy_s / p.s,
                 "ours_vs_hf": p.s / self.spec_s, "ids_identical": p.identical, "new_tokens": len(p.tokens),
-                "tokens": p.tokens, "hf_s_repeats": p.times}
+                "tokens": p.tokens, "hf_s_repeats": p.times, "setting": p.setting}
 
     def to_json(self) -> dict:
         g, s = self.greedy, self.spec
@@ -155,6 +155,7 @@ class PromptRecord:
             "tokens_per_round_list": s.tokens_per_round,
             "trace": [_round_json(r) for r in s.trace or []], "trace_repeat": self.trace_repeat,
             "peer": self.peer_json(self.peer) if self.peer else None,
+            "peers": [self.peer_json(p) for p in self.peers],
         }
 
 
@@ -201,11 +202,23 @@ class Theory:
 
 @dataclass
 class PeerSummary:
-    """HF assisted generation over the prompts where its output is greedy's."""
-    hf_compared_prompts: int
-    hf_speedup: float | None
-    ours_vs_hf: float | None
-    peer_gamma: int
+    """A peer (HF assisted generation, HF prompt lookup, ...) over the prompts where its output is
+    greedy's (elsewhere it did other work, so its time is not comparable)."""
+    compared_prompts: int
+    speedup: float | None          # over our greedy
+    ours_vs: float | None          # our speculative speed over its speed
+    setting: tuple | None = None   # HF prompt lookup: (num_tokens, max_ngram)
+
+
+@dataclass
+class VerifyFit:
+    """The verify pass's measured cost line (spec.experiment.measure.VerifyLine: fixed + slope * g
+    one-token target steps) and the speedup it predicts from the rounds as they were drafted."""
+    fixed: float
+    slope: float
+    measured: dict                 # g -> a (g+1)-token pass in one-token steps
+    predicted_speedup: float       # with that verify cost
+    predicted_speedup_flat: float  # if a pass cost one step (Theorem 3.8's assumption)
 
 
 @dataclass
@@ -215,9 +228,9 @@ class Summary:
     gamma_option: int | str        # as asked: a number, "auto" or "calibrated"
     theory_gamma: int              # the gamma Theorem 3.8 is evaluated at
     calibration: Calibration | None
-    c: float
-    draft_step_s: float
-    target_step_s: float
+    c: float | None                # from one-token steps; for a draft source, from the timed runs
+    draft_step_s: float | None     # None: a draft source (no draft model step to time)
+    target_step_s: float | None
     alpha: float | None
     accept_rate: float | None
     tokens_per_round: float
@@ -232,7 +245,15 @@ class Summary:
     all_identical: bool
     ties: int
     failures: int
-    peer: PeerSummary | None = None
+    peers: dict[str, PeerSummary] = field(default_factory=dict)   # by name, in the order they ran
+    peer_gamma: int | None = None  # HF assisted generation's gamma, when it ran
+    rounds_drafting_nothing: float | None = None
+    verify: VerifyFit | None = None
+
+    @property
+    def peer(self) -> PeerSummary | None:
+        """The first peer (the one the report's flat "hf_*" keys describe)."""
+        return next(iter(self.peers.values()), None)
 
     @property
     def measured_speedup(self) -> float:
@@ -264,8 +285,17 @@ class Summary:
                "draft_impl": self.draft_impl, "threads": self.threads, "all_identical": self.all_identical,
                "ties": self.ties, "failures": self.failures}
         if self.peer is not None:
-            out.update(dataclasses.asdict(self.peer))
+            out.update(hf_compared_prompts=self.peer.compared_prompts, hf_speedup=self.peer.speedup,
+                       ours_vs_hf=self.peer.ours_vs, peer_gamma=self.peer_gamma)
         out["exit_status"] = self.exit_status
+        out["rounds_drafting_nothing"] = self.rounds_drafting_nothing
+        if self.peers:
+            out["peers"] = {name: dataclasses.asdict(p) for name, p in self.peers.items()}
+        if self.verify is not None:
+            v = self.verify
+            out.update(verify_fixed=v.fixed, verify_slope=v.slope, verify_measured=v.measured,
+                       predicted_speedup_verify_line=v.predicted_speedup,
+                       predicted_speedup_flat_verify=v.predicted_speedup_flat)
         return out
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from spec.experiment.records import Calibration, PairInfo, PromptRecord, Prompts, Results, Summary
+    from spec.experiment.records import Calibration, PairInfo, PeerSummary, PromptRecord, Prompts, Results, Summary
 
 PLOTS_HINT = 'plots need matplotlib: pip install "spec[plots]" (or pip install matplotlib)'
 
@@ -28,6 +28,8 @@ C_G, C_S, C_A, C_P = "#7f9cbf", "#2ca25f", "#e08214", "#9e9ac8"
 TABLE_COLUMNS = ["#", "prompt", "new tokens", "greedy s", "spec s", "greedy tok/s", "spec tok/s", "speedup",
                  "accept rate", "alpha", "tok/round", "IDs identical"]
 PEER_COLUMNS = ["#", "hf assisted s", "hf tok/s", "hf speedup", "ours vs hf", "hf IDs identical"]
+# The words for a peer (spec.experiment.peers names them): in its table's title, its lines, the figure.
+PEER_LABELS = {"hf_assisted": "HF assisted"}
 
 
 # --------------------------------------------------------------------------- machine
@@ -123,9 +125,23 @@ def peer_cells(record: PromptRecord, peer) -> list[str]:
             "YES" if same else f"NO: {peer_difference(peer.tokens, record.greedy.tokens)}"]
 
 
-def peer_table(records: list[PromptRecord]) -> str:
-    rows = [[str(r.index), fmt(r.peer.s), fmt(r.peer.tok_s, 1), *peer_cells(r, r.peer)] for r in records]
-    return format_table(PEER_COLUMNS, rows, left=frozenset())
+def _peer_of(record: PromptRecord, name: str | None):
+    return record.peer if name is None else next(p for p in record.peers if p.name == name)
+
+
+def peer_table(records: list[PromptRecord], name: str | None = None) -> str:
+    """One peer's table (the first peer's when name is None): HF assisted generation's columns say
+    "hf", any other peer's "peer"."""
+    rows = [[str(r.index), fmt(p.s), fmt(p.tok_s, 1), *peer_cells(r, p)] for r in records
+            for p in [_peer_of(r, name)]]
+    first = name or records[0].peer.name
+    columns = PEER_COLUMNS if first == "hf_assisted" else [c.replace("hf assisted", "peer").replace("hf", "peer")
+                                                           for c in PEER_COLUMNS]
+    return format_table(columns, rows, left=frozenset())
+
+
+def peer_label(name: str) -> str:
+    return PEER_LABELS.get(name, name)
 
 
 def gamma_label(s: Summary) -> str:
@@ -143,9 +159,10 @@ def header(pair_info: PairInfo, ps: Prompts, *, device: str, target_dtype: str, 
     """The lines printed before the run: what is compared, on what."""
     info, eos = pair_info, ps.eos
     lines = [f"note: {info.note}"] if info.note else []
+    draft = (f"{info.draft_name} ({info.draft_params / 1e6:.2f}M params, {draft_dtype})" if info.draft_params
+             else f"{info.draft_name} ({info.draft_path})")   # a draft source: how it runs
     lines.append(f"target: {info.target_name} ({info.target_params / 1e6:.2f}M params, "
-                 f"{target_dtype}) | draft: {info.draft_name} ({info.draft_params / 1e6:.2f}M "
-                 f"params, {draft_dtype}) | device: {device}"
+                 f"{target_dtype}) | draft: {draft} | device: {device}"
                  + (f" | threads: {threads}" + (" (default)" if threads_default else "")
                     if threads is not None else ""))
     if not info.target_split.startswith("whole"):
@@ -204,43 +221,74 @@ def peer_difference(peer: list[int], greedy: list[int]) -> str | None:
     return f"differs at new token {at} ({peer[at]} vs greedy's {greedy[at]})"
 
 
+def _c_line(s: Summary) -> str:
+    if s.draft_step_s is None:
+        return (f"c (draft time per drafted token / greedy time per token, from the timed runs): {fmt(s.c, 4)}; "
+                f"{s.rounds_drafting_nothing:.0%} of rounds drafted nothing")
+    return (f"c (draft step / target step): {s.c:.3f}  "
+            f"({s.draft_step_s * 1e3:.2f} ms / {s.target_step_s * 1e3:.2f} ms, median cached one-token step)")
+
+
+def _verify_lines(s: Summary) -> list[str]:
+    v = s.verify
+    if v is None:
+        return []
+    measured = ", ".join(f"g={g} {t:.2f}" for g, t in sorted(v.measured.items()) if g in (1, 2, 4, 8, 16))
+    return [f"verify pass of g+1 tokens = {v.fixed:.2f} + {v.slope:.3f} g target steps (fitted, g = 1..16; "
+            f"measured: {measured})",
+            f"predicted from the rounds as drafted: {v.predicted_speedup:.2f}x with that verify cost, "
+            f"{v.predicted_speedup_flat:.2f}x if a pass cost one step (Theorem 3.8's assumption); measured/predicted "
+            f"{s.measured_speedup / v.predicted_speedup:.2f}"]
+
+
 def summary_lines(s: Summary) -> list[str]:
     spread = ""
     if s.repeats > 1:
         spread = f"; over {s.repeats} repeats {min(s.repeat_speedups):.2f}x to {max(s.repeat_speedups):.2f}x"
     lines = [
-        f"c (draft step / target step): {s.c:.3f}  "
-        f"({s.draft_step_s * 1e3:.2f} ms / {s.target_step_s * 1e3:.2f} ms, median cached one-token step)",
+        _c_line(s),
         f"alpha (pooled, per-token acceptance MLE): {fmt(s.alpha, 3)}   "
         f"accept rate (accepted/drafted): {fmt(s.accept_rate, 3)}   tokens/round: {fmt(s.tokens_per_round)}",
         f"speedup at gamma={gamma_label(s)}: predicted {fmt(s.theory.predicted_speedup)}x (Theorem 3.8), "
         f"measured {fmt(s.measured_speedup)}x (total greedy s / total spec s; "
         f"per prompt {fmt(min(s.speedups))}x to {fmt(max(s.speedups))}x{spread})",
     ]
-    return lines + _in_run_lines(s) + [_optimal_line(s)]
+    return lines + _in_run_lines(s) + [_optimal_line(s)] + _verify_lines(s)
+
+
+def _peer_title(name: str, peer: PeerSummary, s: Summary) -> str:
+    if name == "hf_assisted":
+        return f"Hugging Face assisted generation (gamma={s.peer_gamma}, speedup vs our greedy)"
+    if peer.setting is not None:
+        return (f"HF prompt lookup (prompt_lookup_num_tokens={peer.setting[0]}, "
+                f"max_matching_ngram_size={peer.setting[1]}; speedup vs our greedy)")
+    return f"{name} (speedup vs our greedy)"
 
 
 def _peer_lines(records: list[PromptRecord], s: Summary) -> list[str]:
-    peer = s.peer
-    parts = ["", f"peer: Hugging Face assisted generation (gamma={peer.peer_gamma}, speedup vs our greedy)",
-             peer_table(records), ""] + summary_lines(s)
-    for r in records:
-        if not r.peer.identical:
-            parts.append(f"HF assisted, prompt {r.index}: output is not greedy's: "
-                         f"{peer_difference(r.peer.tokens, r.greedy.tokens)}; its time is left out")
-    if peer.hf_compared_prompts:
-        parts.append(f"HF assisted: {peer.hf_speedup:.2f}x over greedy; ours is {peer.ours_vs_hf:.2f}x HF's "
-                     f"speed (on the {peer.hf_compared_prompts} of {len(records)} prompts where its output is "
-                     "greedy's)")
-    else:
-        parts.append("HF assisted: no output equal to greedy's, so no speed comparison")
+    parts = []
+    for name, peer in s.peers.items():
+        parts += ["", f"peer: {_peer_title(name, peer, s)}", peer_table(records, name)]
+    parts += [""] + summary_lines(s)
+    for name, peer in s.peers.items():
+        label = peer_label(name)
+        for r in records:
+            p = _peer_of(r, name)
+            if not p.identical:
+                parts.append(f"{label}, prompt {r.index}: output is not greedy's: "
+                             f"{peer_difference(p.tokens, r.greedy.tokens)}; its time is left out")
+        if peer.compared_prompts:
+            parts.append(f"{label}: {peer.speedup:.2f}x over greedy; ours is {peer.ours_vs:.2f}x its speed (on the "
+                         f"{peer.compared_prompts} of {len(records)} prompts where its output is greedy's)")
+        else:
+            parts.append(f"{label}: no output equal to greedy's, so no speed comparison")
     return parts
 
 
 def render(records: list[PromptRecord], summary: Summary, warnings: list[str] = ()) -> str:
     """The report after the run: tables, summary, the peer's figures and any warning."""
     parts = [results_table(records)]
-    parts += _peer_lines(records, summary) if summary.peer is not None else [""] + summary_lines(summary)
+    parts += _peer_lines(records, summary) if summary.peers else [""] + summary_lines(summary)
     if warnings:
         parts.append("WARNING: the run's own figures disagree: " + "; ".join(warnings))
     return "\n".join(parts)
@@ -347,7 +395,7 @@ def _throughput_panel(ax, records: list[PromptRecord], summary: Summary) -> None
     ax.bar([i - w * (n_bars - 1) / 2 + w for i in x], s_tok, w, color=C_S,
            label=f"speculative (γ={gamma_label(summary)})")
     if peer:
-        ax.bar([i + w for i in x], p_tok, w, color=C_P, label="HF assisted")
+        ax.bar([i + w for i in x], p_tok, w, color=C_P, label=peer_label(records[0].peer.name))
     top = max(g_tok + s_tok + p_tok)
     for i, r in enumerate(records):
         mark = "" if r.identical else (" tie" if r.is_tie else " ≠")

@@ -313,14 +313,15 @@ def test_summary_lines_by_hand():
 
 def test_summary_json_keeps_its_keys_and_derives_its_figures():
     """results.json's summary: the keys it had as a dict, in order, with the derived figures."""
-    out = summary(repeat_speedups=[1.2, 1.3], peer=PeerSummary(2, 1.5, 0.8, 5), failures=1).to_json()
+    out = summary(repeat_speedups=[1.2, 1.3], peers={"hf_assisted": PeerSummary(2, 1.5, 0.8)}, peer_gamma=5,
+                  failures=1).to_json()
     assert list(out) == [
         "gamma", "gamma_option", "theory_gamma", "calibration", "c", "draft_step_s", "target_step_s", "alpha",
         "accept_rate", "tokens_per_round", "predicted_tokens_per_round", "predicted_speedup", "optimal_gamma",
         "optimal_predicted_speedup", "draft_cannot_win", "measured_speedup", "mean_speedup", "speedup_min",
         "speedup_max", "repeats", "repeat_speedups", "repeat_spread", "greedy_s", "spec_s", "in_run", "draft_impl",
         "threads", "all_identical", "ties", "failures", "hf_compared_prompts", "hf_speedup", "ours_vs_hf",
-        "peer_gamma", "exit_status"]
+        "peer_gamma", "exit_status", "rounds_drafting_nothing", "peers"]
     assert out["measured_speedup"] == 1.25 and out["mean_speedup"] == pytest.approx(1.25)
     assert out["repeats"] == 2 and out["repeat_spread"] == pytest.approx(0.1) and out["exit_status"] == 1
     assert "hf_speedup" not in summary().to_json() and summary().to_json()["exit_status"] == 0

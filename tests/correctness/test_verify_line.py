@@ -1,11 +1,13 @@
 """The verify pass priced as a fixed cost plus a per-token slope (spec.experiment.measure.verify_line,
-spec.theory with verify_fixed, spec.realmodel.predicted_speedup); values worked by hand."""
+spec.theory with verify_fixed, spec.experiment.predicted_speedup); values worked by hand."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
-from spec import realmodel, theory
+from spec import experiment, theory
 from spec.experiment import measure
 
 
@@ -85,6 +87,8 @@ def test_a_dearer_fixed_cost_lengthens_the_optimal_gamma():
 def test_predicted_speedup_from_the_rounds():
     # 10 tokens of greedy in 1.0 s: a step is 0.1 s. Rounds drafted 0, 3, 2 tokens; a pass of
     # g >= 1 costs 1.5 + 0.1 g steps: 1 + 1.8 + 1.7 = 4.5 steps = 0.45 s, plus 0.05 s of drafting.
-    rec = {"greedy_s": 1.0, "new_tokens": 10, "draft_s": 0.05, "drafted_per_round": [0, 3, 2]}
-    assert realmodel.predicted_speedup([rec], 1.5, 0.1) == pytest.approx(1.0 / 0.5)
-    assert realmodel.predicted_speedup([rec], 1.0, 0.0) == pytest.approx(1.0 / 0.35)
+    spec = SimpleNamespace(trace=[SimpleNamespace(draft_s=0.02), SimpleNamespace(draft_s=0.03)],
+                           drafted_per_round=[0, 3, 2])
+    rec = SimpleNamespace(greedy_s=1.0, greedy=SimpleNamespace(tokens=[0] * 10), spec=spec)
+    assert experiment.predicted_speedup([rec], 1.5, 0.1) == pytest.approx(1.0 / 0.5)
+    assert experiment.predicted_speedup([rec], 1.0, 0.0) == pytest.approx(1.0 / 0.35)
