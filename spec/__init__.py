@@ -10,7 +10,7 @@ _EXPORTS = {"Result": "spec.decode", "Round": "spec.decode", "greedy_generate": 
             "build_gpt_neox": "spec.models", "load_pair": "spec.models",
             "PromptLookup": "spec.lookup", "TreeDraft": "spec.treedraft", "LookupTree": "spec.treedraft",
             "FirstOf": "spec.firstof", "Tree": "spec.tree", "Need": "spec.protocols",
-            "DraftSource": "spec.protocols"}
+            "DraftSource": "spec.protocols", "Step": "spec.protocols"}
 
 __all__ = list(_EXPORTS)
 __version__ = "0.1.0"

@@ -39,6 +39,7 @@ import torch
 from spec import hf
 from spec import probe as probing
 from spec.options import RunnerPath
+from spec.protocols import Pass, Step
 from spec.runner import ModelRunner, retain_tree, score_tree
 from spec.tree import Tree, in_place
 from spec.validate import as_prompt, model_device
@@ -103,8 +104,6 @@ class Rows:
     `rows.crop(keeps)` forgets, in row i, every position from keeps[i] on; `rows.select(kept)`
     keeps only the rows at those indices, in that order; `rows.lengths` what each row holds."""
 
-    hidden = None          # no row's hidden states: a drafter that reads them gets an EachRunner
-
     def __init__(self, model, batch: int):
         self.model, self.device = model, model_device(model)
         self.cache = hf.new_cache(model)
@@ -112,7 +111,10 @@ class Rows:
         self.lengths = [0] * batch              # positions each row holds (right-aligned)
         self.held = [torch.empty(0, dtype=torch.long, device=self.device) for _ in range(batch)]
 
-    def __call__(self, feeds: list[torch.Tensor], keep: int, trees: list | None = None) -> torch.Tensor:
+    def __call__(self, feeds: list[torch.Tensor], keep: int, trees: list | None = None) -> Pass:
+        return Pass(self._logits(feeds, keep, trees))     # no row's hidden states: such a drafter gets an EachRunner
+
+    def _logits(self, feeds: list[torch.Tensor], keep: int, trees: list | None = None) -> torch.Tensor:
         if trees is not None:
             if not all(tree.is_chain for tree in trees):
                 raise ValueError("draft: a tree came from a drafter that does not say it makes trees; add "
@@ -145,10 +147,10 @@ class Rows:
         alone = {i: torch.cat([self.held[i][:self.lengths[i]], feeds[i]]) for i in short}
         rest = [i for i in range(len(feeds)) if i not in alone]
         self.select(rest)
-        parts = [(self, self([feeds[i] for i in rest], keep))]
+        parts = [(self, self._logits([feeds[i] for i in rest], keep))]
         for i, ids in alone.items():
             row = Rows(self.model, 1)
-            parts.append((row, row([ids], min(keep, ids.numel()))))
+            parts.append((row, row._logits([ids], min(keep, ids.numel()))))
         order = torch.tensor(rest + list(alone), device=self.device).argsort()
         rows = [(part, j) for part, _ in parts for j in range(len(part.lengths))]
         rows = [rows[k] for k in order.tolist()]
@@ -224,12 +226,13 @@ class EachRow:
             out.append(made)
         return out
 
-    def observe(self, n: list[int], accepted: list[int], live: list[int], hidden: list | None = None) -> None:
-        for j, (b, k) in enumerate(zip(live, accepted)):
-            if hidden is not None:
-                self.drafters[b].observe(n[b], k, hidden[j])      # a drafter with Need.HIDDEN
-            else:
-                self.drafters[b].observe(n[b], k)
+    def observe(self, n: list[int], accepted: list[int], live: list[int]) -> None:
+        for b, k in zip(live, accepted):
+            self.drafters[b].observe(n[b], k)
+
+    def process(self, steps: list[Step], live: list[int]) -> None:
+        for b, step in zip(live, steps):
+            self.drafters[b].process(step)          # a drafter with Need.HIDDEN
 
     def select(self, kept: list[int]) -> None:
         pass            # rows are addressed by their index in the whole batch (`live`)
@@ -246,13 +249,19 @@ class EachRunner:
 
     def __init__(self, runs: list, why: str | None = None):
         self.runs, self.why = runs, why
-        self.collecting = False
+        self.collecting = False         # collect_hidden was called: each Pass carries the rows' states
 
     @property
     def lengths(self) -> list[int]:
         return [len(run) for run in self.runs]
 
-    def __call__(self, feeds: list[torch.Tensor], keep: int, trees: list | None = None) -> torch.Tensor:
+    def __call__(self, feeds: list[torch.Tensor], keep: int, trees: list | None = None) -> Pass:
+        logits = self._logits(feeds, keep, trees)
+        if not self.collecting:
+            return Pass(logits)
+        return Pass(logits, [run.hidden for run in self.runs], self.runs[0].layers)
+
+    def _logits(self, feeds: list[torch.Tensor], keep: int, trees: list | None = None) -> torch.Tensor:
         trees = trees or [None] * len(feeds)
         if len(self.runs) == 1 and (trees[0] is None and feeds[0].numel() >= keep or
                                     trees[0] is not None and len(trees[0]) + 1 == keep):
@@ -269,19 +278,14 @@ class EachRunner:
     def retain(self, row: int, base: int, path: list[int]) -> None:
         retain_tree(self.runs[row], base, path)
 
-    def collect_hidden(self) -> None:
-        """Keep each call's last-layer hidden states (`hidden`): a drafter reads them."""
+    def collect_hidden(self, layers: tuple[int, ...]) -> None:
+        """Keep each pass's hidden states at `layers` (Pass.hidden): a draft source reads them."""
         for run in self.runs:
             if not isinstance(run, ModelRunner):
                 raise ValueError(f"a drafter that reads the target's hidden states needs the target on a "
                                  f"spec.runner path; this one runs on {type(run).__name__}")
-            run.collect_hidden = True
+            run.layers = tuple(layers)
         self.collecting = True
-
-    @property
-    def hidden(self) -> list[torch.Tensor] | None:
-        """Each row's hidden states of every id the last call fed it (collect_hidden), else None."""
-        return [run.hidden for run in self.runs] if self.collecting else None
 
     def crop(self, keeps: list[int]) -> None:
         for run, keep in zip(self.runs, keeps):
@@ -365,7 +369,7 @@ def _probe_batch(model, seqs, full, kept: list[int], tol: float) -> str | None:
                 stops = [arg[b] for b in live]
                 feeds = [seqs[b][n:end] for b, n, end in zip(live, rows.lengths, stops)]
                 keep = min(f.numel() for f in feeds)
-                got = rows(feeds, keep)
+                got = rows(feeds, keep).logits
                 for j, (b, end) in enumerate(zip(live, stops)):
                     if not probing.close(got[j], full[b][end - keep:end], tol):
                         return (f"in a left-padded batch of {len(live)} rows, row {j}'s logits at positions "

@@ -134,7 +134,7 @@ def rows(roles: dict, input_ids, attention_mask=None, *, input_features=None, de
         drafter = NoDraft()
     target = made[next(iter(roles))]
     if Need.HIDDEN in needs_of(roles.get("draft")) and isinstance(target, batch.EachRunner):   # (`_rows` gives one)
-        target.collect_hidden()                 # target.hidden then holds the rows' states
+        target.collect_hidden(roles["draft"].layers)     # each Pass then carries the rows' states there
     return ChosenRows(prompts, target, drafter, models, batched)
 
 

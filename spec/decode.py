@@ -25,6 +25,7 @@ from spec.autogamma import AutoGamma
 from spec.draft import FixedGamma, Pick
 from spec.options import GammaMode, StopReason
 from spec.processors import Processors
+from spec.protocols import Pass, Step
 from spec.tree import in_place
 from spec.validate import check_options, check_positions, stop_ids
 
@@ -291,7 +292,8 @@ def _decode(chosen: choose.ChosenRows, policies: list, *, max_new_tokens: int, s
         # 2. Verify: Mp scores every row's drafted + 1 positions, all rows in one pass.
         t1 = _clock(device, timed)
         starts, before = list(target_run.lengths), [n[b] for b in live]
-        logits = _verify(target_run, seq, n, live, trees)
+        verified = _verify(target_run, seq, n, live, trees)
+        logits = verified.logits
 
         # 3. Accept the longest prefix (a tree: path) that passes, then append one token from Mp;
         # 4. cut at EOS.
@@ -300,12 +302,12 @@ def _decode(chosen: choose.ChosenRows, policies: list, *, max_new_tokens: int, s
         accepted = [len(path) for path in paths]
         emitted = [_emit(seq[b], n, b, k, stops, results[b]) for b, k in zip(live, accepted)]
 
-        # 5. Roll back: each row keeps all but its newest token, fed next round. The verify pass's
-        #    hidden states are read first: a runner that restores a state re-feeds on crop.
-        states = target_run.hidden          # None unless the drafter reads them (Need.HIDDEN)
-        hidden = None if states is None else _hidden_states(states, live, starts, before, paths, emitted, delivered)
+        # 5. Roll back: each row keeps all but its newest token, fed next round. A drafter that reads
+        #    the target's hidden states (Need.HIDDEN) is then handed the positions now final, once.
         target_run.crop([n[b] - 1 for b in live])
-        drafter.observe(n, accepted, live, hidden=hidden)
+        drafter.observe(n, accepted, live)
+        if verified.hidden is not None:
+            drafter.process(_steps(verified.hidden, live, starts, before, paths, emitted, delivered, verified.layers), live)
         t2 = _clock(device, timed)
 
         for j, b in enumerate(live):
@@ -333,10 +335,10 @@ def _emit(seq: torch.Tensor, n: list[int], b: int, k: int, stops: frozenset[int]
     return out
 
 
-def _verify(target_run, seq: torch.Tensor, n: list[int], live: list[int], trees: list):
+def _verify(target_run, seq: torch.Tensor, n: list[int], live: list[int], trees: list) -> Pass:
     """The target's one pass over every live row: each row fed what it has not seen up to its
     last final token (the root last), then its proposal's nodes. The logits of each row's
-    proposals + 1 positions, right-aligned."""
+    proposals + 1 positions, right-aligned (and the rows' hidden states where they are kept)."""
     feeds = [seq[b, fed:n[b]] for b, fed in zip(live, target_run.lengths)]
     return target_run(feeds, keep=max(len(tree) for tree in trees) + 1, trees=trees)
 
@@ -386,20 +388,20 @@ def _accept_row(seq: torch.Tensor, n: int, tree, scores: torch.Tensor, process, 
     return path
 
 
-def _hidden_states(states: list[torch.Tensor], live: list[int], starts: list[int], before: list[int],
-                   paths: list, emitted: list[int], delivered: list[int]) -> list[torch.Tensor]:
-    """For a drafter that reads them (Need.HIDDEN): each live row's target hidden states, from the
-    verify pass (states[j]: every id row j was fed, positions starts[j] on, then its proposal's
-    nodes), at each position not yet delivered up to the one that chose the row's last emitted
-    token: the prompt's on the first round (prefill), then the root's and the accepted path's.
-    Advances `delivered`."""
+def _steps(states: list[torch.Tensor], live: list[int], starts: list[int], before: list[int], paths: list,
+           emitted: list[int], delivered: list[int], layers: tuple[int, ...]) -> list[Step]:
+    """For a drafter that reads them (Need.HIDDEN): each live row's Step, from the verify pass
+    (states[j]: every id row j was fed, positions starts[j] on, then its proposal's nodes), at each
+    position not yet delivered up to the one that chose the row's last emitted token: the prompt's
+    on the first round (prefill), then the root's and the accepted path's. Advances `delivered`."""
     out = []
     for j, b in enumerate(live):
         sequence = before[j] - starts[j]                   # rows of the sequence, the root last
         first = delivered[b] - starts[j]
         assert first >= 0, "a row's runner went back past the states already delivered"
         rows = list(range(first, sequence)) + [sequence + i for i in paths[j]][:emitted[j] - 1]
-        out.append(states[j][rows])
+        positions = torch.arange(delivered[b], before[j] + emitted[j] - 1)
+        out.append(Step(positions, states[j][rows], layers))
         delivered[b] = before[j] + emitted[j] - 1
     return out
 

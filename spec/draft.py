@@ -12,6 +12,7 @@ import torch
 
 from spec import sampling
 from spec.processors import Processors
+from spec.protocols import Step
 from spec.tree import Tree
 
 
@@ -57,7 +58,7 @@ class ModelDraft:
             feeds = [seq[b, length:n[b] + i] for b, length in zip(live, self.run.lengths)]
             if self.clamp:
                 feeds = [f.clamp(max=self.rows - 1) for f in feeds]
-            logits = self.run(feeds, keep=1)[:, -1, :self.width]
+            logits = self.run(feeds, keep=1).logits[:, -1, :self.width]
             for j, b in enumerate(live):
                 row, process, pick = logits[j], self.processors[b], self.picks[b]
                 if process:
@@ -70,8 +71,11 @@ class ModelDraft:
         return [Tree.chain(seq[b, n[b]:n[b] + g], torch.stack(rows[:g]) if rows and g else None)
                 for b, rows, g in zip(live, q, gs)]
 
-    def observe(self, n: list[int], accepted: list[int], live: list[int], hidden: list | None = None) -> None:
+    def observe(self, n: list[int], accepted: list[int], live: list[int]) -> None:
         self.run.crop([n[b] - 1 for b in live])    # all but each row's newest token, fed next round
+
+    def process(self, steps: list[Step], live: list[int]) -> None:
+        pass                        # it reads no target states
 
     def select(self, kept: list[int]) -> None:
         self.run.select(kept)
@@ -101,7 +105,10 @@ class NoDraft:
     def draft(self, seq: torch.Tensor, n: list[int], gs: list[int], live: list[int]):
         return [Tree.chain(seq[b, n[b]:n[b]]) for b in live]
 
-    def observe(self, n: list[int], accepted: list[int], live: list[int], hidden: list | None = None) -> None:
+    def observe(self, n: list[int], accepted: list[int], live: list[int]) -> None:
+        pass
+
+    def process(self, steps: list[Step], live: list[int]) -> None:
         pass
 
     def select(self, kept: list[int]) -> None:

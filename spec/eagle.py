@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from spec import hf
-from spec.protocols import DraftSource, Need
+from spec.protocols import DraftSource, Need, Step
 from spec.tree import Tree
 
 
@@ -121,6 +121,6 @@ class EagleDraft(DraftSource):
                     x = ids[head.logits(h).argmax()]
         return Tree(torch.tensor(tokens, dtype=torch.long, device=seq.device), tuple(parents))
 
-    def observe(self, n: int, accepted: int, hidden: torch.Tensor | None = None) -> None:
-        if hidden is not None and hidden.shape[0]:
-            self.state = hidden[-1]
+    def process(self, step: Step) -> None:
+        if step.positions.numel():
+            self.state = step.at(-1)[-1]           # the state that chose seq[n - 1]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from spec.protocols import DraftSource, Drafter, Need
+from spec.protocols import DraftSource, Drafter, Need, Step
 from spec.tree import Tree
 
 
@@ -49,6 +49,11 @@ class FirstOf(DraftSource):
                                 f"model goes in as spec.TreeDraft(model, branches=1), which drafts its chain")
         self.sources = list(sources)
         self.needs = frozenset().union(*(source.needs for source in sources))
+        readers = {source.layers for source in sources if Need.HIDDEN in source.needs}
+        if len(readers) > 1:
+            raise ValueError(f"FirstOf: the sources that read hidden states ask for different layers "
+                             f"({sorted(readers)}); the target keeps one set a run")
+        self.layers = readers.pop() if readers else (-1,)
         self.names = _names(self.sources)
         self.stats = {name: Counts() for name in self.names}
         self.drafter: int | None = None     # the index of the source that drafted this round
@@ -76,18 +81,19 @@ class FirstOf(DraftSource):
                 return tree
         return Tree.chain(seq[n:n])
 
-    def observe(self, n: int, accepted: int, hidden: torch.Tensor | None = None) -> None:
-        """Every source hears that seq[:n] is final: this round's drafter `accepted`, the rest 0;
-        a source with Need.HIDDEN gets `hidden` too (the round's, whoever drafted)."""
+    def observe(self, n: int, accepted: int) -> None:
+        """Every source hears that seq[:n] is final: this round's drafter `accepted`, the rest 0."""
         for i, source in enumerate(self.sources):
-            kept = accepted if i == self.drafter else 0
-            if Need.HIDDEN in source.needs:
-                source.observe(n, kept, hidden)
-            else:
-                source.observe(n, kept)
+            source.observe(n, accepted if i == self.drafter else 0)
         if self.drafter is not None:
             self.stats[self.names[self.drafter]].accepted += accepted
         self.drafter = None
+
+    def process(self, step: Step) -> None:
+        """Each source with Need.HIDDEN gets the round's Step, whoever drafted."""
+        for source in self.sources:
+            if Need.HIDDEN in source.needs:
+                source.process(step)
 
     def __len__(self) -> int:
         return max(len(source) for source in self.sources)

@@ -118,7 +118,7 @@ class GGUFDraft(DraftSource):
         resync(self.run, torch.from_numpy(self.run.llm.input_ids[:len(self.run)].astype(np.int64)), seq, n)
         return self.model.draft(seq[None], [n], [g], [0])[0]
 
-    def observe(self, n: int, accepted: int, hidden: torch.Tensor | None = None) -> None:
+    def observe(self, n: int, accepted: int) -> None:
         self.model.observe([n], [accepted], [0])
 
     def __len__(self) -> int:

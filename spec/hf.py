@@ -146,7 +146,8 @@ def text_config(model):
 
 
 def step(model, ids: torch.Tensor, cache=None, *, position_ids: torch.Tensor | None = None, keep: int = 0,
-         use_cache: bool = True, fn=None, mask_len: int | None = None, hidden: list | None = None):
+         use_cache: bool = True, fn=None, mask_len: int | None = None, hidden: list | None = None,
+         layers: tuple[int, ...] = (-1,)):
     """Run `ids` (1-D) through `model` on top of `cache` (None: the model builds its own).
     Returns (logits [n or keep, vocab], the cache the model returned).
 
@@ -156,8 +157,9 @@ def step(model, ids: torch.Tensor, cache=None, *, position_ids: torch.Tensor | N
     over `ids` alone. mask_len: an all-ones attention mask over that many positions (cache
     and new), for positions that may step back (a pad token's, counted the RoBERTa way):
     given positions and no mask, transformers reads a step back as the start of another
-    packed sequence and masks across it. hidden: a list that receives the last layer's hidden
-    states of every position the forward ran, [n, H] (for drafters that read them)."""
+    packed sequence and masks across it. hidden: a list that receives the hidden states of every
+    position the forward ran at `layers` (indices into the output's hidden_states), [n, L, H] (for
+    drafters that read them)."""
     params = forward_params(type(model))
     kwargs = {"input_ids": ids[None], "use_cache": use_cache}
     if hidden is not None:
@@ -174,17 +176,22 @@ def step(model, ids: torch.Tensor, cache=None, *, position_ids: torch.Tensor | N
     out = (fn or model)(**kwargs)
     logits = out.logits[0]
     if hidden is not None:
-        hidden.append(last_hidden(out))
+        hidden.append(hidden_states(out, layers))
     return (logits[-keep:] if keep else logits), (returned_cache(out) if use_cache else None)
 
 
-def last_hidden(out) -> torch.Tensor:
-    """The last layer's hidden states of a forward's output, [n, H] (the decoder's, for an
-    encoder-decoder model): what the LM head reads."""
+def hidden_states(out, layers: tuple[int, ...] = (-1,)) -> torch.Tensor:
+    """A forward's hidden states at `layers` (indices into its hidden_states: 0 the embeddings, -1
+    the last layer's, what the LM head reads), [n, len(layers), H] (the decoder's, for an
+    encoder-decoder model)."""
     states = getattr(out, "hidden_states", None) or getattr(out, "decoder_hidden_states", None)
     if not states:
         raise ValueError(f"{type(out).__name__} carries no hidden states")
-    return states[-1][0]
+    for layer in layers:
+        if not -len(states) <= layer < len(states):
+            raise ValueError(f"layers: {layer} is not a layer of this model's {len(states)} hidden states "
+                             f"(0 the embeddings .. {len(states) - 1}, or -1 the last)")
+    return torch.stack([states[layer][0] for layer in layers], dim=1)
 
 
 def authors_forward(model, ids: torch.Tensor) -> torch.Tensor:
@@ -285,15 +292,15 @@ def batch_step(model, ids: torch.Tensor, cache, *, position_ids: torch.Tensor, a
 
 
 def tree_step(model, ids: torch.Tensor, cache, *, position_ids: torch.Tensor, mask: torch.Tensor,
-              keep: int, hidden: list | None = None) -> torch.Tensor:
+              keep: int, hidden: list | None = None, layers: tuple[int, ...] = (-1,)) -> torch.Tensor:
     """Run `ids` (1-D) on top of `cache` (whose positions are 0 .. cached - 1) with explicit
     `position_ids` [n] and a custom attention mask [n, cached + n] (True: may attend), passed as
     HF's ready-made 4-D additive mask (0 or the dtype's minimum), which transformers 5 hands to the
     attention as it is. A custom mask bypasses the model's sliding window, so the window is put in
     here, counted in positions as a chain's pass counts it; a model with both kinds of layers
     (config.layer_types) gets one mask per kind, the mapping its forward takes. Returns the
-    logits of the last `keep` positions, [keep, V] (hidden: receives every position's last-layer
-    states, [n, H])."""
+    logits of the last `keep` positions, [keep, V] (hidden: receives every position's states at
+    `layers`, [n, L, H])."""
     dtype = next(model.parameters()).dtype
     cfg = text_config(model)
     window = getattr(cfg, "sliding_window", None)
@@ -321,7 +328,7 @@ def tree_step(model, ids: torch.Tensor, cache, *, position_ids: torch.Tensor, ma
         kwargs["output_hidden_states"] = True
     out = model(**kwargs)
     if hidden is not None:
-        hidden.append(last_hidden(out))
+        hidden.append(hidden_states(out, layers))
     return out.logits[0, -keep:]
 
 

@@ -4,6 +4,7 @@ contracts every runner and every draft source keeps (spec.choose makes them)."""
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -33,7 +34,39 @@ class Runner(Protocol):
 class Need(enum.Enum):
     """What a draft source needs from the loop, declared in its `needs` (a frozenset of these)."""
     TREES = "trees"         # its proposals branch: each row is verified on a runner of its own
-    HIDDEN = "hidden"       # it reads the target's last-layer hidden states (observe's `hidden`)
+    HIDDEN = "hidden"       # it reads the target's hidden states at its `layers` (`process(step)`)
+
+
+@dataclass(frozen=True)
+class Step:
+    """What the target's verify pass tells a draft source with Need.HIDDEN, for one row, each round
+    (`process(step)`): `positions` [m], the positions of the sequence, now final, whose states it
+    has not heard before: on the first round the prompt's (prefill), then the root's and the
+    accepted path's; each position is heard once, and the last one's logits chose seq[n - 1].
+    `hidden` [m, len(layers), H]: the target's hidden states there, from the verify pass itself,
+    at the source's `layers` in its order (indices into transformers' `hidden_states`: 0 the
+    embeddings, -1 the last layer's, after the final norm: what the LM head reads)."""
+    positions: torch.Tensor
+    hidden: torch.Tensor
+    layers: tuple[int, ...]
+
+    def at(self, layer: int) -> torch.Tensor:
+        """The states at one of the layers asked for, [m, H]."""
+        if layer not in self.layers:
+            raise ValueError(f"layer: {layer} was not asked for (the source's layers are {self.layers})")
+        return self.hidden[:, self.layers.index(layer)]
+
+
+@dataclass(frozen=True)
+class Pass:
+    """A BatchRunner's answer to one pass over its rows. `logits` [B, keep, V], each row's last
+    `keep` positions right-aligned (a row fed fewer than `keep` has NaN on the left). `hidden`:
+    where the rows keep them (`collect_hidden(layers)`: a draft source with Need.HIDDEN), per row
+    the states [fed, len(layers), H] of every id the pass fed it (its positions from the row's
+    length before the pass on, then its tree's nodes in order), else None."""
+    logits: torch.Tensor
+    hidden: list[torch.Tensor] | None = None
+    layers: tuple[int, ...] = ()
 
 
 @runtime_checkable
@@ -48,35 +81,39 @@ class Drafter(Protocol):
     are `Tree.chain(tokens, q)`; a source of several candidate continuations returns a branching
     tree (and has Need.TREES in its `needs`), which the target verifies in one pass. seq[n:] is
     the drafter's to write as it likes (the loop writes the accepted path there afterwards).
-    `drafter.observe(n, accepted, hidden)` is told after each round that `seq[:n]` is now final
-    and that `accepted` of the proposals were kept (a tree: the accepted path's length), so that
-    a stateful source rolls back what was rejected. hidden is None unless the source has
-    Need.HIDDEN (an EAGLE- or Medusa-style head): then the target's last-layer hidden states,
-    from the verify pass itself, at every position not delivered before, up to n - 2: on the
-    first round the prompt's (prefill) and then the emitted tokens', [n - 1, H]; afterwards
-    [emitted, H], the positions whose logits chose this round's emitted tokens (n_before - 1 and
-    the accepted proposals'). Each position's state is heard once; the last row chose seq[n - 1].
-    `len(drafter)` is the number of positions its state holds (0 for none; reported by
-    trace=True). `needs`: a frozenset of Need (empty for most sources). Implementations:
+    `drafter.observe(n, accepted)` is told after each round that `seq[:n]` is now final and that
+    `accepted` of the proposals were kept (a tree: the accepted path's length), so that a stateful
+    source rolls back what was rejected (llama.cpp's `accept`). A source with Need.HIDDEN (an
+    EAGLE- or Medusa-style head) is then handed the round's `Step`: `drafter.process(step)`, the
+    target's hidden states at its `layers` for every position it has not heard, the prompt's on
+    the first round (see Step). `len(drafter)` is the number of positions its state holds (0 for
+    none; reported by trace=True). `needs`: a frozenset of Need (empty for most sources);
+    `layers`: the hidden-state layers a Need.HIDDEN source reads (default (-1,), the last). The
+    lifecycle, per run: begin, then each round draft, observe and (Need.HIDDEN) process. Implementations:
     spec.lookup.PromptLookup, spec.gguf_draft.GGUFDraft, spec.treedraft.TreeDraft and LookupTree;
     spec.protocols.DraftSource is a base with the defaults."""
 
     needs: frozenset[Need]
+    layers: tuple[int, ...]
 
     def begin(self, prompt: torch.Tensor) -> None: ...
 
     def draft(self, seq: torch.Tensor, n: int, g: int) -> Tree: ...
 
-    def observe(self, n: int, accepted: int, hidden: torch.Tensor | None = None) -> None: ...
+    def observe(self, n: int, accepted: int) -> None: ...
+
+    def process(self, step: Step) -> None: ...
 
     def __len__(self) -> int: ...
 
 
 class DraftSource:
     """A base for a Drafter: nothing needed, no state (nothing to roll back, no positions held).
-    A subclass writes `draft` and, where it keeps state, `begin`, `observe` and `__len__`."""
+    A subclass writes `draft` and, where it keeps state, `begin`, `observe` and `__len__`; one
+    with Need.HIDDEN in its `needs` writes `process` (and `layers` if not the last layer's)."""
 
     needs: frozenset[Need] = frozenset()
+    layers: tuple[int, ...] = (-1,)
 
     def begin(self, prompt: torch.Tensor) -> None:
         pass
@@ -84,7 +121,10 @@ class DraftSource:
     def draft(self, seq: torch.Tensor, n: int, g: int) -> Tree:
         raise NotImplementedError
 
-    def observe(self, n: int, accepted: int, hidden: torch.Tensor | None = None) -> None:
+    def observe(self, n: int, accepted: int) -> None:
+        pass
+
+    def process(self, step: Step) -> None:
         pass
 
     def __len__(self) -> int:
@@ -111,26 +151,21 @@ class GammaPolicy(Protocol):
 class BatchRunner(Protocol):
     """A model with its state for one or several sequences (rows). `rows(feeds, keep, trees)` feeds row i the ids
     `feeds[i]` (1-D, any lengths >= 1) after the `rows.lengths[i]` positions it holds and returns
-    the logits of every row's last `keep` positions, [B, keep, V], right-aligned (a row fed fewer
-    than `keep` has NaN on the left). trees[i], where given (not None), is a spec.tree.Tree whose
+    a `Pass`: the logits of every row's last `keep` positions, [B, keep, V], right-aligned (a row
+    fed fewer than `keep` has NaN on the left), and the rows' hidden states where it keeps them. trees[i], where given (not None), is a spec.tree.Tree whose
     nodes follow row i's feed: the row's last len(tree) + 1 logits are then the root's and each
     node's given its path; `rows.retain(i, base, path)` keeps, of row i's tree, only the path
     (cache compaction: the nodes' positions after `base` become the path's, in order).
     `rows.crop(keeps)` forgets, in row i, every position from keeps[i] on (a row may go back
     further, like a Runner); `rows.select(kept)` keeps only the rows at those indices, in that
-    order: a finished row leaves and costs nothing more. `rows.hidden`: where the rows keep them
-    (a drafter with Need.HIDDEN), each row's last-layer states of every id the last call fed it
-    (positions rows.lengths before the call on, then its tree's nodes), else None.
+    order: a finished row leaves and costs nothing more.
     Implementations: spec.batch.Rows (one shared left-padded cache; chains only), spec.batch.EachRunner
     (one Runner per row: a single prompt's, or a model that cannot share a cache)."""
 
     @property
     def lengths(self) -> list[int]: ...
 
-    @property
-    def hidden(self) -> list[torch.Tensor] | None: ...
-
-    def __call__(self, feeds: list[torch.Tensor], keep: int, trees: list | None = None) -> torch.Tensor: ...
+    def __call__(self, feeds: list[torch.Tensor], keep: int, trees: list | None = None) -> Pass: ...
 
     def retain(self, row: int, base: int, path: list[int]) -> None: ...
 
@@ -145,9 +180,9 @@ class BatchDrafter(Protocol):
     the batch's order); `drafter.draft(seq, n, gs, live)` proposes, for each row b =
     live[j] (indices into the [B, L] buffer `seq`, in the batch's order), at most gs[j] tokens deep
     after seq[b, :n[b]]; returns one spec.tree.Tree per live row (a chain's tokens are also
-    written to seq[b, n[b]:], and Tree.tokens is a view of them). `observe(n, accepted, live,
-    hidden)` hears each live row's final length and kept count (hidden: each live row's target
-    hidden states, given where the drafter has Need.HIDDEN, else None); `select(kept)` follows the batch when rows
+    written to seq[b, n[b]:], and Tree.tokens is a view of them). `observe(n, accepted, live)`
+    hears each live row's final length and kept count; `process(steps, live)` (a source with
+    Need.HIDDEN) each live row's Step; `select(kept)` follows the batch when rows
     leave (kept: indices into live). Implementations: spec.draft.ModelDraft (a draft model over a
     BatchRunner), spec.batch.EachRow (one model-free Drafter per row), spec.draft.NoDraft (plain
     decoding)."""
@@ -156,7 +191,9 @@ class BatchDrafter(Protocol):
 
     def draft(self, seq: torch.Tensor, n: list[int], gs: list[int], live: list[int]) -> list[Tree]: ...
 
-    def observe(self, n: list[int], accepted: list[int], live: list[int], hidden: list | None = None) -> None: ...
+    def observe(self, n: list[int], accepted: list[int], live: list[int]) -> None: ...
+
+    def process(self, steps: list[Step], live: list[int]) -> None: ...
 
     def select(self, kept: list[int]) -> None: ...
 

@@ -59,9 +59,9 @@ class ModelRunner:
     """What every runner shares: the model, how it counts positions (spec.positions), and
     the ids it holds (the "counted" positions are counted over the whole sequence)."""
 
-    # collect_hidden: keep the last layer's hidden states of every id each call was fed, in
-    # `hidden` [fed, H] (for a drafter that reads the target's hidden states, spec.protocols.Drafter)
-    collect_hidden = False
+    # layers: where not None, keep the hidden states at these layers of every id each call was fed,
+    # in `hidden` [fed, len(layers), H] (for a draft source with Need.HIDDEN; read by spec.batch.EachRunner)
+    layers: tuple[int, ...] | None = None
     hidden: torch.Tensor | None = None
 
     def __init__(self, model, positions: str = "explicit"):
@@ -70,7 +70,7 @@ class ModelRunner:
         self.packed: dict | None = None        # the packed linears (spec.prepack), decided at the first pass
 
     def _sink(self) -> list | None:
-        return [] if self.collect_hidden else None
+        return [] if self.layers is not None else None
 
     def _linears(self):
         """The context a pass runs in: the model's linears prepacked where spec.prepack says so (fp32 on
@@ -84,7 +84,7 @@ class ModelRunner:
         self.held = ids if start == 0 or self.held is None else torch.cat([self.held[:start], ids])
         sink = self._sink()
         with self._linears():
-            out = hf.step(self.model, ids, cache, keep=keep, hidden=sink,
+            out = hf.step(self.model, ids, cache, keep=keep, hidden=sink, layers=self.layers or (-1,),
                           position_ids=position_ids(self.positions, self.model, self.held, start),
                           mask_len=mask_len(self.positions, self.held.numel()))
         self.hidden = sink[0][-ids.numel():] if sink else None
@@ -123,7 +123,7 @@ class KVRunner(ModelRunner):
         sink = self._sink()
         with self._linears():
             logits = hf.tree_step(self.model, ids, self.cache, position_ids=positions.to(ids.device), mask=mask,
-                                  keep=len(tree) + 1, hidden=sink)
+                                  keep=len(tree) + 1, hidden=sink, layers=self.layers or (-1,))
         self.hidden = sink[0] if sink else None
         return logits
 
@@ -199,7 +199,7 @@ class SnapshotRunner(ModelRunner):
             for i in range(ids.numel()):
                 rows.append(self._feed(ids[i:i + 1], 1))
                 states.append(self.hidden)
-            self.hidden = torch.cat(states) if self.collect_hidden else None
+            self.hidden = torch.cat(states) if self.layers is not None else None
             return torch.cat(rows)[-(keep or ids.numel()):]
         logits, self.cache = self._step(ids, self.cache, self.len, keep)
         self.len += ids.numel()
@@ -254,7 +254,8 @@ class RecomputeRunner(ModelRunner):
         sink = self._sink()
         with self._linears():
             logits, _ = hf.step(self.model, held, position_ids=positions, keep=keep or ids.numel(), use_cache=False,
-                                mask_len=mask_len(self.positions, held.numel()), hidden=sink)
+                                mask_len=mask_len(self.positions, held.numel()), hidden=sink,
+                                layers=self.layers or (-1,))
         self.hidden = sink[0][-ids.numel():] if sink else None
         return logits
 
@@ -462,7 +463,7 @@ def score_tree(run, before: torch.Tensor, tree: Tree) -> torch.Tensor:
             rows[node + 1] = logits[depth]
             states[node + 1] = hidden[hidden.shape[0] - len(path) - 1 + depth] if hidden is not None else None
     run.crop(end)                               # the accepted path is fed with the next round
-    if isinstance(run, ModelRunner) and run.collect_hidden:
+    if isinstance(run, ModelRunner) and run.layers is not None:
         run.hidden = torch.cat([sequence, torch.stack(states)])     # as a one-pass runner gives them
     return torch.stack(rows)
 

@@ -96,7 +96,7 @@ class TreeDraft(DraftSource):
         run.crop(end)
         return Tree(torch.tensor(tokens, dtype=torch.long, device=seq.device), tuple(parents))
 
-    def observe(self, n: int, accepted: int, hidden: torch.Tensor | None = None) -> None:
+    def observe(self, n: int, accepted: int) -> None:
         if self.run is not None:
             self.run.crop(n - 1)            # all but the newest token, fed next round
 

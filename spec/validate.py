@@ -15,10 +15,11 @@ MAX_PADDING_GAP = 1024
 
 def check_model(model, name: str) -> None:
     if name == "draft" and callable(getattr(model, "draft", None)) and not hasattr(model, "config"):
-        missing = [m for m in ("needs", "begin", "observe", "__len__") if not hasattr(model, m)]
+        missing = [m for m in ("needs", "layers", "begin", "observe", "process", "__len__") if not hasattr(model, m)]
         raise TypeError(f"draft: {type(model).__name__} has a `draft` method but not {', '.join(map(repr, missing))} "
-                        f"of the Drafter protocol (spec.protocols); declare `needs = frozenset()` (or the "
-                        f"spec.Need values it needs), or subclass spec.DraftSource")
+                        f"of the Drafter protocol (spec.protocols); subclass spec.DraftSource, which has them all "
+                        f"(`needs = frozenset()`, `layers = (-1,)`, a `process(step)` that does nothing), or "
+                        f"declare them")
     if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
         raise TypeError(f"{name} must be a Hugging Face causal LM (a torch.nn.Module with a config), "
                         f"got {type(model).__name__}")

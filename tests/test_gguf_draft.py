@@ -14,6 +14,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from spec import greedy_generate, speculative_generate
+from spec.protocols import DraftSource
 from spec.conformance import llamacpp
 from spec.conformance import kit
 from spec.conformance.stats import goodness_of_fit, reference_probabilities
@@ -44,7 +45,7 @@ def gguf_draft(path, target, **kw):
     return GGUFDraft(path, target, **kw)
 
 
-class Recording:
+class Recording(DraftSource):
     """Wraps a GGUFDraft: keeps each round's final prefix and proposals, and after each observe the
     positions llama.cpp's own KV cache holds (its highest position + 1)."""
 
@@ -62,7 +63,7 @@ class Recording:
         self.rounds.append((seq[:n].tolist(), chain.tokens.tolist()))
         return chain
 
-    def observe(self, n, accepted, hidden=None):
+    def observe(self, n, accepted):
         self.inner.observe(n, accepted)
         memory = self.inner.run.llm._ctx.memory
         self.cache_after_observe.append((n, len(self.inner),
@@ -187,7 +188,7 @@ def sample_fit(model, drafter, gen, draws: int):
     return goodness_of_fit("joint law of the first 2 tokens, GGUF draft", {"all": (counts, two_token_law(model))})
 
 
-class SkewedQ:
+class SkewedQ(DraftSource):
     """Broken: draws as the wrapped draft does but reports q at four times its temperature. (A draft that
     reports no q at all, one-hot at its proposal, is still exact: given the proposal, the target
     keeps it with probability p(x) and otherwise draws from p without it.)"""
@@ -207,7 +208,7 @@ class SkewedQ:
         flat = chain.q.clamp_min(1e-30).log().div(4).softmax(-1) * (chain.q > 0)
         return Tree.chain(chain.tokens, flat / flat.sum(-1, keepdim=True))
 
-    def observe(self, n, accepted, hidden=None):
+    def observe(self, n, accepted):
         self.inner.observe(n, accepted)
 
     def __len__(self):

@@ -31,7 +31,8 @@ def test_the_check_rejects_a_drafter_that_breaks_the_protocol(tmp_path):
         "from spec.protocols import BatchDrafter\n\n\n"
         "class Half:\n"
         "    def draft(self, seq, n, gs, live):\n        return [], []\n\n"
-        "    def observe(self, n, accepted, live, hidden=None):\n        pass\n\n"
+        "    def observe(self, n, accepted, live):\n        pass\n\n"
+        "    def process(self, steps, live):\n        pass\n\n"
         "    def __len__(self):\n        return 0\n\n\n"
         "drafter: BatchDrafter = Half()\n")
     run = _mypy(str(tmp_path / "half.py"), "spec/protocols.py")

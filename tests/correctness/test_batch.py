@@ -26,6 +26,7 @@ from stats import Oracle, goodness_of_fit
 from strategies import batches_of_prompts, gammas
 
 from spec import batch, choose, greedy_generate, hf, hfref, PromptLookup, speculative_generate
+from spec.protocols import DraftSource
 from spec.draft import ModelDraft
 from spec.models import build_gpt_neox, perturbed_copy
 from spec.tree import Tree
@@ -392,7 +393,7 @@ def test_processors_count_from_each_rows_own_prompt(target, fp64_partial_draft):
         assert got.tokens == greedy_generate(target, prompt, **options).tokens
 
 
-class _Remembers:
+class _Remembers(DraftSource):
     """A stateful model-free drafter: proposes nothing, remembers the final lengths it was told."""
 
     needs = frozenset()

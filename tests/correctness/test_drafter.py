@@ -24,6 +24,7 @@ class Oracle:
         self.observed = []
 
     needs: frozenset = frozenset()
+    layers = (-1,)
 
     def begin(self, prompt):
         pass
@@ -37,6 +38,9 @@ class Oracle:
 
     def observe(self, n: int, accepted: int) -> None:
         self.observed.append((n, accepted))
+
+    def process(self, step) -> None:
+        raise AssertionError("a source without Need.HIDDEN is handed no Step")
 
     def __len__(self) -> int:
         return 0
@@ -109,7 +113,7 @@ def test_a_torch_module_that_keeps_the_drafter_protocol_is_a_drafter(target):
     from spec import PromptLookup, choose
 
     class ModuleDrafter(torch.nn.Module):
-        needs = frozenset()
+        needs, layers = frozenset(), (-1,)
 
         def __init__(self):
             super().__init__()
@@ -123,6 +127,9 @@ def test_a_torch_module_that_keeps_the_drafter_protocol_is_a_drafter(target):
             return self.lookup.draft(seq, n, g)
 
         def observe(self, n, accepted):
+            pass
+
+        def process(self, step):
             pass
 
         def __len__(self):

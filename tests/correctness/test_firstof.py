@@ -35,8 +35,11 @@ class Fixed(DraftSource):
         out = self.tokens[:g] if self.when(n) else []
         return Tree.chain(torch.tensor(out, dtype=torch.long, device=seq.device))
 
-    def observe(self, n: int, accepted: int, *hidden) -> None:
-        self.observed.append((n, accepted, *(h.shape[0] for h in hidden)))
+    def observe(self, n: int, accepted: int) -> None:
+        self.observed.append((n, accepted))
+
+    def process(self, step) -> None:
+        self.observed[-1] += (step.hidden.shape[0],)      # after the round's observe
 
 
 def test_the_first_source_that_proposes_drafts_and_every_source_hears_observe():
@@ -135,6 +138,15 @@ def test_a_batch_of_prompts_gives_each_row_its_solo_output():
     # the copies (one per row) share the statistics: they count every row
     assert _sums(chain) == (sum(r.drafted > 0 for o in outs for r in o.rounds), sum(o.drafted for o in outs),
                             sum(o.accepted for o in outs))
+
+
+def test_sources_that_read_different_layers_are_refused_by_name():
+    a = Fixed("a", [1], needs=frozenset({Need.HIDDEN}))
+    b = Fixed("b", [1], needs=frozenset({Need.HIDDEN}))
+    b.layers = (0, -1)
+    with pytest.raises(ValueError, match="ask for different layers"):
+        FirstOf(a, b)
+    assert FirstOf(a, Fixed("plain", [1])).layers == (-1,)
 
 
 def test_a_source_that_needs_hidden_states_gets_them_and_the_others_do_not():

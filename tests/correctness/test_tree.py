@@ -17,7 +17,7 @@ from stats import TableLM, goodness_of_fit, noisy_table, random_table
 from strategies import short_prompts_for_tiny_vocab
 
 from spec import accept, batch, greedy_generate, hf, runner, sampling, speculative_generate
-from spec.protocols import Drafter, Need
+from spec.protocols import DraftSource, Drafter, Need
 from spec.runner import score_tree as score
 from spec.tree import Tree, layout
 from spec.treedraft import LookupTree, TreeDraft
@@ -328,7 +328,7 @@ def test_tree_drafters_keep_the_drafter_protocol_and_refuse_bad_options():
 def test_a_drafters_tree_too_deep_or_out_of_vocabulary_is_refused():
     target = cached_model("llama")
 
-    class Deep:
+    class Deep(DraftSource):
         needs = frozenset({Need.TREES})
 
         def __init__(self, tokens, parents):
@@ -360,7 +360,7 @@ def test_a_batch_with_a_tree_drafter_runs_each_row_on_its_own_runner():
 
 # --- sampling: the law of the output, end to end ----------------------------------------------------
 
-class SampledTree:
+class SampledTree(DraftSource):
     """A stochastic tree drafter for the law test: k siblings drawn i.i.d. from the draft's q at
     the root, each followed by one more token drawn from q after it (depth 2)."""
 
@@ -508,11 +508,11 @@ def test_the_developer_pages_tree_drafter_keeps_the_sampling_law():
 
 # --- drafters that read the target's hidden states ---------------------------------------------------
 
-class Recording:
+class Recording(DraftSource):
     """A Drafter that needs the target's hidden states and records what it is told each round."""
 
-    def __init__(self, inner):
-        self.inner, self.calls = inner, []
+    def __init__(self, inner, layers=(-1,)):
+        self.inner, self.calls, self.layers = inner, [], layers
         self.needs = inner.needs | {Need.HIDDEN}
 
     def begin(self, prompt):
@@ -522,9 +522,13 @@ class Recording:
         self.calls.append(["draft", n])
         return self.inner.draft(seq, n, g)
 
-    def observe(self, n, accepted, hidden):
-        self.calls[-1] += [n, accepted, hidden.clone()]
+    def observe(self, n, accepted):
+        self.calls[-1] += [n, accepted]
         self.inner.observe(n, accepted)
+
+    def process(self, step):
+        assert len(self.calls[-1]) == 4, "process comes after the round's observe, once"
+        self.calls[-1] += [step.at(self.layers[-1]).clone(), step.positions.tolist(), step.hidden.clone()]
 
     def __len__(self):
         return 0
@@ -559,14 +563,37 @@ def test_a_drafter_that_needs_hidden_states_gets_the_targets_own(family, inner):
     if family in ("mamba2", "rwkv"):                # the case under test happened: a chain partly kept
         assert any(0 < r.accepted < r.drafted for r in out.rounds), out.rounds
     heard = 0
-    for (_, before, after, accepted, hidden), r in zip(drafter.calls, out.rounds):
+    for (_, before, after, accepted, hidden, positions, _), r in zip(drafter.calls, out.rounds):
         assert hidden.shape == (after - 1 - heard, full.shape[-1]) and accepted == r.accepted
         assert heard == (0 if heard == 0 else before - 1)      # the prefill first, then each round's own
+        assert positions == list(range(heard, after - 1))
         # fp32's bound on these fp64 models: HF's eager attention takes its softmax in fp32 (a tree's
         # rows sum their exps in another order than the cache-free forward's)
         assert_logits_close(hidden, full[heard:after - 1], torch.float32, f"{family}, hidden states")
         heard = after - 1
     assert drafter.calls[0][-1].shape[0] >= len(prompt)      # the prompt's states came with the first round
+
+
+@torch.inference_mode()
+def test_a_drafter_gets_the_hidden_states_of_the_layers_it_asks_for():
+    """layers=(0, 1, -1): the embeddings, the first layer's output and the last layer's (after the final
+    norm), at each position once, as the model's own cache-free forward gives them; a layer the model
+    does not have is refused by name."""
+    target = cached_model("llama")
+    prompt = [5, 9, 14, 3, 5, 9, 14, 3, 5]
+    drafter = Recording(TreeDraft(cached_model("llama"), branches=2, nodes=5), layers=(0, 1, -1))
+    out = speculative_generate(target, drafter, prompt, gamma=3, max_new_tokens=12)
+    assert out.tokens == greedy_generate(target, prompt, max_new_tokens=12).tokens
+    states = target(input_ids=torch.tensor([prompt + out.tokens]), output_hidden_states=True,
+                    use_cache=False).hidden_states
+    heard = torch.cat([call[6] for call in drafter.calls])
+    assert heard.shape == (len(prompt) + len(out.tokens) - 1, 3, states[0].shape[-1])
+    for i, layer in enumerate((0, 1, -1)):
+        assert_logits_close(heard[:, i], states[layer][0, :heard.shape[0]], torch.float32, f"layer {layer}")
+    assert not torch.allclose(heard[:, 0], heard[:, 2])         # the layers are not one another
+    with pytest.raises(ValueError, match="layers: 99 is not a layer"):
+        speculative_generate(target, Recording(TreeDraft(cached_model("llama")), layers=(99,)), prompt, gamma=2,
+                             max_new_tokens=4)
 
 
 def test_the_developer_pages_hidden_state_drafter_runs_as_written():
@@ -609,7 +636,7 @@ def test_a_drafter_returning_trees_without_the_need_is_told_to_declare_it_and_an
     is a round with nothing proposed."""
     target = cached_model("llama")
 
-    class Unflagged:
+    class Unflagged(DraftSource):
         needs = frozenset()
 
         def __init__(self, empty=False):
