@@ -28,7 +28,7 @@ def main() -> None:
 
     import llama_cpp
 
-    from spec import realmodel
+    from spec import PromptLookup, experiment, realmodel
     from spec.conformance import llamacpp
     from spec.prompts import SEED_PROMPTS
 
@@ -41,10 +41,13 @@ def main() -> None:
     rows = []
     for i, text in enumerate(SEED_PROMPTS, 1):
         ids = tokenizer(text).input_ids
-        (rec,) = realmodel.compare(model, [ids], max_new_tokens=args.tokens, gamma=8, eos=None, hf_lookup=(8, 3))
-        row = {"prompt": i, "spec greedy s": rec["greedy_s"], "spec speculative s": rec["spec_s"],
-               "spec identical": rec["identical"], "HF prompt lookup s": rec["hf_lookup"]["s"],
-               "HF identical": rec["hf_lookup"]["identical"]}
+        peers, settings = experiment.lookup_peers(model, [(8, 3)], max_new_tokens=args.tokens, eos=None)
+        (run,) = experiment.time_runs(model, PromptLookup(), [ids], gamma=8, max_new_tokens=args.tokens, eos=None,
+                                      repeats=1, device="cpu", peers=peers)
+        rec = experiment.record(i, text, ids, run, model, peer_settings=settings)
+        row = {"prompt": i, "spec greedy s": rec.greedy_s, "spec speculative s": rec.spec_s,
+               "spec identical": rec.identical, "HF prompt lookup s": rec.peer.s,
+               "HF identical": rec.peer.identical}
         for name, e in engines.items():
             g, g_s = e.greedy(ids, args.tokens)
             s, s_s = e.speculative(ids, args.tokens, draft="prompt-lookup", gamma=8)

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from spec import PromptLookup, realmodel, theory
+from spec import PromptLookup, experiment, realmodel
 from spec.experiment.measure import verify_line
 from spec.models import encode_prompt
 from spec.prompts import SEED_PROMPTS
@@ -35,34 +35,43 @@ def main() -> None:
            "verify_line": {"fixed": line.fixed, "slope": line.slope, "measured": line.measured}, "runs": {}}
     for chat in (False, True):
         ids = [encode_prompt(tok, q, chat=chat) for q in SEED_PROMPTS]
-        realmodel.compare(model, ids[:1], max_new_tokens=8, gamma=args.gamma, eos=None)  # warm-up
-        records = realmodel.compare(model, ids, max_new_tokens=args.max_new_tokens, gamma=args.gamma,
-                                    eos=tok.eos_token_id, draft=PromptLookup(), hf_lookup=hf_settings,
-                                    say=lambda m: print(("chat " if chat else "raw ") + m, flush=True))
-        for r in records:
-            r.pop("greedy_tokens"), r.pop("spec_tokens")
-            for h in r["hf_lookups"]:
-                h.pop("tokens")
-        out["runs"]["chat" if chat else "raw"] = records
-        g = sum(r["greedy_s"] for r in records)
-        acc = [k for r in records for k in r["accepted_per_round"]]
-        dra = [d for r in records for d in r["drafted_per_round"]]
-        summary = {"ours": g / sum(r["spec_s"] for r in records),
-                   "identical": all(r["identical"] for r in records),
-                   "hf": [g / sum(r["hf_lookups"][j]["s"] for r in records) for j in range(len(hf_settings))],
-                   "hf_identical": [all(r["hf_lookups"][j]["identical"] for r in records)
-                                    for j in range(len(hf_settings))],
-                   "alpha": theory.alpha_from_accepted(acc, dra) if sum(dra) else None,
-                   "tokens_per_round": sum(r["new_tokens"] for r in records) / sum(r["rounds"] for r in records),
+        records = _records(model, ids[:1], 8, args.gamma, None, [])  # warm-up
+        records = _records(model, ids, args.max_new_tokens, args.gamma, tok.eos_token_id, hf_settings,
+                           say=lambda m: print(("chat " if chat else "raw ") + m, flush=True))
+        rows = [r.to_json() for r in records]   # the records python -m spec writes, tokens left out
+        for r in rows:
+            for key in ("greedy_tokens", "spec_tokens", "text", "peer"):
+                r.pop(key)
+            for p in r["peers"]:
+                p.pop("tokens")
+        out["runs"]["chat" if chat else "raw"] = rows
+        g = sum(r.greedy_s for r in records)
+        alpha, _, per_round = experiment.pooled(records)
+        dra = [d for r in records for d in r.spec.drafted_per_round]
+        summary = {"ours": g / sum(r.spec_s for r in records),
+                   "identical": all(r.identical for r in records),
+                   "hf": [g / sum(r.peers[j].s for r in records) for j in range(len(hf_settings))],
+                   "hf_identical": [all(r.peers[j].identical for r in records) for j in range(len(hf_settings))],
+                   "alpha": alpha, "tokens_per_round": per_round,
                    "rounds_drafting": sum(d > 0 for d in dra) / len(dra),
-                   "new_tokens": sum(r["new_tokens"] for r in records),
-                   "predicted": realmodel.predicted_speedup(records, line.fixed, line.slope),
-                   "predicted_flat": realmodel.predicted_speedup(records, 1.0, 0.0),
-                   "per_prompt": [r["speedup"] for r in records]}
+                   "new_tokens": sum(len(r.spec.tokens) for r in records),
+                   "predicted": experiment.predicted_speedup(records, line.fixed, line.slope),
+                   "predicted_flat": experiment.predicted_speedup(records, 1.0, 0.0),
+                   "per_prompt": [r.speedup for r in records]}
         out["runs"][("chat" if chat else "raw") + "_summary"] = summary
         print(json.dumps(summary), flush=True)
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
+
+
+def _records(model, ids, max_new_tokens, gamma, eos, hf_settings, say=lambda m: None):
+    """Per prompt, once, side by side: greedy, our prompt lookup, HF prompt lookup at each setting
+    (spec.experiment's steps, as `python -m spec --real` runs them)."""
+    peers, settings = experiment.lookup_peers(model, hf_settings, max_new_tokens=max_new_tokens, eos=eos)
+    runs = experiment.time_runs(model, PromptLookup(), ids, gamma=gamma, max_new_tokens=max_new_tokens, eos=eos,
+                                repeats=1, device="cpu", peers=peers, say=say)
+    return [experiment.record(i, None, x, run, model, peer_settings=settings)
+            for i, (x, run) in enumerate(zip(ids, runs), 1)]
 
 
 if __name__ == "__main__":
