@@ -12,6 +12,15 @@ packed copies are made once per model and kept while its weights are unchanged (
 `used(model)`: whether spec's runners run `model` packed: fp32 on CPU with oneDNN, not switched off
 (SPEC_PREPACK=0), linears of at least MIN_BYTES, and the packed forward agreeing with the model's own within the probe's tolerance
 (spec.probe, once per model); spec.runner's passes then run inside `swapped(forwards(model))`.
+
+Few rows at one thread: spec.gemv's hand-written kernel (a panel-reordered copy of each weight, streamed
+once per pass) runs passes of 1 to KERNEL_ROWS rows when torch runs one thread, faster there than
+oneDNN (docs/BENCHMARKS.md, "A hand-written few-row kernel"); more rows, or more threads, stay on
+oneDNN, whose copies are then made at their first use (a run holds both: the linears' weight memory
+twice more). `kernel_used(model)`: `used(model)`, not switched off (SPEC_GEMV=0), the library built and
+self-tested in a subprocess (spec.gemv.library: no compiler, a compile error or a failed self-test
+leaves oneDNN, with a debug-level log line), and the kernel's logits within the probe's tolerance of
+the model's own (spec.probe 'gemv linears', once per model; a kernel off by more leaves oneDNN alone).
 """
 
 from __future__ import annotations
@@ -22,11 +31,16 @@ import weakref
 
 import torch
 
+from spec import gemv
+
 HINT = 16  # the batch size oneDNN picks the weight's layout for (4 and 16 measured alike)
 # Packing pays where a pass streams the weights from memory; a model whose linears fit in the CPU's
 # caches (the shipped pair: 6 MB) runs its many small products faster through F.linear.
 MIN_BYTES = 64 << 20
 MIN_ROWS = 3  # 1 and 2 rows are padded to 3: oneDNN's 3-row product is faster than its 1- and 2-row ones
+# spec.gemv's kernel (one thread) runs 1 to KERNEL_ROWS rows; more go to oneDNN. Its panel kernel takes
+# up to 12 rows of x in one turn over the weight (docs/BENCHMARKS.md, "A hand-written few-row kernel").
+KERNEL_ROWS = 12
 
 
 def available(model) -> bool:
@@ -34,34 +48,49 @@ def available(model) -> bool:
     return p.device.type == "cpu" and p.dtype == torch.float32 and torch.backends.mkldnn.is_available()
 
 
-def packed_forward(linear: torch.nn.Linear):
-    """linear's function, x -> x W^T + b, on a oneDNN-reordered copy of its weight."""
-    packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), HINT)
+def packed_forward(linear: torch.nn.Linear, kernel: bool = False):
+    """linear's function, x -> x W^T + b: on spec.gemv's kernel (its panel copy of the weight, made here)
+    for 1 to KERNEL_ROWS rows when `kernel` and torch runs one thread (or inside `kernel_always()`), else
+    on a oneDNN-reordered copy of its weight (made at the first call that needs it)."""
+    weight = linear.weight.detach()
     bias = None if linear.bias is None else linear.bias.detach()
+    small = gemv.product(weight, bias, "panel") if kernel else None
+    made = []
+
+    def onednn(x: torch.Tensor) -> torch.Tensor:
+        if not made:
+            made.append(torch.ops.mkldnn._reorder_linear_weight(weight, HINT))
+        return torch.ops.mkldnn._linear_pointwise(x, made[0], bias, "none", [], "")
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
+        if small is not None and 0 < rows <= KERNEL_ROWS and (_ALWAYS or torch.get_num_threads() == 1):
+            return small(x)
         if not 0 < rows < MIN_ROWS:
-            return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+            return onednn(x)
         flat = x.reshape(rows, x.shape[-1])
         flat = torch.cat([flat, flat.new_zeros(MIN_ROWS - rows, flat.shape[1])])
-        y = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")[:rows]
+        y = onednn(flat)[:rows]
         return y.reshape(*x.shape[:-1], y.shape[-1])
+    forward.kernel = small is not None
     return forward
 
 
-# model -> (the linears' weight versions, {linear: its packed forward})
+# model -> (the linears' weight versions and the kernel flags, {linear: its packed forward})
 _PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def forwards(model) -> dict:
+def forwards(model, kernel: bool | None = None) -> dict:
     """Each plain nn.Linear's packed forward, made once while the weights stay as they were (a walk
-    over the model: a runner asks once and keeps the dict)."""
+    over the model: a runner asks once and keeps the dict). `kernel`: spec.gemv's kernel for few rows
+    (None: where `kernel_used(model)` says so)."""
+    if kernel is None:
+        kernel = kernel_used(model)
     mods = [m for m in model.modules() if type(m) is torch.nn.Linear]
-    versions = tuple(m.weight._version for m in mods)
+    key = (tuple(m.weight._version for m in mods), kernel)
     known = _PACKED.get(model)
-    if known is None or known[0] != versions:
-        known = _PACKED[model] = (versions, {m: packed_forward(m) for m in mods})
+    if known is None or known[0] != key:
+        known = _PACKED[model] = (key, {m: packed_forward(m, kernel) for m in mods})
     return known[1]
 
 
@@ -78,10 +107,26 @@ def swapped(packed: dict):
             vars(m).pop("forward", None)
 
 
+_ALWAYS = False      # inside kernel_always(): the kernel runs its rows whatever torch's threads
+
+
 @contextlib.contextmanager
-def packed_linears(model):
-    """Within the context, `model`'s nn.Linear modules (exactly that class) run packed_forward."""
-    with swapped(forwards(model) if available(model) else {}):
+def kernel_always():
+    """Within the context, packed forwards with the kernel run it for 1 to KERNEL_ROWS rows at any
+    number of threads (the probe checks the kernel itself, whatever the caller's threads)."""
+    global _ALWAYS
+    before, _ALWAYS = _ALWAYS, True
+    try:
+        yield
+    finally:
+        _ALWAYS = before
+
+
+@contextlib.contextmanager
+def packed_linears(model, kernel: bool | None = False):
+    """Within the context, `model`'s nn.Linear modules (exactly that class) run packed_forward (oneDNN
+    alone by default; `kernel`: as forwards takes it)."""
+    with swapped(forwards(model, kernel) if available(model) else {}):
         yield model
 
 
@@ -91,6 +136,29 @@ def used(model) -> bool:
         return False
     from spec import probe
     return probe.once(model, "packed linears", _agrees)
+
+
+def kernel_used(model) -> bool:
+    """Whether the packed linears run spec.gemv's kernel for 1 to KERNEL_ROWS rows (at one thread): the
+    model is run packed (`used`), not switched off (SPEC_GEMV=0), the library built and self-tested
+    (spec.gemv.library; else a debug-level reason), and the kernel's logits within the probe's tolerance
+    of the model's own (spec.probe 'gemv linears', once per model)."""
+    if os.environ.get("SPEC_GEMV", "1") == "0" or not used(model) or gemv.library() is None:
+        return False
+    from spec import probe
+    return probe.once(model, "gemv linears", _kernel_agrees)
+
+
+def _kernel_agrees(model) -> bool:
+    """The kernel's logits (whatever torch's threads) are within the probe's tolerance of the model's
+    own, over the probe's first id alone (1 row), its first 3 and its first KERNEL_ROWS."""
+    from spec import hf, probe
+    ids = probe.ids(model, probe.probe_length(model), next(model.parameters()).device)
+    cuts = sorted({1, min(3, ids.numel()), min(KERNEL_ROWS, ids.numel())})
+    want = [hf.authors_forward(model, ids[:n]) for n in cuts]
+    with packed_linears(model, kernel=True), kernel_always():
+        got = [hf.authors_forward(model, ids[:n]) for n in cuts]
+    return all(probe.close(g, w, probe.tolerance(model)) for g, w in zip(got, want))
 
 
 def _agrees(model) -> bool:

@@ -94,7 +94,7 @@ def test_packing_is_off_when_asked_or_when_the_packed_forward_disagrees(monkeypa
     assert not prepack.used(model)
     monkeypatch.delenv("SPEC_PREPACK")
     real = prepack.packed_forward
-    monkeypatch.setattr(prepack, "packed_forward", lambda lin: (lambda x, f=real(lin): f(x) * 1.001))
+    monkeypatch.setattr(prepack, "packed_forward", lambda lin, kernel=False: (lambda x, f=real(lin, kernel): f(x) * 1.001))
     prepack._PACKED.pop(model, None)
     assert not prepack.used(model)                   # 0.1% off the model's own: not used, the plain path runs
     assert runner.verdict(model)[0] == "kv-cache"

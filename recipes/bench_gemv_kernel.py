@@ -1,0 +1,204 @@
+"""Does a hand-written fp32 GEMV/small-GEMM kernel (spec.gemv) reach llama.cpp's bandwidth on SmolLM2's
+linears? (issue 43.) SmolLM2-135M-Instruct's 211 nn.Linear weights (real, in forward order: 30 x q, k, v,
+o, gate, up, down, then the 49152-wide tied head; 538 MB fp32), one thread, at M = 1, 2, 3, 4, 8, 9 rows of
+x. Paths, interleaved: every repeat runs every path over all 211 products at every M, the paths in an
+order rotated repeat by repeat, so load from other processes falls on all of them alike:
+
+    linear    F.linear(x, W, b) (MKL sgemm): what transformers runs
+    prepack   spec.prepack.packed_forward (oneDNN, weight reordered once, 1-2 rows padded to 3)
+    numpy     x @ W.T in numpy (OpenBLAS), on views of the same memory
+    rows      spec.gemv.product(layout="rows"): W read in place, one row at a time against up to 8 rows
+              of x (the best ISA this CPU has, no software prefetch)
+    panel     spec.gemv.product(layout="panel"): W reordered once into panels of 16 rows interleaved k by
+              k, up to 12 rows of x a turn, no horizontal sums
+    ...-pfD   the same with a software prefetch D floats ahead in W's stream (e.g. panel-pf1024)
+    ...-avx2  the AVX2+FMA variant (what a CPU without AVX-512 runs; e.g. panel-avx2)
+
+Per path and M: the median over repeats of the 211 products' total (ms), the weights' bytes over it
+(GB/s), and the median of the paired ratios path / prepack (same repeat). Numerics: max |y - F.linear|
+over all 211 products relative to max |F.linear|, and max |y - fp64| relative to max |fp64| (F.linear's
+own figure beside it is the scale of fp32 rounding).
+
+--model: spec's whole one-token step and a 9-token verify pass on SmolLM2 (spec.choose.runs, after a
+64-token prefix, every position's logits kept as recipes/bench_cpu_limit.py's verify_lines does), the
+linears on spec.gemv against oneDNN (SPEC_GEMV=0), interleaved pass by pass, paired ratios; and spec
+greedy == spec speculative (PromptLookup) on 2 seed prompts x 32 tokens with the gemv path on.
+
+    python recipes/bench_gemv_kernel.py [--repeats 15] [--rows 1,2,3,4,8,9] [--paths ...] [--model]
+                                        [--model-repeats 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from spec import gemv, prepack
+
+
+def linears(model) -> list[torch.nn.Linear]:
+    return [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+
+
+def prepare(path: str, lin: torch.nn.Linear):
+    w, b = lin.weight.detach(), None if lin.bias is None else lin.bias.detach()
+    if path == "linear":
+        return lambda x: F.linear(x, w, b)
+    if path == "prepack":
+        return prepack.packed_forward(lin)
+    if path == "numpy":
+        wt = w.numpy().T
+        bn = None if b is None else b.numpy()
+        return (lambda x: torch.from_numpy(x.numpy() @ wt)) if bn is None else \
+            (lambda x: torch.from_numpy(x.numpy() @ wt + bn))
+    for layout in ("rows", "panel"):
+        if path.startswith(layout):
+            rest = path[len(layout):]
+            if rest == "":
+                return gemv.product(w, b, layout)
+            if rest == "-avx2":
+                return gemv.product(w, b, layout, variant=1)
+            if rest.startswith("-pf"):
+                return gemv.product(w, b, layout, prefetch=int(rest[3:]))
+    raise ValueError(f"--paths: unknown path {path!r}")
+
+
+def micro(model, repeats: int, rows: list[int], paths: list[str]) -> None:
+    lins = linears(model)
+    nbytes = sum(m.weight.numel() * 4 for m in lins)
+    fns = {p: [prepare(p, m) for m in lins] for p in paths}
+    g = torch.Generator().manual_seed(0)
+    xs = {M: [torch.randn(M, m.in_features, generator=g) for m in lins] for M in rows}
+    print(f"{len(lins)} linears, {nbytes / 1e6:.0f} MB fp32; gemv ISA {gemv.isa()} (2 AVX-512F, 1 AVX2+FMA, 0 C); "
+          f"threads {torch.get_num_threads()}")
+    # numerics first (not timed)
+    print("\nnumerics over all products, max |y - ref| / max |ref|:")
+    for M in rows:
+        line = []
+        for p in paths:
+            e_lin, e_64 = 0.0, 0.0
+            for f, x, m in zip(fns[p], xs[M], lins):
+                with torch.inference_mode():
+                    y = f(x)
+                    ref = F.linear(x, m.weight, m.bias)
+                    r64 = F.linear(x.double(), m.weight.double(), None if m.bias is None else m.bias.double())
+                e_lin = max(e_lin, ((y - ref).abs().max() / ref.abs().max()).item())
+                e_64 = max(e_64, ((y.double() - r64).abs().max() / r64.abs().max()).item())
+            line.append(f"{p} {e_lin:.1e} (fp64 {e_64:.1e})")
+        print(f"  M={M}: " + "; ".join(line))
+    times = {(p, M): [] for p in paths for M in rows}
+    with torch.inference_mode():
+        for r in range(-2, repeats):                 # two warm-up rounds
+            order = paths[r % len(paths):] + paths[:r % len(paths)]
+            for M in rows:
+                for p in order:
+                    fs, x = fns[p], xs[M]
+                    t0 = time.perf_counter()
+                    for f, xi in zip(fs, x):
+                        f(xi)
+                    t = time.perf_counter() - t0
+                    if r >= 0:
+                        times[p, M].append(t)
+    base = "prepack" if "prepack" in paths else paths[0]
+    print(f"\nall {len(lins)} products, median of {repeats} interleaved repeats: ms (GB/s) [paired ratio to {base}]")
+    print("M   " + "".join(f"{p:>24}" for p in paths))
+    for M in rows:
+        cells = []
+        for p in paths:
+            ms = 1e3 * statistics.median(times[p, M])
+            ratio = statistics.median(a / b for a, b in zip(times[p, M], times[base, M]))
+            cells.append(f"{ms:7.1f} ({nbytes / ms / 1e6:4.1f}) [{ratio:4.2f}]")
+        print(f"{M:<4}" + "".join(f"{c:>24}" for c in cells))
+
+
+def whole_model(model, tok, repeats: int) -> None:
+    """The one-token step and the 9-token verify pass, gemv against oneDNN (SPEC_GEMV=0), paired."""
+    from spec import choose, probe
+    from spec.models import encode_prompt
+    from spec.prompts import SEED_PROMPTS
+    from spec import greedy_generate, speculative_generate, PromptLookup
+    prompt = encode_prompt(tok, SEED_PROMPTS[0])
+    cont = greedy_generate(model, prompt, max_new_tokens=64 + 9 - len(prompt) if len(prompt) < 64 else 9).tokens
+    ids = torch.tensor((list(prompt) + list(cont))[:64 + 9])
+    P = 64
+    runs = {}
+    for name, on in (("gemv", True), ("oneDNN", False)):
+        set_gemv(model, on)
+        chosen = choose.runs({"target": model}, ids[:P])
+        run = chosen.runs[0]
+        with torch.inference_mode():
+            run(chosen.prompt, keep=1)
+        runs[name] = (run, on, prepack.used(model), dict(getattr(run, "packed", {}) or {}))
+    for name, (run, on, used, packed) in runs.items():
+        kinds = {}
+        for f in packed.values():
+            kinds[getattr(f, "kind", "oneDNN")] = kinds.get(getattr(f, "kind", "oneDNN"), 0) + 1
+        print(f"{name}: prepack.used {used}; linears' paths {kinds}")
+    times = {(s, n): [] for s in runs for n in (1, 9)}
+    with torch.inference_mode():
+        for r in range(-2, repeats):
+            for name in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
+                run = runs[name][0]
+                for n in ((1, 9) if r % 2 == 0 else (9, 1)):
+                    t0 = time.perf_counter()
+                    run(ids[P:P + n], keep=n)
+                    t = time.perf_counter() - t0
+                    run.crop(P)
+                    if r >= 0:
+                        times[name, n].append(t)
+    for n in (1, 9):
+        g, d = times["gemv", n], times["oneDNN", n]
+        print(f"{n}-token pass: gemv {1e3 * statistics.median(g):.1f} ms, oneDNN {1e3 * statistics.median(d):.1f} ms, "
+              f"paired ratio gemv/oneDNN {statistics.median(a / b for a, b in zip(g, d)):.3f} "
+              f"(min {min(a / b for a, b in zip(g, d)):.3f}, max {max(a / b for a, b in zip(g, d)):.3f})")
+    set_gemv(model, True)
+    for text in SEED_PROMPTS[:2]:
+        p = encode_prompt(tok, text)
+        greedy = greedy_generate(model, p, max_new_tokens=32).tokens
+        out = speculative_generate(model, PromptLookup(), p, gamma=8, max_new_tokens=32)
+        print(f"spec greedy == spec speculative (PromptLookup), 32 tokens: {out.tokens == greedy} "
+              f"(accepted {out.accepted})")
+        assert out.tokens == greedy
+    os.environ.pop("SPEC_GEMV", None)
+
+
+def set_gemv(model, on: bool) -> None:
+    from spec import probe
+    if on:
+        os.environ.pop("SPEC_GEMV", None)
+    else:
+        os.environ["SPEC_GEMV"] = "0"
+    probe.forget(model)
+    prepack._PACKED.pop(model, None)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--rows", default="1,2,3,4,8,9")
+    ap.add_argument("--paths", default="linear,prepack,numpy,rows,panel,panel-pf1024,panel-avx2")
+    ap.add_argument("--model", action="store_true")
+    ap.add_argument("--model-repeats", type=int, default=30)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--skip-micro", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    from spec import realmodel
+    model, tok = realmodel.load()
+    assert next(model.parameters()).dtype == torch.float32, "SmolLM2 fp32 expected"
+    if gemv.library() is None:
+        raise SystemExit(f"spec.gemv's library is not available: {gemv.reason()}")
+    if not args.skip_micro:
+        micro(model, args.repeats, [int(r) for r in args.rows.split(",")], args.paths.split(","))
+    if args.model:
+        whole_model(model, tok, args.model_repeats)
+
+
+if __name__ == "__main__":
+    main()

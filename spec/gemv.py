@@ -1,0 +1,459 @@
+"""A hand-written fp32 few-row product, y[M, N] = x[M, K] W[N, K]^T (+ b), for CPU linears (issue 43).
+
+W is nn.Linear's own weight, row-major [out, in], read in place (no copy). Each block of R rows of W is
+streamed once with R x MB independent accumulators, the MB rows of x beside it in L1 (MB <= 4; more rows
+of x take another turn over the block while it is still in L1), K in steps of 16 with a masked tail. The
+C source below is plain C (no torch headers) with function-level target attributes: an AVX-512F variant,
+an AVX2+FMA one and a plain-C fallback, chosen at run time by __builtin_cpu_supports, so the library
+built here (no -march) runs on any x86-64; elsewhere only the plain-C one is compiled.
+
+`library()` compiles it once with the system C compiler ($CC, else cc) into $SPEC_CACHE (default
+~/.cache/spec)/gemv/<source hash>.so and self-tests it in a SUBPROCESS (ctypes only, no torch: a crash
+there is a return code here), once per process. Any failure (no compiler, a compile error, a crash or
+a wrong result in the self-test) gives None and a debug-level reason (`reason()`), never an exception:
+the caller keeps its other path. Everything else calls `product(w, b)`, a function x -> x W^T + b.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = r"""
+#include <stdint.h>
+#include <stddef.h>
+
+/* Two layouts of w, both computing y[m*N + n] = sum_k x[m*K + k] * w[n][k] (+ b[n]):
+   rows:  w as nn.Linear stores it, [N][K], read in place;
+   panel: w reordered once, [ceil(N/16)][K][16] (16 rows interleaved k by k, the last panel zero-padded).
+   isa: 2 AVX-512F, 1 AVX2+FMA, 0 plain C; -1 or more than the CPU has: the best it has. */
+
+static void rows_c(const float *x, const float *w, const float *b, float *y, int64_t M, int64_t N,
+                   int64_t K, int64_t n0) {
+    for (int64_t n = n0; n < N; n++)
+        for (int64_t m = 0; m < M; m++) {
+            const float *wn = w + n * K, *xm = x + m * K;
+            float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= K; k += 8)
+                for (int j = 0; j < 8; j++) s[j] += xm[k + j] * wn[k + j];
+            float t = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+            for (; k < K; k++) t += xm[k] * wn[k];
+            y[m * N + n] = b ? t + b[n] : t;
+        }
+}
+
+static void panel_c(const float *x, const float *wp, const float *b, float *y, int64_t M, int64_t N,
+                    int64_t K) {
+    for (int64_t n0 = 0; n0 < N; n0 += 16) {
+        const float *p = wp + n0 * K;
+        int64_t w = N - n0 < 16 ? N - n0 : 16;
+        for (int64_t m = 0; m < M; m++) {
+            float acc[16] = {0};
+            for (int64_t k = 0; k < K; k++)
+                for (int j = 0; j < 16; j++) acc[j] += x[m * K + k] * p[k * 16 + j];
+            for (int64_t j = 0; j < w; j++) y[m * N + n0 + j] = b ? acc[j] + b[n0 + j] : acc[j];
+        }
+    }
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define HAVE_X86 1
+#define T512 __attribute__((target("avx512f")))
+#define T256 __attribute__((target("avx2,fma")))
+#define INL static inline __attribute__((always_inline))
+
+/* rows, AVX-512: one row of w at a time (one sequential stream) against MB rows of x */
+INL T512 void rows512_blk(const float *x, const float *wn, float *out, int64_t N, int64_t K, const int MB,
+                          int64_t PF) {
+    __m512 acc[8];
+#pragma GCC unroll 8
+    for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        if (PF) _mm_prefetch((const char *)(wn + k + PF), _MM_HINT_T0);
+        __m512 wv = _mm512_loadu_ps(wn + k);
+#pragma GCC unroll 8
+        for (int m = 0; m < MB; m++) acc[m] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + m * K + k), acc[m]);
+    }
+    if (k < K) {
+        __mmask16 mask = (__mmask16)((1u << (K - k)) - 1);
+        __m512 wv = _mm512_maskz_loadu_ps(mask, wn + k);
+#pragma GCC unroll 8
+        for (int m = 0; m < MB; m++) acc[m] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(mask, x + m * K + k), acc[m]);
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < MB; m++) out[m * N] = _mm512_reduce_add_ps(acc[m]);
+}
+
+#define ROWS512(MB) static T512 void rows512_##MB(const float *x, const float *w, float *y, int64_t N, int64_t K, \
+                                                  int64_t PF) {                                                 \
+    for (int64_t n = 0; n < N; n++) rows512_blk(x, w + n * K, y + n, N, K, MB, PF); }
+ROWS512(1) ROWS512(2) ROWS512(3) ROWS512(4) ROWS512(5) ROWS512(6) ROWS512(7) ROWS512(8)
+static void (*const rows512[9])(const float *, const float *, float *, int64_t, int64_t, int64_t) =
+    {0, rows512_1, rows512_2, rows512_3, rows512_4, rows512_5, rows512_6, rows512_7, rows512_8};
+
+INL T256 void rows256_blk(const float *x, const float *wn, float *out, int64_t N, int64_t K, const int MB,
+                          int64_t PF) {
+    __m256 acc[4];
+#pragma GCC unroll 4
+    for (int m = 0; m < MB; m++) acc[m] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+        if (PF && !(k & 15)) _mm_prefetch((const char *)(wn + k + PF), _MM_HINT_T0);
+        __m256 wv = _mm256_loadu_ps(wn + k);
+#pragma GCC unroll 4
+        for (int m = 0; m < MB; m++) acc[m] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + m * K + k), acc[m]);
+    }
+#pragma GCC unroll 4
+    for (int m = 0; m < MB; m++) {
+        __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc[m]), _mm256_extractf128_ps(acc[m], 1));
+        s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        float t = _mm_cvtss_f32(_mm_add_ss(s4, _mm_shuffle_ps(s4, s4, 1)));
+        for (int64_t j = k; j < K; j++) t += wn[j] * x[m * K + j];
+        out[m * N] = t;
+    }
+}
+
+#define ROWS256(MB) static T256 void rows256_##MB(const float *x, const float *w, float *y, int64_t N, int64_t K, \
+                                                  int64_t PF) {                                                 \
+    for (int64_t n = 0; n < N; n++) rows256_blk(x, w + n * K, y + n, N, K, MB, PF); }
+ROWS256(1) ROWS256(2) ROWS256(3) ROWS256(4)
+static void (*const rows256[5])(const float *, const float *, float *, int64_t, int64_t, int64_t) =
+    {0, rows256_1, rows256_2, rows256_3, rows256_4};
+
+/* panel, AVX-512: a panel's 16 rows are one zmm per k; MB rows of x, U chains of k per row so that at
+   least 4 FMAs are in flight; the x values broadcast from L1 */
+INL T512 void panel512_blk(const float *x, const float *p, float *out, int64_t N, int64_t K, int64_t w,
+                           const int MB, const int U, int64_t PF) {
+    __m512 acc[12][4];
+#pragma GCC unroll 12
+    for (int m = 0; m < MB; m++)
+#pragma GCC unroll 4
+        for (int u = 0; u < U; u++) acc[m][u] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + U <= K; k += U) {
+        if (PF) _mm_prefetch((const char *)(p + k * 16 + PF), _MM_HINT_T0);
+#pragma GCC unroll 4
+        for (int u = 0; u < U; u++) {
+            __m512 wv = _mm512_loadu_ps(p + (k + u) * 16);
+#pragma GCC unroll 12
+            for (int m = 0; m < MB; m++) acc[m][u] = _mm512_fmadd_ps(wv, _mm512_set1_ps(x[m * K + k + u]), acc[m][u]);
+        }
+    }
+    for (; k < K; k++) {
+        __m512 wv = _mm512_loadu_ps(p + k * 16);
+#pragma GCC unroll 12
+        for (int m = 0; m < MB; m++) acc[m][0] = _mm512_fmadd_ps(wv, _mm512_set1_ps(x[m * K + k]), acc[m][0]);
+    }
+    __mmask16 mask = (__mmask16)(w >= 16 ? 0xFFFF : (1u << w) - 1);
+#pragma GCC unroll 12
+    for (int m = 0; m < MB; m++) {
+#pragma GCC unroll 4
+        for (int u = 1; u < U; u++) acc[m][0] = _mm512_add_ps(acc[m][0], acc[m][u]);
+        _mm512_mask_storeu_ps(out + m * N, mask, acc[m][0]);
+    }
+}
+
+#define PANEL512(MB, U) static T512 void panel512_##MB(const float *x, const float *wp, float *y, int64_t N, \
+                                                       int64_t K, int64_t PF) {                            \
+    for (int64_t n = 0; n < N; n += 16) panel512_blk(x, wp + n * K, y + n, N, K, N - n, MB, U, PF); }
+PANEL512(1, 4) PANEL512(2, 2) PANEL512(3, 2) PANEL512(4, 1) PANEL512(5, 1) PANEL512(6, 1) PANEL512(7, 1)
+PANEL512(8, 1) PANEL512(9, 1) PANEL512(10, 1) PANEL512(11, 1) PANEL512(12, 1)
+static void (*const panel512[13])(const float *, const float *, float *, int64_t, int64_t, int64_t) =
+    {0, panel512_1, panel512_2, panel512_3, panel512_4, panel512_5, panel512_6, panel512_7, panel512_8,
+     panel512_9, panel512_10, panel512_11, panel512_12};
+
+/* panel, AVX2: two ymm per k */
+INL T256 void panel256_blk(const float *x, const float *p, float *out, int64_t N, int64_t K, int64_t w,
+                           const int MB, int64_t PF) {
+    __m256 lo[6], hi[6];
+#pragma GCC unroll 6
+    for (int m = 0; m < MB; m++) lo[m] = hi[m] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        if (PF && !(k & 3)) _mm_prefetch((const char *)(p + k * 16 + PF), _MM_HINT_T0);
+        __m256 a = _mm256_loadu_ps(p + k * 16), c = _mm256_loadu_ps(p + k * 16 + 8);
+#pragma GCC unroll 6
+        for (int m = 0; m < MB; m++) {
+            __m256 xv = _mm256_broadcast_ss(x + m * K + k);
+            lo[m] = _mm256_fmadd_ps(a, xv, lo[m]);
+            hi[m] = _mm256_fmadd_ps(c, xv, hi[m]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int m = 0; m < MB; m++) {
+        if (w >= 16) {
+            _mm256_storeu_ps(out + m * N, lo[m]);
+            _mm256_storeu_ps(out + m * N + 8, hi[m]);
+        } else {
+            float t[16];
+            _mm256_storeu_ps(t, lo[m]);
+            _mm256_storeu_ps(t + 8, hi[m]);
+            for (int64_t j = 0; j < w; j++) out[m * N + j] = t[j];
+        }
+    }
+}
+
+#define PANEL256(MB) static T256 void panel256_##MB(const float *x, const float *wp, float *y, int64_t N, \
+                                                    int64_t K, int64_t PF) {                            \
+    for (int64_t n = 0; n < N; n += 16) panel256_blk(x, wp + n * K, y + n, N, K, N - n, MB, PF); }
+PANEL256(1) PANEL256(2) PANEL256(3) PANEL256(4) PANEL256(5) PANEL256(6)
+static void (*const panel256[7])(const float *, const float *, float *, int64_t, int64_t, int64_t) =
+    {0, panel256_1, panel256_2, panel256_3, panel256_4, panel256_5, panel256_6};
+#endif
+
+int spec_gemv_isa(void) {
+#ifdef HAVE_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return 2;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 1;
+#endif
+    return 0;
+}
+
+static int pick(int isa) {
+    int best = spec_gemv_isa();
+    return isa < 0 || isa > best ? best : isa;
+}
+
+static void add_bias(float *y, const float *b, int64_t M, int64_t N) {
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) y[m * N + n] += b[n];
+}
+
+/* w [N][K] in place. Returns the isa used. */
+int spec_gemv_rows(const float *x, const float *w, const float *b, float *y, int64_t M, int64_t N, int64_t K,
+                   int64_t PF, int isa) {
+    isa = pick(isa);
+#ifdef HAVE_X86
+    if (isa > 0) {
+        int most = isa == 2 ? 8 : 4;
+        for (int64_t m = 0; m < M; ) {
+            int64_t mb = M - m < most ? M - m : most;
+            (isa == 2 ? rows512 : rows256)[mb](x + m * K, w, y + m * N, N, K, m == 0 ? PF : 0);
+            m += mb;
+        }
+        if (b) add_bias(y, b, M, N);
+        return isa;
+    }
+#endif
+    rows_c(x, w, b, y, M, N, K, 0);
+    return 0;
+}
+
+/* wp [ceil(N/16)][K][16]. Returns the isa used. */
+int spec_gemv_panel(const float *x, const float *wp, const float *b, float *y, int64_t M, int64_t N, int64_t K,
+                    int64_t PF, int isa) {
+    isa = pick(isa);
+#ifdef HAVE_X86
+    if (isa > 0) {
+        int most = isa == 2 ? 12 : 6;
+        for (int64_t m = 0; m < M; ) {
+            int64_t mb = M - m < most ? M - m : most;
+            (isa == 2 ? panel512 : panel256)[mb](x + m * K, wp, y + m * N, N, K, m == 0 ? PF : 0);
+            m += mb;
+        }
+        if (b) add_bias(y, b, M, N);
+        return isa;
+    }
+#endif
+    panel_c(x, wp, b, y, M, N, K);
+    return 0;
+}
+"""
+
+# Run by `selftest` in a subprocess with the library's path: every ISA this CPU has, against an fp64
+# product in Python, over shapes that take every block and tail (M 1-9, N around the 8-row blocks, K
+# around 16). ctypes and the standard library only, so it starts in a few tens of milliseconds.
+SELFTEST = r"""
+import ctypes, random, sys
+lib = ctypes.CDLL(sys.argv[1])
+lib.spec_gemv_isa.restype = ctypes.c_int
+F = ctypes.c_float
+rng = random.Random(0)
+
+def panel(w, N, K):
+    P = -(-N // 16)
+    out = [0.0] * (P * 16 * K)
+    for n in range(N):
+        for k in range(K):
+            out[(n // 16) * 16 * K + k * 16 + n % 16] = w[n * K + k]
+    return out
+
+cases = []
+for M in range(1, 14):                # every block: rows turns of 1-8 (AVX-512) / 1-4, panel turns of 1-12 / 1-6
+    for N, K in ((1, 1), (16, 16), (17, 17), (33, 71)):
+        bias = (M + N + K) % 2 == 0
+        x = [rng.uniform(-1, 1) for _ in range(M * K)]
+        w = [rng.uniform(-1, 1) for _ in range(N * K)]
+        b = [rng.uniform(-1, 1) for _ in range(N)] if bias else None
+        want, scale = [], []
+        for m in range(M):
+            for n in range(N):
+                dots = [x[m * K + k] * w[n * K + k] for k in range(K)]
+                want.append(sum(dots) + (b[n] if bias else 0.0))
+                scale.append(sum(abs(d) for d in dots) + (abs(b[n]) if bias else 0.0))
+        args = {"rows": (F * len(w))(*w), "panel": (F * (-(-N // 16) * 16 * K))(*panel(w, N, K))}
+        cases.append((M, N, K, bias, (F * len(x))(*x), args, (F * N)(*b) if bias else None, want, scale))
+for isa in range(lib.spec_gemv_isa() + 1):
+    for M, N, K, bias, x, args, b, want, scale in cases:
+        for name, wl in args.items():
+            y = (F * (M * N))()
+            got = getattr(lib, "spec_gemv_" + name)(x, wl, b, y, ctypes.c_int64(M), ctypes.c_int64(N),
+                                                    ctypes.c_int64(K), ctypes.c_int64(64), ctypes.c_int(isa))
+            if got != isa:
+                sys.exit(f"{name}: isa {isa} asked, {got} ran")
+            for i in range(M * N):
+                if not abs(y[i] - want[i]) <= 1e-5 * scale[i] + 1e-30:
+                    sys.exit(f"{name} isa {isa} M={M} N={N} K={K} bias={bias}: y[{i // N},{i % N}] = {y[i]}, "
+                             f"fp64 {want[i]}")
+print("ok", lib.spec_gemv_isa())
+"""
+
+PREFETCH = 0  # floats ahead in w's stream to prefetch (0: none; the hardware prefetcher measured alike)
+
+_STATE: dict = {}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SPEC_CACHE") or Path.home() / ".cache" / "spec").expanduser() / "gemv"
+
+
+def compiler() -> str:
+    return os.environ.get("CC") or "cc"
+
+
+def build() -> Path:
+    """The library compiled from SOURCE (cached by the source's and the compiler's hash); raises
+    RuntimeError naming the compiler and its output when it cannot be built."""
+    cc = compiler()
+    key = hashlib.sha256((SOURCE + "\0" + cc).encode()).hexdigest()[:16]
+    out = cache_dir() / f"{key}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        src, lib = Path(tmp) / "gemv.c", Path(tmp) / "gemv.so"
+        src.write_text(SOURCE)
+        try:
+            done = subprocess.run([cc, "-O3", "-fPIC", "-shared", "-o", str(lib), str(src)],
+                                  capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.SubprocessError) as e:
+            raise RuntimeError(f"C compiler {cc!r} could not run: {e}") from e
+        if done.returncode != 0 or not lib.exists():
+            raise RuntimeError(f"C compiler {cc!r} failed ({done.returncode}): {(done.stderr or done.stdout).strip()[-800:]}")
+        os.replace(lib, out)          # atomic: a concurrent build leaves one whole file
+    return out
+
+
+def selftest(path: Path) -> str | None:
+    """None if the library at `path` computes the product right for every ISA this CPU has (run in a
+    subprocess: a crash is reported, not suffered), else what went wrong."""
+    try:
+        done = subprocess.run([sys.executable, "-c", SELFTEST, str(path)], capture_output=True, text=True,
+                              timeout=120)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"the self-test could not run: {e}"
+    if done.returncode != 0:
+        return (f"the self-test of {path} failed (return code {done.returncode}): "
+                f"{(done.stderr or done.stdout).strip()[-800:]}")
+    return None
+
+
+def library():
+    """The built, self-tested library (ctypes.CDLL), or None with `reason()` saying why; decided once
+    per process."""
+    if "lib" not in _STATE:
+        lib, why = None, None
+        try:
+            path = build()
+            why = selftest(path)
+            if why is None:
+                lib = ctypes.CDLL(str(path))
+                for fn in (lib.spec_gemv_rows, lib.spec_gemv_panel):
+                    fn.restype = ctypes.c_int
+                    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_int]
+                lib.spec_gemv_isa.restype = ctypes.c_int
+        except (RuntimeError, OSError) as e:
+            why = str(e)
+        if why is not None:
+            log.debug("spec.gemv not used: %s", why)
+        _STATE["lib"], _STATE["why"] = lib, why
+    return _STATE["lib"]
+
+
+def reason() -> str | None:
+    """Why `library()` is None (None when it is not, or was not asked yet)."""
+    return _STATE.get("why")
+
+
+def forget() -> None:
+    """Decide again at the next `library()` (tests: another $CC)."""
+    _STATE.clear()
+
+
+def isa() -> int:
+    """The variant this CPU runs: 2 AVX-512F, 1 AVX2+FMA, 0 plain C; -1 without a library."""
+    lib = library()
+    return -1 if lib is None else lib.spec_gemv_isa()
+
+
+def panels(weight: torch.Tensor) -> torch.Tensor:
+    """W [N, K] reordered for the panel layout: [ceil(N/16), K, 16], panel p holding rows 16p..16p+15
+    interleaved k by k (the last panel's missing rows zero)."""
+    N, K = weight.shape
+    P = -(-N // 16)
+    padded = weight.detach().new_zeros(P * 16, K)
+    padded[:N] = weight.detach()
+    return padded.view(P, 16, K).transpose(1, 2).contiguous()
+
+
+def product(weight: torch.Tensor, bias: torch.Tensor | None = None, layout: str = "panel",
+            prefetch: int | None = None, variant: int = -1):
+    """x -> x W^T + b on the library (which must be there: see `library()`), W [N, K] fp32 contiguous
+    on CPU as nn.Linear stores it; x [..., K] fp32 on CPU. layout "rows": W read in place; "panel": a
+    reordered copy made here once (`panels`). `variant`: the ISA to use at most (-1: the best this CPU
+    has). The function keeps the tensors it reads alive (`forward.keep`)."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError(f"spec.gemv's library is not available: {reason()}")
+    if layout not in ("rows", "panel"):
+        raise ValueError(f"layout: 'rows' or 'panel', got {layout!r}")
+    w = weight.detach()
+    b = None if bias is None else bias.detach()
+    for name, t in (("weight", w), ("bias", b)):
+        if t is not None and (t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous()):
+            raise ValueError(f"{name}: fp32 contiguous on CPU expected, got {t.dtype} on {t.device}"
+                             f"{'' if t.is_contiguous() else ', not contiguous'}")
+    if w.dim() != 2 or (b is not None and b.shape != (w.shape[0],)):
+        raise ValueError(f"weight [N, K] and bias [N] expected, got {tuple(w.shape)} and "
+                         f"{None if b is None else tuple(b.shape)}")
+    N, K = w.shape
+    if layout == "panel":
+        w = panels(w)
+    wp, bp = w.data_ptr(), (None if b is None else b.data_ptr())
+    pf = PREFETCH if prefetch is None else prefetch
+    call = lib.spec_gemv_panel if layout == "panel" else lib.spec_gemv_rows
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != K or x.dtype != torch.float32 or x.device.type != "cpu":
+            raise ValueError(f"x: fp32 [..., {K}] on CPU expected, got {x.dtype} {tuple(x.shape)} on {x.device}")
+        x = x.contiguous()
+        M = x.numel() // K
+        y = torch.empty(*x.shape[:-1], N, dtype=torch.float32)
+        if M:
+            call(x.data_ptr(), wp, bp, y.data_ptr(), M, N, K, pf, variant)
+        return y
+    forward.keep = (w, b)         # the tensors whose memory the library reads
+    return forward

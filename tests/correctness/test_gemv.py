@@ -1,0 +1,187 @@
+"""spec.gemv: the hand-written few-row kernel computes nn.Linear's function within fp32 rounding for
+every block size, layout and ISA this CPU has; a library that cannot be built, crashes or computes
+wrong is never used (a debug-level reason, oneDNN kept); the probe refuses a wrong kernel; and spec's
+runners use it at one thread (1 to KERNEL_ROWS rows) with speculative output still equal to greedy's."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+from oracles import assert_logits_close
+
+from spec import gemv, prepack, probe
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch")
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """A library decided afresh, built into an empty cache; the real one decided again afterwards."""
+    monkeypatch.setenv("SPEC_CACHE", str(tmp_path))
+    gemv.forget()
+    yield tmp_path
+    gemv.forget()
+
+
+@pytest.fixture(scope="module")
+def lib():
+    """The library; skipped only where there is no C compiler (a build or self-test failure fails)."""
+    found = gemv.library()
+    if found is None:
+        if shutil.which(gemv.compiler()) is None:
+            pytest.skip(f"no C compiler ({gemv.compiler()}): {gemv.reason()}")
+        pytest.fail(f"spec.gemv's library is not available: {gemv.reason()}")
+    return found
+
+
+def llama(bias=True):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, attention_bias=bias, mlp_bias=bias)
+    return LlamaForCausalLM(cfg).float().eval()
+
+
+def check(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, what: str) -> None:
+    """got equals F.linear within fp32 rounding, and each element the fp64 product within 1e-5 of
+    sum |x_k w_k| (+|b|): far below what a wrong index, a lost tail or a dropped bias costs."""
+    assert_logits_close(got, F.linear(x, w, b), torch.float32, what=what)
+    x64, w64 = x.double(), w.double()
+    want = F.linear(x64, w64, None if b is None else b.double())
+    scale = F.linear(x64.abs(), w64.abs(), None if b is None else b.double().abs())
+    worst = ((got.double() - want).abs() / scale).max().item() if want.numel() else 0.0
+    assert worst <= 1e-5, f"{what}: off the fp64 product by {worst:.3g} of sum |x w|"
+
+
+@pytest.mark.parametrize("layout", ["panel", "rows"])
+@pytest.mark.parametrize("N,K", [(96, 64), (17, 71), (33, 16), (1, 1), (16, 15), (40, 600)])
+def test_the_kernel_is_the_linear(lib, layout, N, K):
+    """Every row count 1-13 (every block of both layouts and a second turn), N and K off the 16 of the
+    blocks (K's masked tail, the last panel's padding), with and without bias, on every ISA."""
+    g = torch.Generator().manual_seed(N * 1000 + K)
+    w, b = torch.randn(N, K, generator=g), torch.randn(N, generator=g)
+    for variant in range(gemv.isa() + 1):
+        for bias in (b, None):
+            f = gemv.product(w, bias, layout, variant=variant)
+            for M in range(1, 14):
+                x = torch.randn(M, K, generator=g)
+                check(f(x), x, w, bias, f"{layout} isa {variant} M={M} N={N} K={K} bias={bias is not None}")
+
+
+def test_batched_empty_and_strided_inputs(lib):
+    g = torch.Generator().manual_seed(5)
+    w, b = torch.randn(48, 40, generator=g), torch.randn(48, generator=g)
+    f = gemv.product(w, b)
+    for x in (torch.randn(2, 3, 40, generator=g), torch.randn(0, 40), torch.randn(40, 5, generator=g).t()):
+        check(f(x), x, w, b, f"shape {tuple(x.shape)}")
+
+
+def test_bad_input_names_the_argument(lib):
+    w = torch.randn(8, 16)
+    with pytest.raises(ValueError, match="weight"):
+        gemv.product(w.double())
+    with pytest.raises(ValueError, match="weight"):
+        gemv.product(w.t())
+    with pytest.raises(ValueError, match="bias"):
+        gemv.product(w, torch.randn(7))
+    with pytest.raises(ValueError, match="layout"):
+        gemv.product(w, layout="columns")
+    with pytest.raises(ValueError, match="x:"):
+        gemv.product(w)(torch.randn(2, 15))
+    with pytest.raises(ValueError, match="x:"):
+        gemv.product(w)(torch.randn(2, 16, dtype=torch.float64))
+
+
+def test_no_compiler_leaves_onednn_with_a_debug_reason(fresh, monkeypatch, caplog):
+    monkeypatch.setenv("CC", "/bin/false")
+    with caplog.at_level(logging.DEBUG, logger="spec.gemv"):
+        assert gemv.library() is None
+    assert "/bin/false" in gemv.reason() and any("not used" in r.getMessage() for r in caplog.records)
+    assert not [r for r in caplog.records if r.levelno > logging.DEBUG]
+    gemv.forget()
+    monkeypatch.setenv("CC", "/no/such/compiler")
+    assert gemv.library() is None and "could not run" in gemv.reason()
+    model = llama()
+    probe.forget(model)
+    monkeypatch.setattr(prepack, "MIN_BYTES", 0)
+    assert prepack.used(model) and not prepack.kernel_used(model)
+    assert not any(f.kernel for f in prepack.forwards(model).values())
+    probe.forget(model)
+
+
+@pytest.mark.parametrize("plant,found", [
+    ("    isa = pick(isa);\n#ifdef HAVE_X86\n    if (isa > 0) {\n        int most = isa == 2 ? 12 : 6;",
+     "return code -"),                                                         # the panel entry crashes
+    ("y[m * N + n] += b[n];", "fp64"),                                         # the bias added twice
+])
+def test_a_crashing_or_wrong_library_is_refused_in_a_subprocess(fresh, monkeypatch, plant, found):
+    """The self-test runs the library in a subprocess: a segfault there is a return code here and a
+    wrong product a refusal; this process carries on with library() None."""
+    if plant.startswith("    isa"):
+        planted = gemv.SOURCE.replace(plant, "    *(volatile int *)0 = 0;\n" + plant)
+    else:
+        planted = gemv.SOURCE.replace(plant, "y[m * N + n] += 2 * b[n];")
+    assert planted != gemv.SOURCE
+    monkeypatch.setattr(gemv, "SOURCE", planted)
+    assert gemv.library() is None
+    assert "self-test" in gemv.reason() and found in gemv.reason(), gemv.reason()
+
+
+def test_a_wrong_kernel_is_refused_by_the_probe(lib, monkeypatch):
+    """A kernel 0.1% off the model's own linears: the probe says no, the model stays on oneDNN."""
+    model = llama()
+    probe.forget(model)
+    monkeypatch.setattr(prepack, "MIN_BYTES", 0)
+    real = gemv.product
+    monkeypatch.setattr(gemv, "product", lambda *a, **k: (lambda x, f=real(*a, **k): f(x) * 1.001))
+    prepack._PACKED.pop(model, None)
+    assert prepack.used(model) and not prepack.kernel_used(model)
+    assert probe.memo(model, "gemv linears")[1] is False
+    assert not any(f.kernel for f in prepack.forwards(model).values())
+    monkeypatch.setattr(gemv, "product", real)
+    probe.forget(model)
+    prepack._PACKED.pop(model, None)
+    assert prepack.kernel_used(model)                # the control: the real kernel passes
+    probe.forget(model)
+    prepack._PACKED.pop(model, None)
+
+
+def test_spec_runs_the_kernel_at_one_thread_and_stays_exact(lib, monkeypatch):
+    """At one thread the runners' passes of 1 to KERNEL_ROWS rows run the kernel (prefill above that on
+    oneDNN), speculative output equals greedy's; at two threads the kernel is not called."""
+    from spec import greedy_generate, speculative_generate
+    from spec.models import perturbed_copy
+    model = llama()
+    probe.forget(model)
+    prepack._PACKED.pop(model, None)
+    monkeypatch.setattr(prepack, "MIN_BYTES", 0)
+    rows = []
+    real = gemv.product
+
+    def counted(*a, **k):
+        f = real(*a, **k)
+        return lambda x: rows.append(x.numel() // x.shape[-1]) or f(x)
+    monkeypatch.setattr(gemv, "product", counted)
+    draft = perturbed_copy(model, noise=0.05, seed=3)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert prepack.kernel_used(model)
+        rows.clear()
+        prompt = list(range(3, 3 + 14))               # a 14-token prefill: above KERNEL_ROWS, oneDNN's
+        for p in (prompt, [7, 7, 1, 2, 8]):
+            out = speculative_generate(model, draft, p, gamma=3, max_new_tokens=16)
+            assert out.tokens == greedy_generate(model, p, max_new_tokens=16).tokens and out.accepted > 0
+        assert rows and max(rows) <= prepack.KERNEL_ROWS and 1 in rows and max(rows) > 1, sorted(set(rows))
+        torch.set_num_threads(2)
+        rows.clear()
+        greedy_generate(model, [5, 9, 14, 3], max_new_tokens=4)
+        assert rows == []
+    finally:
+        torch.set_num_threads(threads)
+        probe.forget(model)
+        prepack._PACKED.pop(model, None)
