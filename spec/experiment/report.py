@@ -160,7 +160,7 @@ def header(pair_info: PairInfo, ps: Prompts, *, device: str, target_dtype: str, 
     info, eos = pair_info, ps.eos
     lines = [f"note: {info.note}"] if info.note else []
     draft = (f"{info.draft_name} ({info.draft_params / 1e6:.2f}M params, {draft_dtype})" if info.draft_params
-             else f"{info.draft_name} ({info.draft_path})")   # a draft source: how it runs
+             else info.draft_name + ("" if info.draft_path in info.draft_name else f" ({info.draft_path})"))
     lines.append(f"target: {info.target_name} ({info.target_params / 1e6:.2f}M params, "
                  f"{target_dtype}) | draft: {draft} | device: {device}"
                  + (f" | threads: {threads}" + (" (default)" if threads_default else "")
@@ -373,8 +373,9 @@ def plot(results: Results, path: Path) -> bool:  # pragma: no mutate block (layo
 
 def figure_title(results: Results) -> str:
     pair, opts, summary = results.pair, results.options, results.summary
+    draft = f"{pair.draft_name} ({opts['draft_dtype']})" if pair.draft_params else pair.draft_name  # or a source
     title = (f"Speculative vs greedy: target {pair.target_name} ({opts['target_dtype']}) + draft "
-             f"{pair.draft_name} ({opts['draft_dtype']}) on {results.machine['gpu'] or 'CPU'}; "
+             f"{draft} on {results.machine['gpu'] or 'CPU'}; "
              f"γ={gamma_label(summary)}, {opts['max_new_tokens']} new tokens; c={summary.c:.3f}; speedup measured "
              f"{fmt(summary.measured_speedup)}x, Thm 3.8 predicts {fmt(summary.theory.predicted_speedup)}x")
     if results.warnings:
