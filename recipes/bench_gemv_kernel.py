@@ -22,7 +22,7 @@ own figure beside it is the scale of fp32 rounding).
 --model: spec's whole one-token step and a 9-token verify pass on SmolLM2 (spec.choose.runs, after a
 64-token prefix, every position's logits kept as recipes/bench_cpu_limit.py's verify_lines does), the
 linears on spec.gemv against oneDNN (SPEC_GEMV=0), interleaved pass by pass, paired ratios; and spec
-greedy == spec speculative (PromptLookup) on 2 seed prompts x 32 tokens with the gemv path on.
+greedy == spec speculative (PromptLookup, gamma 8) on the 5 seed prompts x 32 tokens with the gemv path on.
 
     python recipes/bench_gemv_kernel.py [--repeats 15] [--rows 1,2,3,4,8,9] [--paths ...] [--model]
                                         [--model-repeats 30]
@@ -134,17 +134,16 @@ def whole_model(model, tok, repeats: int) -> None:
         run = chosen.runs[0]
         with torch.inference_mode():
             run(chosen.prompt, keep=1)
-        runs[name] = (run, on, prepack.used(model), dict(getattr(run, "packed", {}) or {}))
-    for name, (run, on, used, packed) in runs.items():
-        kinds = {}
-        for f in packed.values():
-            kinds[getattr(f, "kind", "oneDNN")] = kinds.get(getattr(f, "kind", "oneDNN"), 0) + 1
-        print(f"{name}: prepack.used {used}; linears' paths {kinds}")
+        packed = run.packed or {}
+        kernel = sum(bool(getattr(f, "kernel", False)) for f in packed.values())
+        runs[name] = run
+        print(f"{name}: prepack.used {prepack.used(model)}, kernel_used {prepack.kernel_used(model)}; "
+              f"{len(packed)} packed linears, {kernel} with the kernel")
     times = {(s, n): [] for s in runs for n in (1, 9)}
     with torch.inference_mode():
         for r in range(-2, repeats):
             for name in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
-                run = runs[name][0]
+                run = runs[name]
                 for n in ((1, 9) if r % 2 == 0 else (9, 1)):
                     t0 = time.perf_counter()
                     run(ids[P:P + n], keep=n)
@@ -154,16 +153,17 @@ def whole_model(model, tok, repeats: int) -> None:
                         times[name, n].append(t)
     for n in (1, 9):
         g, d = times["gemv", n], times["oneDNN", n]
-        print(f"{n}-token pass: gemv {1e3 * statistics.median(g):.1f} ms, oneDNN {1e3 * statistics.median(d):.1f} ms, "
+        print(f"{n}-token pass: gemv {1e3 * statistics.median(g):.1f} ms (min {1e3 * min(g):.1f}), oneDNN "
+              f"{1e3 * statistics.median(d):.1f} ms (min {1e3 * min(d):.1f}), "
               f"paired ratio gemv/oneDNN {statistics.median(a / b for a, b in zip(g, d)):.3f} "
               f"(min {min(a / b for a, b in zip(g, d)):.3f}, max {max(a / b for a, b in zip(g, d)):.3f})")
     set_gemv(model, True)
-    for text in SEED_PROMPTS[:2]:
+    for text in SEED_PROMPTS:         # all five: the first two accept no lookup proposal in 32 tokens
         p = encode_prompt(tok, text)
         greedy = greedy_generate(model, p, max_new_tokens=32).tokens
         out = speculative_generate(model, PromptLookup(), p, gamma=8, max_new_tokens=32)
         print(f"spec greedy == spec speculative (PromptLookup), 32 tokens: {out.tokens == greedy} "
-              f"(accepted {out.accepted})")
+              f"(accepted {out.accepted} of {sum(r.drafted for r in out.rounds)} proposed; {text[:30]!r})")
         assert out.tokens == greedy
     os.environ.pop("SPEC_GEMV", None)
 

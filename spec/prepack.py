@@ -14,12 +14,13 @@ packed copies are made once per model and kept while its weights are unchanged (
 (spec.probe, once per model); spec.runner's passes then run inside `swapped(forwards(model))`.
 
 Few rows at one thread: spec.gemv's hand-written kernel (a panel-reordered copy of each weight, streamed
-once per pass) runs passes of 1 to KERNEL_ROWS rows when torch runs one thread, faster there than
+once per pass) runs passes of 1 to KERNEL_ROWS rows (12 with AVX-512F, 6 with AVX2+FMA) when torch runs
+one thread, faster there than
 oneDNN (docs/BENCHMARKS.md, "A hand-written few-row kernel"); more rows, or more threads, stay on
 oneDNN, whose copies are then made at their first use (a run holds both: the linears' weight memory
 twice more). `kernel_used(model)`: `used(model)`, not switched off (SPEC_GEMV=0), the library built and
 self-tested in a subprocess (spec.gemv.library: no compiler, a compile error or a failed self-test
-leaves oneDNN, with a debug-level log line), and the kernel's logits within the probe's tolerance of
+leaves oneDNN, with a debug-level log line), a CPU with AVX2+FMA at least, and the kernel's logits within the probe's tolerance of
 the model's own (spec.probe 'gemv linears', once per model; a kernel off by more leaves oneDNN alone).
 """
 
@@ -38,9 +39,10 @@ HINT = 16  # the batch size oneDNN picks the weight's layout for (4 and 16 measu
 # caches (the shipped pair: 6 MB) runs its many small products faster through F.linear.
 MIN_BYTES = 64 << 20
 MIN_ROWS = 3  # 1 and 2 rows are padded to 3: oneDNN's 3-row product is faster than its 1- and 2-row ones
-# spec.gemv's kernel (one thread) runs 1 to KERNEL_ROWS rows; more go to oneDNN. Its panel kernel takes
-# up to 12 rows of x in one turn over the weight (docs/BENCHMARKS.md, "A hand-written few-row kernel").
-KERNEL_ROWS = 12
+# spec.gemv's kernel (one thread) runs 1 to KERNEL_ROWS[its ISA] rows, the rows its panel kernel takes in
+# one turn over the weight (AVX-512F 12, AVX2+FMA 6); more go to oneDNN. The plain-C variant is there for
+# correctness only: not used here (docs/BENCHMARKS.md, "A hand-written few-row kernel").
+KERNEL_ROWS = {2: 12, 1: 6}
 
 
 def available(model) -> bool:
@@ -50,11 +52,12 @@ def available(model) -> bool:
 
 def packed_forward(linear: torch.nn.Linear, kernel: bool = False):
     """linear's function, x -> x W^T + b: on spec.gemv's kernel (its panel copy of the weight, made here)
-    for 1 to KERNEL_ROWS rows when `kernel` and torch runs one thread (or inside `kernel_always()`), else
+    for 1 to KERNEL_ROWS[its ISA] rows when `kernel` and torch runs one thread (or inside `kernel_always()`), else
     on a oneDNN-reordered copy of its weight (made at the first call that needs it)."""
     weight = linear.weight.detach()
     bias = None if linear.bias is None else linear.bias.detach()
-    small = gemv.product(weight, bias, "panel") if kernel else None
+    most = KERNEL_ROWS.get(gemv.isa(), 0) if kernel else 0
+    small = gemv.product(weight, bias, "panel") if most else None
     made = []
 
     def onednn(x: torch.Tensor) -> torch.Tensor:
@@ -64,7 +67,7 @@ def packed_forward(linear: torch.nn.Linear, kernel: bool = False):
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
-        if small is not None and 0 < rows <= KERNEL_ROWS and (_ALWAYS or torch.get_num_threads() == 1):
+        if 0 < rows <= most and (_ALWAYS or torch.get_num_threads() == 1):
             return small(x)
         if not 0 < rows < MIN_ROWS:
             return onednn(x)
@@ -141,9 +144,9 @@ def used(model) -> bool:
 def kernel_used(model) -> bool:
     """Whether the packed linears run spec.gemv's kernel for 1 to KERNEL_ROWS rows (at one thread): the
     model is run packed (`used`), not switched off (SPEC_GEMV=0), the library built and self-tested
-    (spec.gemv.library; else a debug-level reason), and the kernel's logits within the probe's tolerance
+    (spec.gemv.library; else a debug-level reason) with an AVX2+FMA or AVX-512F variant for this CPU, and the kernel's logits within the probe's tolerance
     of the model's own (spec.probe 'gemv linears', once per model)."""
-    if os.environ.get("SPEC_GEMV", "1") == "0" or not used(model) or gemv.library() is None:
+    if os.environ.get("SPEC_GEMV", "1") == "0" or not used(model) or gemv.isa() not in KERNEL_ROWS:
         return False
     from spec import probe
     return probe.once(model, "gemv linears", _kernel_agrees)
@@ -151,10 +154,10 @@ def kernel_used(model) -> bool:
 
 def _kernel_agrees(model) -> bool:
     """The kernel's logits (whatever torch's threads) are within the probe's tolerance of the model's
-    own, over the probe's first id alone (1 row), its first 3 and its first KERNEL_ROWS."""
+    own, over the probe's first id alone (1 row), its first 3 and its first KERNEL_ROWS[ISA]."""
     from spec import hf, probe
     ids = probe.ids(model, probe.probe_length(model), next(model.parameters()).device)
-    cuts = sorted({1, min(3, ids.numel()), min(KERNEL_ROWS, ids.numel())})
+    cuts = sorted({1, min(3, ids.numel()), min(KERNEL_ROWS[gemv.isa()], ids.numel())})
     want = [hf.authors_forward(model, ids[:n]) for n in cuts]
     with packed_linears(model, kernel=True), kernel_always():
         got = [hf.authors_forward(model, ids[:n]) for n in cuts]

@@ -151,7 +151,7 @@ def test_a_wrong_kernel_is_refused_by_the_probe(lib, monkeypatch):
 
 
 def test_spec_runs_the_kernel_at_one_thread_and_stays_exact(lib, monkeypatch):
-    """At one thread the runners' passes of 1 to KERNEL_ROWS rows run the kernel (prefill above that on
+    """At one thread the runners' passes of 1 to KERNEL_ROWS[ISA] rows run the kernel (prefill above that on
     oneDNN), speculative output equals greedy's; at two threads the kernel is not called."""
     from spec import greedy_generate, speculative_generate
     from spec.models import perturbed_copy
@@ -176,7 +176,7 @@ def test_spec_runs_the_kernel_at_one_thread_and_stays_exact(lib, monkeypatch):
         for p in (prompt, [7, 7, 1, 2, 8]):
             out = speculative_generate(model, draft, p, gamma=3, max_new_tokens=16)
             assert out.tokens == greedy_generate(model, p, max_new_tokens=16).tokens and out.accepted > 0
-        assert rows and max(rows) <= prepack.KERNEL_ROWS and 1 in rows and max(rows) > 1, sorted(set(rows))
+        assert rows and max(rows) <= prepack.KERNEL_ROWS[gemv.isa()] and 1 in rows and max(rows) > 1, sorted(set(rows))
         torch.set_num_threads(2)
         rows.clear()
         greedy_generate(model, [5, 9, 14, 3], max_new_tokens=4)
@@ -185,3 +185,30 @@ def test_spec_runs_the_kernel_at_one_thread_and_stays_exact(lib, monkeypatch):
         torch.set_num_threads(threads)
         probe.forget(model)
         prepack._PACKED.pop(model, None)
+
+
+@pytest.mark.parametrize("isa,most", [(0, 0), (1, 6), (2, 12)])
+def test_the_rows_the_kernel_takes_follow_the_isa(lib, monkeypatch, isa, most):
+    """AVX-512F: 1-12 rows (one turn of its panel kernel), AVX2+FMA: 1-6; the plain-C variant (no AVX2)
+    is not used at all: the model stays on oneDNN."""
+    if isa > gemv.isa():
+        pytest.skip(f"this CPU runs ISA {gemv.isa()}")
+    model = llama()
+    probe.forget(model)
+    prepack._PACKED.pop(model, None)
+    monkeypatch.setattr(prepack, "MIN_BYTES", 0)
+    monkeypatch.setattr(gemv, "isa", lambda: isa)
+    assert prepack.kernel_used(model) is (most > 0)
+    lin = model.model.layers[0].mlp.up_proj
+    calls = []
+    real = gemv.product
+    monkeypatch.setattr(gemv, "product", lambda *a, **k: (lambda x, f=real(*a, variant=isa, **k): calls.append(
+        x.numel() // x.shape[-1]) or f(x)))
+    f = prepack.packed_forward(lin, kernel=True)
+    with torch.inference_mode(), prepack.kernel_always():
+        for M in range(1, 15):
+            x = torch.randn(M, lin.in_features)
+            assert_logits_close(f(x), F.linear(x, lin.weight, lin.bias), torch.float32, what=f"M={M}")
+    assert calls == list(range(1, most + 1))
+    probe.forget(model)
+    prepack._PACKED.pop(model, None)
