@@ -34,7 +34,7 @@ from spec import choose, clock, decode, defaults, hf, hfref, models, parallel, s
 from spec.diagnose import first_difference
 from spec.experiment import measure
 from spec.experiment.records import (Calibration, Difference, InRun, PairInfo, Peer, PeerSummary, PromptRecord,
-                                     Prompts, Results, Summary, Theory, VerifyFit)
+                                     Prompts, Results, Summary, Theory, VerifyFit, peer_label)
 from spec.options import GammaMode
 from spec.prompts import CODE_PROMPTS, SEED_PROMPTS
 
@@ -403,9 +403,6 @@ class Timings:
     peers: dict = field(default_factory=dict)      # peer name -> [(tokens, s)]
 
 
-PEER_LABELS = {"hf_assisted": "HF assisted"}   # how the progress lines name a peer
-
-
 def peer_gamma(gamma) -> int:
     """The HF peer's gamma: the run's, or the calibration gamma under the online controller
     (HF's own schedule is not ours)."""
@@ -500,7 +497,7 @@ def _progress_line(done: int, total: int, prompt: int, prompts: int, rep: int, r
             f"{s.mean_tokens_per_round:.2f} tokens/round")
     for name, samples in run.peers.items():
         toks, p_s = samples[-1]
-        line += f", {PEER_LABELS.get(name, name)} {prompt}/{prompts}: {len(toks)} tokens in {p_s:.2f}s"
+        line += f", {peer_label(name)} {prompt}/{prompts}: {len(toks)} tokens in {p_s:.2f}s"
     return line
 
 

@@ -75,6 +75,13 @@ class Difference:
         return {**out, "verdict": self.verdict, "message": self.message}
 
 
+PEER_LABELS = {"hf_assisted": "HF assisted"}   # a peer's words in the progress lines, the report and the figure
+
+
+def peer_label(name: str) -> str:
+    return PEER_LABELS.get(name, name)
+
+
 @dataclass
 class Peer:
     """A peer decoder's runs of one prompt (HF assisted generation, HF prompt lookup)."""

@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from spec.experiment.records import peer_label
+
 if TYPE_CHECKING:
     from spec.experiment.records import Calibration, PairInfo, PeerSummary, PromptRecord, Prompts, Results, Summary
 
@@ -28,8 +30,6 @@ C_G, C_S, C_A, C_P = "#7f9cbf", "#2ca25f", "#e08214", "#9e9ac8"
 TABLE_COLUMNS = ["#", "prompt", "new tokens", "greedy s", "spec s", "greedy tok/s", "spec tok/s", "speedup",
                  "accept rate", "alpha", "tok/round", "IDs identical"]
 PEER_COLUMNS = ["#", "hf assisted s", "hf tok/s", "hf speedup", "ours vs hf", "hf IDs identical"]
-# The words for a peer (spec.experiment.peers names them): in its table's title, its lines, the figure.
-PEER_LABELS = {"hf_assisted": "HF assisted"}
 
 
 # --------------------------------------------------------------------------- machine
@@ -139,9 +139,6 @@ def peer_table(records: list[PromptRecord], name: str | None = None) -> str:
                                                            for c in PEER_COLUMNS]
     return format_table(columns, rows, left=frozenset())
 
-
-def peer_label(name: str) -> str:
-    return PEER_LABELS.get(name, name)
 
 
 def gamma_label(s: Summary) -> str:
