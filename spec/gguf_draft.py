@@ -27,9 +27,7 @@ import numpy as np
 import torch
 
 from spec import batch, hf, llamaguard
-from spec.draft import ModelDraft, Pick, resync
-from spec.protocols import DraftSource
-from spec.tree import Tree
+from spec.draft import ModelDraft, ModelSource, Pick
 
 INSTALL = 'pip install "spec[llama]"'
 N_CTX = 4096      # positions a draft may hold: prompt + new tokens + gamma
@@ -86,7 +84,7 @@ class LlamaRun:
         self.llm.close()
 
 
-class GGUFDraft(DraftSource):
+class GGUFDraft(ModelSource):
     """A GGUF file as the draft for `target` (a Hugging Face causal LM with the same vocabulary).
     tokenizer: the target's, to check the GGUF's tokens against (without one only the sizes are
     compared). pick: how the draft picks (spec.draft.Pick; greedy by default). threads, n_ctx,
@@ -106,23 +104,14 @@ class GGUFDraft(DraftSource):
             run.close()
             raise
         self.run, self.pick = run, pick
-        # the draft model's proposals, q and processors exactly as a PyTorch draft's: one ModelDraft
-        self.model = ModelDraft(batch.EachRunner([run]), [pick], [pick.process.prompt_len], width=run.vocab,
-                                rows=run.vocab, clamp=False)
+        # the draft model's proposals, q and processors exactly as a PyTorch draft's: the one engine
+        self.engine = ModelDraft(batch.EachRunner([run]), [pick], [pick.process.prompt_len], width=run.vocab,
+                                 rows=run.vocab, clamp=False)
 
     needs: frozenset = frozenset()
 
-    def draft(self, seq: torch.Tensor, n: int, g: int) -> Tree:
-        # One GGUFDraft serves many runs (it is a Drafter the caller made, not one spec.choose makes
-        # per run): keep the cached prefix the new sequence shares, cut the rest out of the cache.
-        resync(self.run, torch.from_numpy(self.run.llm.input_ids[:len(self.run)].astype(np.int64)), seq, n)
-        return self.model.draft(seq[None], [n], [g], [0])[0]
-
-    def observe(self, n: int, accepted: int) -> None:
-        self.model.observe([n], [accepted], [0])
-
-    def __len__(self) -> int:
-        return len(self.run)
+    def _held(self, run) -> torch.Tensor:
+        return torch.from_numpy(run.llm.input_ids[:len(run)].astype(np.int64))
 
     def __repr__(self) -> str:
         return f"GGUFDraft({self.run.path.name}, llama.cpp)"

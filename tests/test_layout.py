@@ -178,7 +178,8 @@ def test_the_protocols_exist_and_every_runner_and_drafter_keeps_them():
     import importlib
     # (a class with a `draft` method; the rest may come from a base such as spec.protocols.DraftSource)
     drafters = _classes_with({"draft"})
-    assert {"ModelDraft", "PromptLookup", "EachRow", "NoDraft", "GGUFDraft", "TreeDraft", "LookupTree"} <= set(drafters)
+    assert {"ModelDraft", "ModelSource", "PromptLookup", "EachRow", "NoDraft", "TreeDraft", "LookupTree"} <= set(drafters)
+    assert issubclass(gguf_draft.GGUFDraft, draft.ModelSource)     # its draft is the base's
     for name, module in drafters.items():
         cls = getattr(importlib.import_module(f"spec.{module}"), name)
         assert DRAFTER_METHODS <= set(dir(cls)), name
@@ -223,11 +224,12 @@ def test_one_function_makes_runners_and_model_drafts():
     spec.runner builds each candidate path's class from a loop variable to test it against the
     model's own forward: a trial, not a choice, and not a call this check matches by name. A
     spec.gguf_draft.GGUFDraft is a Drafter its caller makes from a GGUF file, not from a model, like
-    spec.PromptLookup; spec.choose uses it as it is, and its llama.cpp context is its own. The tree
-    probe, spec.runner._tree_probe, builds a KVRunner to try a tree mask on: a trial again.)"""
+    spec.PromptLookup; spec.choose uses it as it is, and its llama.cpp context is its own; spec.TreeDraft
+    likewise makes the one engine, a ModelDraft, over the runner spec.choose.runs gives its model. The
+    tree probe, spec.runner._tree_probe, builds a KVRunner to try a tree mask on: a trial again.)"""
     places = {(module, function) for module, function, _ in _constructions()}
     assert places == {("choose", "runs"), ("choose", "rows"), ("choose", "_rows"), ("gguf_draft", "__init__"),
-                      ("runner", "_tree_probe")}, \
+                      ("treedraft", "_start"), ("runner", "_tree_probe")}, \
         f"runners or drafts built outside spec.choose: {sorted(places)}"
 
 
@@ -315,6 +317,15 @@ def test_one_acceptance_path_one_probe_memo_and_no_capability_flags():
     assert "is_chain" not in sources["decode"] and "is_chain" not in sources["batch"].replace("tree.is_chain for", "")
     memos = [name for name, text in sources.items() if "WeakKeyDictionary()" in text]
     assert "probe" in memos and "runner" not in memos and "batch" not in memos, memos
+    # one model-drafting path: only the engine (spec.draft.ModelDraft) picks tokens from a draft model's
+    # runner; TreeDraft and GGUFDraft are its configurations (spec.draft.ModelSource), and one resync
+    from spec import draft, gguf_draft, treedraft
+    assert all(issubclass(cls, draft.ModelSource) for cls in (treedraft.TreeDraft, gguf_draft.GGUFDraft))
+    scorers = sorted(name for name, text in sources.items()         # (the kit's decoders under test aside)
+                     if "score_tree(" in text and not name.startswith("conformance"))
+    assert scorers == ["batch", "runner"], scorers
+    resyncs = sorted(name for name, text in sources.items() if re.search(r"\bresync\(", text))
+    assert resyncs == ["draft"], resyncs
     flags = ("makes_trees", "needs_hidden", "takes_trees", "collect_hidden", "hidden", "needs")
     found = [f"spec/{name}.py: {m.group(0)}" for name, text in sources.items() if not name.startswith("conformance")
              for m in re.finditer(r"\b(?:getattr|hasattr)\([^'\n]*?'(\w+)'", text) if m.group(1) in flags]
