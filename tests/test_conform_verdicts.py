@@ -19,6 +19,7 @@ import pytest
 
 import spec.__main__ as cli
 from spec.conformance import endpoints, kit, stats
+from spec.conformance.subject import servers_subject
 from spec.conformance import test_one_sided as one_sided
 from spec.conformance import test_sampling_law as law
 
@@ -50,7 +51,7 @@ VERDICTS = [(0.3, 0.5, "tie"), (0.3, 0.2, "bug"), (2e-4, 1e-4, "bug"), (2e-4, 3e
 @pytest.mark.parametrize("gap, noise, verdict", VERDICTS)
 def test_an_endpoint_divergence_is_a_tie_only_within_the_measured_noise(gap, noise, verdict):
     ref = FakeServer({}, top2(gap))
-    d = endpoints.diagnose(ref, [1, 2], [5, 7, 8], [5, 9, 8], noise)
+    d = endpoints.diagnose(servers_subject(None, ref), [1, 2], [5, 7, 8], [5, 9, 8], noise)
     assert (d.position, d.expected, d.actual) == (1, 7, 9)
     assert d.gap == pytest.approx(gap, abs=1e-12) and d.noise == noise
     assert d.verdict == verdict
@@ -63,15 +64,15 @@ def test_greedy_exact_passes_a_tie_and_fails_a_bug(gap, noise, verdict):
     ref = FakeServer({tuple(prompt): [5, 7, 8, 1]}, top2(gap))
     spec = FakeServer({tuple(prompt): [5, 9, 3, 3]})
     if verdict == "tie":
-        assert "0 of 1 identical, 1 ties" in endpoints.greedy_exact(spec, ref, [prompt], 4, noise)
+        assert "0 of 1 identical, 1 ties" in endpoints.greedy_exact(servers_subject(spec, ref), [prompt], 4, noise)
     else:
         with pytest.raises(endpoints.Violation, match="BUG"):
-            endpoints.greedy_exact(spec, ref, [prompt], 4, noise)
+            endpoints.greedy_exact(servers_subject(spec, ref), [prompt], 4, noise)
 
 
 def test_a_length_difference_is_a_bug_whatever_the_noise():
     ref = FakeServer({(1,): [5, 7]}, top2(0.0))
-    d = endpoints.diagnose(ref, [1], [5, 7], [5], noise=1e9)
+    d = endpoints.diagnose(servers_subject(None, ref), [1], [5, 7], [5], noise=1e9)
     assert d.verdict == "bug" and math.isnan(d.gap)
 
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from spec.conformance import impls
 from spec.conformance import endpoints, kit
 from spec.conformance.endpoint import Endpoint, EndpointError, base_url
+from spec.conformance.subject import servers_subject
 
 from endpoint_proxy import BUGS as PROXY_BUGS
 from endpoint_proxy import Proxy
@@ -24,7 +25,9 @@ PROMPTS = [[5, 9, 90, 260, 260, 5, 9, 90], [3, 141, 59, 26], [7] * 6, [300, 12, 
 
 
 def pair(endpoint_server, bug=None, models="llama"):
-    return Endpoint(endpoint_server(True, bug, models).url), Endpoint(endpoint_server(False, None, models).url)
+    """The speculative server (with `bug`) and the plain one as a Subject (spec/conformance/subject.py)."""
+    return servers_subject(Endpoint(endpoint_server(True, bug, models).url),
+                           Endpoint(endpoint_server(False, None, models).url))
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +58,7 @@ def test_a_server_that_is_down_is_a_clear_error():
 
 
 def test_the_adapter_reads_ids_logprobs_and_the_listed_model(good):
-    spec, ref = good
+    spec, ref = good.test, good.reference
     assert spec.model == "kit-tiny-llama"
     out = ref.complete(PROMPTS[0], 5, logprobs=2)
     assert out.ids == kit.greedy("llama", tuple(PROMPTS[0]), 5) and len(out.logprobs) == 5
@@ -63,32 +66,32 @@ def test_the_adapter_reads_ids_logprobs_and_the_listed_model(good):
 
 
 def test_a_server_that_gives_no_token_ids_is_refused(endpoint_server):
-    spec, _ = pair(endpoint_server, "no-token-ids")
+    spec = pair(endpoint_server, "no-token-ids").test
     with pytest.raises(EndpointError, match="neither `token_ids`"):
         spec.complete(PROMPTS[0], 3)
 
 
 def test_a_server_answering_an_error_is_a_clear_error(good):
     with pytest.raises(EndpointError, match="answered 400"):
-        good[0].complete([10 ** 6], 3)
+        good.test.complete([10 ** 6], 3)
 
 
 @pytest.fixture(scope="module")
 def noise(good):
-    return endpoints.measure_noise(good[1], PROMPTS[:2], N)
+    return good.noise(PROMPTS[:2], N)
 
 
 def test_greedy_exact_on_prompts_and_its_control(good, noise, endpoint_server):
-    assert "4 of 4 identical" in endpoints.greedy_exact(*good, PROMPTS, N, noise)
+    assert "4 of 4 identical" in endpoints.greedy_exact(good, PROMPTS, N, noise)
     with pytest.raises(endpoints.Violation, match="BUG"):
-        endpoints.greedy_exact(*pair(endpoint_server, "greedy-unverified"), PROMPTS, N, noise)
+        endpoints.greedy_exact(pair(endpoint_server, "greedy-unverified"), PROMPTS, N, noise)
 
 
 def test_greedy_exact_on_generated_token_id_prompts(good, noise):
     @kit.kit_settings(1.0, 8)
     @given(prompt=kit.prompts(), n=st.integers(1, 16))
     def prop(prompt, n):
-        endpoints.greedy_exact(*good, [prompt], n, noise)
+        endpoints.greedy_exact(good, [prompt], n, noise)
     prop()
 
 
@@ -98,8 +101,8 @@ STOP_BUGS = {"max-tokens+1": r"max_tokens=\d+ \(ignore_eos\)", "eos-ignored": "E
 
 @pytest.mark.parametrize("bug", [None, *STOP_BUGS])
 def test_stops_and_their_controls(endpoint_server, bug):
-    spec, ref = pair(endpoint_server, bug)
-    run = lambda: endpoints.stops(spec, ref, PROMPTS[0], N, eos_prompts=[kit.EOS_PROMPT])  # noqa: E731
+    subject = pair(endpoint_server, bug)
+    run = lambda: endpoints.stops(subject, PROMPTS[0], N, eos_prompts=[kit.EOS_PROMPT])  # noqa: E731
     if bug is None:
         assert "max_tokens" in run()
     else:
@@ -117,7 +120,7 @@ def test_concurrency_logprobs_and_their_controls(endpoint_server, noise, check, 
     until all of them are in flight (Server.held_together), so they overlap however loaded the
     machine is: the batch-shape control cannot pass by its requests running one after another."""
     server = endpoint_server(True, bug if broken else None)
-    spec, ref = Endpoint(server.url), Endpoint(endpoint_server(False).url)
+    subject = servers_subject(Endpoint(server.url), Endpoint(endpoint_server(False).url))
     at_once, gathered = endpoints.concurrently, []
 
     def held_together(calls, workers=8):
@@ -128,10 +131,10 @@ def test_concurrency_logprobs_and_their_controls(endpoint_server, noise, check, 
 
     monkeypatch.setattr(endpoints, "concurrently", held_together)
     if not broken:
-        assert passes in check(spec, ref, PROMPTS, N, noise)
+        assert passes in check(subject, PROMPTS, N, noise)
     else:
         with pytest.raises(endpoints.Violation, match=fails):
-            check(spec, ref, PROMPTS, N, noise)
+            check(subject, PROMPTS, N, noise)
     if check is endpoints.concurrency:
         assert gathered == [(2 * len(PROMPTS), 2 * len(PROMPTS), True)]   # every crowd request in flight at once
 
@@ -143,8 +146,8 @@ SAMPLES = 300
 @pytest.mark.parametrize("bug", [None, "sampler-law"])
 def test_sampling_law_and_its_control(endpoint_server, bug, temperature):
     """On the kit's 4-token pair (SMALL_PROMPT repeats, so speculation runs over the next tokens)."""
-    spec, ref = pair(endpoint_server, bug, "small")
-    run = lambda: endpoints.sampling_law(spec, ref, list(kit.SMALL_PROMPT), temperature, SAMPLES,  # noqa: E731
+    subject = pair(endpoint_server, bug, "small")
+    run = lambda: endpoints.sampling_law(subject, list(kit.SMALL_PROMPT), temperature, SAMPLES,  # noqa: E731
                                          kit.SMALL_VOCAB, 1e-3)
     if bug is None:
         assert "p = " in run()
@@ -155,7 +158,7 @@ def test_sampling_law_and_its_control(endpoint_server, bug, temperature):
 
 def test_a_logprob_limit_leaves_other_temperatures_untested(endpoint_server):
     good_small = pair(endpoint_server, None, "small")
-    assert "untested" in endpoints.sampling_law(*good_small, list(kit.SMALL_PROMPT), 0.7, 10, 2, 1e-3)
+    assert "untested" in endpoints.sampling_law(good_small, list(kit.SMALL_PROMPT), 0.7, 10, 2, 1e-3)
 
 
 # (the sampling laws, 400 requests each, are checked above, directly)
@@ -245,37 +248,36 @@ def test_a_passing_property_says_what_was_drafted(endpoint_server, tmp_path, cap
 
 
 def test_the_new_properties_pass_on_the_speculative_server(good, noise):
-    spec, ref = good
-    assert "option runs identical" in endpoints.greedy_options(spec, ref, PROMPTS[:2], N, noise)
-    assert "agree with the reference's" in endpoints.fields(spec, ref, PROMPTS, N)
-    assert "streamed == unstreamed" in endpoints.streaming(spec, ref, PROMPTS, N)
-    assert "repeat their samples" in endpoints.seeded(spec, ref, PROMPTS[:2], 8)
-    assert "equal the reference's" in endpoints.sampled_logprobs(spec, ref, PROMPTS[:2], 8, noise, 20)
+    assert "option runs identical" in endpoints.greedy_options(good, PROMPTS[:2], N, noise)
+    assert "agree with the reference's" in endpoints.fields(good, PROMPTS, N)
+    assert "streamed == unstreamed" in endpoints.streaming(good, PROMPTS, N)
+    assert "repeat their samples" in endpoints.seeded(good, PROMPTS[:2], 8)
+    assert "equal the reference's" in endpoints.sampled_logprobs(good, PROMPTS[:2], 8, noise, 20)
 
 
 def test_options_the_reference_refuses_are_named_untested(good, noise):
     """The in-process server takes no presence/frequency penalty (400): named, not compared, not failed."""
     assert "untested: presence+frequency_penalty (the reference refuses it: 400" in \
-        endpoints.greedy_options(*good, PROMPTS[:1], N, noise)
+        endpoints.greedy_options(good, PROMPTS[:1], N, noise)
 
 
 def test_streaming_reads_multi_token_chunks(good):
-    out = good[0].stream(PROMPTS[0], N, logprobs=1)
-    assert out.ids == good[1].complete(PROMPTS[0], N).ids and max(out.chunks) > 1 and len(out.logprobs) == N
+    out = good.test.stream(PROMPTS[0], N, logprobs=1)
+    assert out.ids == good.reference.complete(PROMPTS[0], N).ids and max(out.chunks) > 1 and len(out.logprobs) == N
     assert out.usage == {"prompt_tokens": len(PROMPTS[0]), "completion_tokens": N, "total_tokens": len(PROMPTS[0]) + N}
 
 
 def test_an_option_only_the_speculative_server_refuses_is_named_untested(endpoint_server):
-    spec, ref = pair(endpoint_server, None, "small")
-    out = endpoints.sampling_options(spec, ref, list(kit.SMALL_PROMPT), {"min_p": 0.2}, 10, 1e-3)
+    subject = pair(endpoint_server, None, "small")
+    out = endpoints.sampling_options(subject, list(kit.SMALL_PROMPT), {"min_p": 0.2}, 10, 1e-3)
     assert out.startswith("untested: {'min_p': 0.2}: the speculative server refuses it: 400")
 
 
 @pytest.mark.parametrize("option", ["top_k", "logit_bias"])
 def test_sampling_options_pass(endpoint_server, option):
-    spec, ref = pair(endpoint_server, None, "small")
-    options = endpoints.sampling_option_sets(ref, list(kit.SMALL_PROMPT), kit.SMALL_VOCAB)[option]
-    assert "p = " in endpoints.sampling_options(spec, ref, list(kit.SMALL_PROMPT), options, SAMPLES, 1e-3)
+    subject = pair(endpoint_server, None, "small")
+    options = endpoints.sampling_option_sets(subject.reference, list(kit.SMALL_PROMPT), kit.SMALL_VOCAB)[option]
+    assert "p = " in endpoints.sampling_options(subject, list(kit.SMALL_PROMPT), options, SAMPLES, 1e-3)
 
 
 def test_homogeneity_keeps_its_level_and_sees_a_shift():
@@ -296,18 +298,18 @@ def proxy_checks(noise):
     """The endpoint property each proxy bug must be rejected by, as the kit calls it (in-process sizes)."""
     small = list(kit.SMALL_PROMPT)
     return {
-        "endpoint_stops": lambda s, r: endpoints.stops(s, r, PROMPTS[0], N, eos_prompts=[kit.EOS_PROMPT]),
-        "endpoint_greedy_exact": lambda s, r: endpoints.greedy_exact(s, r, PROMPTS, N, noise),
-        "endpoint_greedy_options": lambda s, r: endpoints.greedy_options(s, r, PROMPTS[:2], N, noise),
-        "endpoint_sampling_options": lambda s, r: endpoints.sampling_options(s, r, small, {"top_k": 2}, SAMPLES, 1e-3),
-        "endpoint_sampling_law": lambda s, r: endpoints.sampling_law(s, r, small, 1.0, SAMPLES, kit.SMALL_VOCAB, 1e-3),
-        "endpoint_seeded": lambda s, r: endpoints.seeded(s, r, PROMPTS[:2], 8),
-        "endpoint_concurrency": lambda s, r: endpoints.concurrency(s, r, PROMPTS, N, noise),
-        "endpoint_mixed_batch": lambda s, r: endpoints.mixed_batch(s, r, PROMPTS, N, noise),
-        "endpoint_logprobs": lambda s, r: endpoints.logprobs(s, r, PROMPTS, N, noise),
-        "endpoint_sampled_logprobs": lambda s, r: endpoints.sampled_logprobs(s, r, PROMPTS[:2], 8, noise, 20),
-        "endpoint_fields": lambda s, r: endpoints.fields(s, r, PROMPTS, N),
-        "endpoint_streaming": lambda s, r: endpoints.streaming(s, r, PROMPTS, N),
+        "endpoint_stops": lambda s: endpoints.stops(s, PROMPTS[0], N, eos_prompts=[kit.EOS_PROMPT]),
+        "endpoint_greedy_exact": lambda s: endpoints.greedy_exact(s, PROMPTS, N, noise),
+        "endpoint_greedy_options": lambda s: endpoints.greedy_options(s, PROMPTS[:2], N, noise),
+        "endpoint_sampling_options": lambda s: endpoints.sampling_options(s, small, {"top_k": 2}, SAMPLES, 1e-3),
+        "endpoint_sampling_law": lambda s: endpoints.sampling_law(s, small, 1.0, SAMPLES, kit.SMALL_VOCAB, 1e-3),
+        "endpoint_seeded": lambda s: endpoints.seeded(s, PROMPTS[:2], 8),
+        "endpoint_concurrency": lambda s: endpoints.concurrency(s, PROMPTS, N, noise),
+        "endpoint_mixed_batch": lambda s: endpoints.mixed_batch(s, PROMPTS, N, noise),
+        "endpoint_logprobs": lambda s: endpoints.logprobs(s, PROMPTS, N, noise),
+        "endpoint_sampled_logprobs": lambda s: endpoints.sampled_logprobs(s, PROMPTS[:2], 8, noise, 20),
+        "endpoint_fields": lambda s: endpoints.fields(s, PROMPTS, N),
+        "endpoint_streaming": lambda s: endpoints.streaming(s, PROMPTS, N),
     }
 
 
@@ -328,7 +330,8 @@ def test_each_proxied_bug_is_rejected_by_its_property(endpoint_server, noise, bu
     monkeypatch.setattr(endpoints, "concurrently", held_together)
     try:
         with pytest.raises(endpoints.Violation):
-            proxy_checks(noise)[prop](Endpoint(proxy.url), Endpoint(endpoint_server(False, None, models).url))
+            proxy_checks(noise)[prop](servers_subject(Endpoint(proxy.url),
+                                                      Endpoint(endpoint_server(False, None, models).url)))
     finally:
         proxy.stop()
 
@@ -336,10 +339,10 @@ def test_each_proxied_bug_is_rejected_by_its_property(endpoint_server, noise, bu
 def test_a_proxy_without_a_bug_changes_nothing(endpoint_server, noise):
     proxy = Proxy(endpoint_server(True).url, None)
     try:
-        spec, ref = Endpoint(proxy.url), Endpoint(endpoint_server(False).url)
+        subject = servers_subject(Endpoint(proxy.url), Endpoint(endpoint_server(False).url))
         for prop in ("endpoint_greedy_exact", "endpoint_stops", "endpoint_streaming", "endpoint_fields",
                      "endpoint_concurrency", "endpoint_mixed_batch", "endpoint_greedy_options"):
-            proxy_checks(noise)[prop](spec, ref)
+            proxy_checks(noise)[prop](subject)
     finally:
         proxy.stop()
 
@@ -484,8 +487,8 @@ def test_the_concurrency_benchmark_runs_on_in_process_servers(endpoint_server, t
 
 
 def test_eos_prompts_are_those_whose_reference_output_ends_at_eos(good):
-    spec, ref = good
+    ref = good.reference
     found = endpoints.eos_prompts(ref, [PROMPTS[0], list(kit.EOS_PROMPT)], N)
     assert found == [list(kit.EOS_PROMPT)]
-    assert "EOS untested: no prompt" in endpoints.stops(spec, ref, PROMPTS[0], N, eos_prompts=[])
-    assert "(1 ending at EOS within 12)" in endpoints.stops(spec, ref, PROMPTS[0], N, eos_prompts=found)
+    assert "EOS untested: no prompt" in endpoints.stops(good, PROMPTS[0], N, eos_prompts=[])
+    assert "(1 ending at EOS within 12)" in endpoints.stops(good, PROMPTS[0], N, eos_prompts=found)

@@ -1,4 +1,5 @@
-"""llama.cpp through the conformance kit (spec/conformance/llamacpp.py, spec/conformance/test_engine.py), kept
+"""llama.cpp through the conformance kit (spec/conformance/llamacpp.py, its Subject for the served properties,
+spec/conformance/test_engine.py for its own), kept
 short: skipped with the reason without the `llama` extra (and the real-model cases without the real
 model in the cache)."""
 
@@ -46,31 +47,35 @@ def test_the_kits_llama_written_as_gguf_is_the_same_model(tmp_path):
     assert greedy == greedy_generate(model, ids, max_new_tokens=20).tokens
 
 
-def test_the_tiny_engine_property_rejects_a_broken_engine(monkeypatch):
-    """Negative control for engine_greedy_exact_tiny: an engine whose speculative run changes its
-    third token is rejected at the kit's example count."""
-    from spec.conformance import test_engine
-
-    real = llamacpp.Engine.speculative
-
-    def broken(self, prompt, n, **kw):
-        tokens, seconds = real(self, prompt, n, **kw)
-        return tokens[:2] + [(t + 1) % 640 for t in tokens[2:3]] + tokens[3:], seconds
-    monkeypatch.setattr(llamacpp.Engine, "speculative", broken)
-    monkeypatch.setattr(kit, "SHRINK", [False])
+def test_the_served_properties_reject_a_broken_engine(monkeypatch):
+    """Negative control for the served properties on llama.cpp's Subject (spec/conformance/subject.py): an
+    engine whose speculative run changes its third token fails endpoint_greedy_exact with a BUG verdict from
+    the engine's own logits; the honest engine passes it, with what its drafter proposed counted."""
+    from spec.conformance import endpoints
+    subject = llamacpp.kit_subject(impls.load("llama-cpp"))
     try:
-        with pytest.raises(pytest.fail.Exception, match="property engine_greedy_exact_tiny violated"):
-            test_engine.test_engine_greedy_exact_tiny(impls.load("llama-cpp"), 1.0, "prompt-lookup")
+        noise = subject.noise(llamacpp.TINY_PROMPTS[:2], 16)
+        before = subject.counters()
+        assert "5 of 5 identical" in endpoints.greedy_exact(subject, llamacpp.TINY_PROMPTS, 16, noise)
+        done = subject.counters().since(before)
+        assert done.draft_tokens > 0 and 0 < done.accepted <= done.draft_tokens, done
+        real = llamacpp.Engine.speculative
+
+        def broken(self, prompt, n, **kw):
+            tokens, seconds = real(self, prompt, n, **kw)
+            return tokens[:2] + [(t + 1) % 640 for t in tokens[2:3]] + tokens[3:], seconds
+        monkeypatch.setattr(llamacpp.Engine, "speculative", broken)
+        with pytest.raises(endpoints.Violation, match=r"first divergence at new token 2: reference \d+, got \d+; "
+                                                      r"reference top-2 logit gap .*BUG"):
+            endpoints.greedy_exact(subject, llamacpp.TINY_PROMPTS, 16, noise)
     finally:   # free llama.cpp's models while llama_cpp is importable
-        for e in test_engine._engines.values():
-            e.close()
-        test_engine._engines.clear()
+        subject.close()
 
 
 def test_the_engine_sampling_law_rejects_a_broken_engine(monkeypatch):
     """Negative control for engine_sampling_law: an engine whose speculative run takes the second
     token greedily (the target's top token, not a draw) is rejected at the kit's sample size."""
-    from spec.conformance import test_engine
+    from spec.conformance.laws import ALPHA
 
     real = llamacpp.Engine.sample
 
@@ -81,36 +86,35 @@ def test_the_engine_sampling_law_rejects_a_broken_engine(monkeypatch):
         return tokens
     monkeypatch.setattr(llamacpp.Engine, "sample", broken)
     try:
-        with pytest.raises(pytest.fail.Exception, match="property engine_sampling_law violated"):
-            test_engine.test_engine_sampling_law(impls.load("llama-cpp"), 1.0, "prompt-lookup", "temp=0.7,top_k=3",
-                                                 lambda *args: None)
+        engine = llamacpp.shared_engine(llamacpp.tiny_gguf("target"))
+        fit, _, _ = llamacpp.sampling_law_fit(engine, 400, "temp=0.7,top_k=3", "prompt-lookup", None)
+        assert fit.rejects(ALPHA), fit
     finally:   # free llama.cpp's models while llama_cpp is importable
-        for e in test_engine._engines.values():
-            e.close()
-        test_engine._engines.clear()
+        llamacpp.close_engines()
 
 
 def test_a_native_crash_is_a_verdict_and_the_run_goes_on(tiny_gguf, tmp_path, monkeypatch):
-    """The engine runs in a child: when llama.cpp segfaults there, the property fails with the signal,
-    the batch, the model and the build's system info, a reproduction script is written (and reproduces
-    the crash under the same fault), and this process, and the engine after a restart, live on."""
+    """The engine runs in a child: when llama.cpp segfaults there, a property on its Subject fails with the
+    signal, the batch, the model and the build's system info (spec.conformance.subject.Crashed, which the
+    kit's properties turn into their failure), a reproduction script is written (and reproduces the crash
+    under the same fault), and this process, and the engine after a restart, live on."""
     import subprocess
     import sys
 
-    from spec.conformance import test_engine
+    from spec.conformance import endpoints, subject
 
     crashing = llamacpp.Engine(tiny_gguf, make=f"{FAULTS}:amx_like", crash_dir=tmp_path)
-    monkeypatch.setattr(test_engine, "engine", lambda path: crashing)
+    prompt = list(llamacpp.LAW_PROMPT)
     try:
-        with pytest.raises(pytest.fail.Exception) as failed:
-            test_engine.test_engine_sampling_determinism(impls.load("llama-cpp"), "prompt-lookup")
+        with pytest.raises(subject.Crashed) as failed:
+            endpoints.seeded(subject.engine_subject(crashing, "llama-cpp"), [prompt], 3)
         assert crashing.greedy([5], 3)[0] == crashing.greedy([5], 3)[0]   # a new child; one token runs
     finally:
         crashing.close()
     verdict = str(failed.value)
-    n = len(test_engine.LAW_PROMPT)
-    assert (f"property engine_sampling_determinism violated by llama-cpp: engine crashed (SIGSEGV) on a {n}-token "
-            f"batch after 0 cached positions, tiny.gguf, llama-cpp-python ") in verdict, verdict
+    n = len(prompt)
+    assert (f"engine crashed (SIGSEGV) on a {n}-token batch after 0 cached positions, tiny.gguf, "
+            f"llama-cpp-python ") in verdict, verdict
     import llama_cpp
 
     from spec import llamaguard
@@ -119,7 +123,7 @@ def test_a_native_crash_is_a_verdict_and_the_run_goes_on(tiny_gguf, tmp_path, mo
     scripts = list(tmp_path.glob("crash-tiny-*.py"))
     assert len(scripts) == 1 and f"reproduction: python {scripts[0]}" in verdict
     source = scripts[0].read_text()
-    assert f"BATCH = {list(test_engine.LAW_PROMPT)!r}" in source and str(tiny_gguf) in source
+    assert f"BATCH = {prompt!r}" in source and str(tiny_gguf) in source
     code = f"{AMX_LIKE_CRASH}\nimport runpy\nrunpy.run_path({str(scripts[0])!r})"   # the script, with the fault
     replay = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert replay.returncode == -signal.SIGSEGV and f"evaluating {n} tokens after 0" in replay.stdout, replay
@@ -162,17 +166,16 @@ def test_the_engine_cuts_top_k_before_top_p(tiny_gguf):
     and a top-p between the top token's probability and its share of the top two: sampler_law says the
     top token always, top-p first would draw the runner-up over 30% of the time (at most 0.7^30 = 2e-5
     for 30 draws to miss it); 30 seeded draws of the engine are all the top token."""
-    from spec.conformance import test_engine
     engine = llamacpp.Engine(tiny_gguf)
     try:
-        row = engine.logits(list(test_engine.LAW_PROMPT))[-1]
+        row = engine.logits(list(llamacpp.LAW_PROMPT))[-1]
         p = np.sort(np.exp(row - row.max()) / np.exp(row - row.max()).sum())[::-1]
         top_p = float((p[0] + p[0] / (p[0] + p[1])) / 2)
         law = llamacpp.sampler_law(row, 1.0, top_k=2, top_p=top_p)
         runner_up = float(p[1] / (p[0] + p[1]))   # its probability with top-p first (it keeps >= 2, top-k 2)
         assert law.max() == 1.0 and p[0] < top_p and runner_up > 0.3, (p[:3], top_p)
         sampler = dict(temp=1.0, top_k=2, top_p=top_p, min_p=0.0)
-        draws = [engine.sample(test_engine.LAW_PROMPT, 1, seed=s, sampler=sampler)[0] for s in range(30)]
+        draws = [engine.sample(llamacpp.LAW_PROMPT, 1, seed=s, sampler=sampler)[0] for s in range(30)]
     finally:
         engine.close()
     assert set(draws) == {int(law.argmax())}, (draws, top_p, p[:3])

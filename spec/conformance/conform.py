@@ -101,6 +101,9 @@ def parse_args(argv):
                                                  "(llama-cpp: a .gguf, run on its own vocabulary); for "
                                                  "openai:URL the served model's name (default: the one "
                                                  "/v1/models lists)")
+    p.add_argument("--repro", type=Path, default=None, metavar="DIR",
+                   help="for each failed property of a served model, write a standalone reproduction script "
+                        "(Python standard library only) to DIR and rerun it once to confirm it reproduces")
     p.add_argument("--reference", default=None,
                    help="for --impl openai:URL: openai:URL of the same model served without speculation")
     return p.parse_args(argv)
@@ -166,6 +169,17 @@ def _report(args, collector, wall) -> tuple[list[dict], dict]:
     return rows, counts
 
 
+def _reproductions(args, collector) -> None:
+    """--repro DIR: a script per failed property (spec.conformance.repro), each rerun once; the report
+    line says whether it reproduced."""
+    from spec.conformance import repro
+    failed = [nodeid for nodeid, row in collector.rows.items() if row["outcome"] == "failed"]
+    for nodeid, (script, said) in repro.write(args.repro, failed).items():
+        row = collector.rows[nodeid]
+        row["repro"] = str(script) if script else None
+        row["evidence"] = f"{said}\n{row['evidence']}" if script else f"{row['evidence']}\n({said})"
+
+
 def main(argv=None) -> int:
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
@@ -182,6 +196,8 @@ def main(argv=None) -> int:
     if code in (pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.INTERNAL_ERROR, pytest.ExitCode.INTERRUPTED):
         print(f"spec conform: error: pytest exited with {code!r}", file=sys.stderr)
         return 2
+    if args.repro is not None:
+        _reproductions(args, collector)
     rows, counts = _report(args, collector, wall)
     if counts["failed"] or counts["error"]:
         return 1

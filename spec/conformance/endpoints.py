@@ -1,5 +1,7 @@
-"""Endpoint properties: a speculative server (`spec`) against the same model served without speculation
-(`ref`), both spec.conformance.endpoint.Endpoint. Each check returns its evidence (a line for the report) or raises
+"""Served and engine properties: a decoder with speculation against the same model decoded without it, both
+sides of a Subject (spec/conformance/subject.py: a server and its reference server, either dialect of
+spec/conformance/endpoint.py, or llama.cpp in process against its own plain decoding). Each check takes the
+Subject first (`spec, ref = subject.test, subject.reference`) and returns its evidence (a line for the report) or raises
 Violation with the counterexample. The reference's own logprobs are the evidence for a divergence: the
 top-2 gap at the first divergent position, against the engine's measured noise (the same positions'
 logprobs from the reference alone and among concurrent requests, `measure_noise`), so a numerical tie
@@ -21,10 +23,11 @@ from __future__ import annotations
 
 import math
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from spec.conformance.endpoint import EndpointError, Unsupported
 from spec.conformance.stats import goodness_of_fit, homogeneity
-from spec.diagnose import Divergence, Scores, first_difference, judge
+from spec.diagnose import Divergence, first_difference, judge
 from spec.options import Verdict
 
 # Two logprobs that differ by float32 rounding alone are equal: servers compute and print them in float32
@@ -43,8 +46,25 @@ TAIL_TOLERANCE = 1e-4    # a law known to within this (the unreported tail at T 
                          # it moves an expected count by 0.04
 
 
+@dataclass
+class Case:
+    """One request of a failed property that shows the failure on its own: sent to the side under test,
+    it gave `actual` where the reference gave `expected` (`spec conform --repro` replays it)."""
+    prompt: list[int]
+    max_tokens: int
+    request: dict                # Side.complete's keywords (temperature, stop_token_ids, options, ...)
+    expected: list[int]
+    actual: list[int]
+    divergence: str = ""
+
+
 class Violation(AssertionError):
-    pass
+    """A property failed; `cases` are the single requests that show it (none for a law over samples or a
+    crowd of requests)."""
+
+    def __init__(self, message: str, cases=()):
+        super().__init__(message)
+        self.cases = list(cases)
 
 
 # A property's verdict when the server under test drafted nothing while it ran (its evidence starts so).
@@ -74,26 +94,29 @@ def measure_noise(ref, prompts: list[list[int]], n: int) -> float:
     return worst
 
 
-def diagnose(ref, prompt: list[int], expected: list[int], actual: list[int], noise: float) -> Divergence | None:
+def diagnose(subject, prompt: list[int], expected: list[int], actual: list[int], noise: float) -> Divergence | None:
     """The first divergence of `actual` from the reference's `expected` (spec.diagnose.judge): a tie where
-    the reference's top-2 logprob gap after the same prefix is within the measured `noise`."""
-    def scores(i: int) -> Scores:
-        top = ref.complete(list(prompt) + expected[:i], 1, logprobs=2).top
-        values = sorted(top[0].values(), reverse=True) if top else []
-        return Scores(values[0] - values[1] if len(values) >= 2 else math.inf, noise)
-    return judge(expected, actual, scores, noise=noise, reference="reference", scale="logprob")
+    the reference's top-2 gap after the same prefix (subject.scores: a server's logprobs, an engine's
+    logits) is within the measured `noise`."""
+    return judge(expected, actual, lambda i: subject.scores(list(prompt) + list(expected[:i]), noise,
+                                                            actual[i] if i < len(actual) else None),
+                 noise=noise, reference="reference", scale="logit" if subject.kind == "engine" else "logprob")
 
 
-def greedy_exact(spec, ref, prompts: list[list[int]], n: int, noise: float) -> str:
-    ties, bugs = [], []
+def greedy_exact(subject, prompts: list[list[int]], n: int, noise: float) -> str:
+    spec, ref = subject.test, subject.reference
+    ties, bugs, cases = [], [], []
     for k, p in enumerate(prompts):
         want, got = ref.complete(p, n).ids, spec.complete(p, n).ids
-        d = diagnose(ref, p, want, got, noise)
+        d = diagnose(subject, p, want, got, noise)
         if d is not None:
             (ties if d.verdict == Verdict.TIE else bugs).append(f"prompt {k} ({len(p)} ids, {n} tokens): {d}\n"
                                                           f"    prompt {p}\n    expected {want}\n    actual   {got}")
+            if d.verdict != Verdict.TIE:
+                cases.append(Case(list(p), n, {}, want, got, str(d)))
     if bugs:
-        raise Violation("greedy output differs from the reference's beyond a tie:\n  " + "\n  ".join(bugs + ties))
+        raise Violation("greedy output differs from the reference's beyond a tie:\n  " + "\n  ".join(bugs + ties),
+                        cases)
     return (f"{len(prompts) - len(ties)} of {len(prompts)} identical, {len(ties)} ties (noise {noise:.3g})"
             + "".join(f"\n  {t}" for t in ties))
 
@@ -103,17 +126,21 @@ def eos_prompts(ref, candidates: list[list[int]], limit: int) -> list[list[int]]
     with ignore_eos false): where an EOS test means something."""
     found = []
     for p in candidates:
-        out = ref.complete(p, limit, ignore_eos=False)
+        try:
+            out = ref.complete(p, limit, ignore_eos=False)
+        except Unsupported:   # a subject with no EOS stop: EOS is named untested by `stops`
+            return []
         if out.finish_reason == "stop" and len(out.ids) < limit:
             found.append(p)
     return found
 
 
-def stops(spec, ref, prompt: list[int], n: int, eos_prompts: list[list[int]] = (), eos_limit: int | None = None) -> str:
+def stops(subject, prompt: list[int], n: int, eos_prompts: list[list[int]] = (), eos_limit: int | None = None) -> str:
     """max_tokens, stop_token_ids, min_tokens and EOS: the speculative server stops where the reference
     does. Stop ids are taken from the reference's own greedy output, so they fall inside what a
     speculative round accepts in one block. EOS is tested on `eos_prompts` with `eos_limit` (default n)
     new tokens: prompts whose reference output ends at EOS (eos_prompts() finds them)."""
+    spec, ref = subject.test, subject.reference
     full = ref.complete(prompt, n).ids
     checked = []
     for m in sorted({1, 2, 3, 5, 9, n}):
@@ -122,10 +149,10 @@ def stops(spec, ref, prompt: list[int], n: int, eos_prompts: list[list[int]] = (
         got = spec.complete(prompt, m).ids
         if got != full[:m]:
             raise Violation(f"max_tokens={m} (ignore_eos): expected the reference's {full[:m]}, got {got} "
-                            f"({len(got)} tokens)")
+                            f"({len(got)} tokens)", [Case(list(prompt), m, {}, full[:m], got)])
     checked.append("max_tokens 1..%d exact" % n)
     try:
-        checked.append(_stop_ids(spec, ref, prompt, n, full))
+        checked.append(_stop_ids(subject, prompt, n, full))
     except Unsupported as why:   # an API without stop_token_ids (llama-server): named, not failed
         checked.append(f"stop_token_ids and min_tokens untested ({why})")
     m = eos_limit or n
@@ -145,8 +172,9 @@ def stops(spec, ref, prompt: list[int], n: int, eos_prompts: list[list[int]] = (
     return "; ".join(checked)
 
 
-def _stop_ids(spec, ref, prompt: list[int], n: int, full: list[int]) -> str:
+def _stop_ids(subject, prompt: list[int], n: int, full: list[int]) -> str:
     """stop_token_ids (ids from the reference's own output `full`) and min_tokens: spec stops where ref does."""
+    spec, ref = subject.test, subject.reference
     for k in sorted({1, 3, n // 2}):
         if k >= len(full):
             continue
@@ -157,7 +185,8 @@ def _stop_ids(spec, ref, prompt: list[int], n: int, full: list[int]) -> str:
             raise Violation(f"the reference itself does not stop at stop_token_ids=[{stop}] (first at {j}): {want}")
         got = spec.complete(prompt, n, stop_token_ids=[stop]).ids
         if got != want:
-            raise Violation(f"stop_token_ids=[{stop}] (first emitted at new token {j}): reference {want}, got {got}")
+            raise Violation(f"stop_token_ids=[{stop}] (first emitted at new token {j}): reference {want}, got {got}",
+                            [Case(list(prompt), n, {"stop_token_ids": [stop]}, want, got)])
         low = min(n, j + 2)
         want_min = ref.complete(prompt, n, stop_token_ids=[stop], min_tokens=low).ids
         got_min = spec.complete(prompt, n, stop_token_ids=[stop], min_tokens=low).ids
@@ -166,9 +195,13 @@ def _stop_ids(spec, ref, prompt: list[int], n: int, full: list[int]) -> str:
     return "stop_token_ids and min_tokens at new tokens 1, 3, n/2"
 
 
-def _crowd_check(spec, ref, prompts: list[list[int]], n: int, noise: float, sampled: bool) -> tuple[int, list, list]:
+def _crowd_check(subject, prompts: list[list[int]], n: int, noise: float, sampled: bool) -> tuple[int, list, list]:
     """Each greedy request alone against the same requests sent at once (each prompt twice), with one
-    sampled request per prompt in flight beside them when `sampled`. (ties, bugs) as lines."""
+    sampled request per prompt in flight beside them when `sampled`. (ties, bugs) as lines. A subject that
+    takes one request at a time has no crowd to vary: Untested."""
+    spec = subject.test
+    if not subject.concurrent:
+        raise Untested(f"{subject.name} decodes one request at a time (no requests in flight together)")
     alone = [spec.complete(p, n).ids for p in prompts]
     greedy = [lambda p=p: spec.complete(p, n).ids for p in prompts + prompts]
     others = [lambda p=p, k=k: spec.complete(p, n, temperature=1.0, seed=100 + k).ids
@@ -176,7 +209,7 @@ def _crowd_check(spec, ref, prompts: list[list[int]], n: int, noise: float, samp
     crowd = concurrently(others + greedy, workers=len(others + greedy))[len(others):]
     ties, bugs = [], []
     for k, (p, a, c) in enumerate(zip(prompts + prompts, alone + alone, crowd)):
-        d = diagnose(ref, p, a, c, noise)
+        d = diagnose(subject, p, a, c, noise)
         if d is not None:
             (ties if d.verdict == Verdict.TIE else bugs).append(
                 f"prompt {k % len(prompts)}: alone {a}, among {len(greedy)} greedy"
@@ -184,26 +217,27 @@ def _crowd_check(spec, ref, prompts: list[list[int]], n: int, noise: float, samp
     return len(greedy) + len(others), ties, bugs
 
 
-def concurrency(spec, ref, prompts: list[list[int]], n: int, noise: float) -> str:
+def concurrency(subject, prompts: list[list[int]], n: int, noise: float) -> str:
     """Each greedy request alone == the same request among other greedy requests in flight."""
-    total, ties, bugs = _crowd_check(spec, ref, prompts, n, noise, sampled=False)
+    total, ties, bugs = _crowd_check(subject, prompts, n, noise, sampled=False)
     if bugs:
         raise Violation("output changes with the requests in flight:\n  " + "\n  ".join(bugs))
     return f"{total} requests at once equal each alone, {len(ties)} ties (noise {noise:.3g})"
 
 
-def mixed_batch(spec, ref, prompts: list[list[int]], n: int, noise: float) -> str:
+def mixed_batch(subject, prompts: list[list[int]], n: int, noise: float) -> str:
     """Each greedy request alone == the same request while sampled requests (T = 1, a seed each) are in
     flight: an engine that batches them must not let a sampled row change how a greedy row's drafts are
     judged (vLLM 0.32.0 on CPU does: docs/CONFORMANCE.md)."""
-    total, ties, bugs = _crowd_check(spec, ref, prompts, n, noise, sampled=True)
+    total, ties, bugs = _crowd_check(subject, prompts, n, noise, sampled=True)
     if bugs:
         raise Violation("greedy output changes when sampled requests are in flight:\n  " + "\n  ".join(bugs))
     return (f"{2 * len(prompts)} greedy requests among {len(prompts)} sampled ones equal each alone, "
             f"{len(ties)} ties (noise {noise:.3g})")
 
 
-def logprobs(spec, ref, prompts: list[list[int]], n: int, noise: float) -> str:
+def logprobs(subject, prompts: list[list[int]], n: int, noise: float) -> str:
+    spec, ref = subject.test, subject.reference
     worst, compared = 0.0, 0
     for k, p in enumerate(prompts):
         s, r = spec.complete(p, n, logprobs=1), ref.complete(p, n, logprobs=1)
@@ -239,8 +273,9 @@ def first_token_law(ref, prompt: list[int], temperature: float, k: int) -> tuple
     return {**{t: v / z for t, v in tempered.items()}, None: bound / 2 / z}, None
 
 
-def sampling_law(spec, ref, prompt: list[int], temperature: float, samples: int, k: int, alpha: float,
+def sampling_law(subject, prompt: list[int], temperature: float, samples: int, k: int, alpha: float,
                  seed: int = 1234, tokens: int = 4) -> str:
+    spec, ref = subject.test, subject.reference
     law, why = first_token_law(ref, prompt, temperature, k)
     if why:
         return f"untested: {why}"
@@ -302,11 +337,12 @@ def greedy_option_sets(ref, prompt: list[int], n: int) -> dict[str, dict]:
     return sets
 
 
-def greedy_options(spec, ref, prompts: list[list[int]], n: int, noise: float) -> str:
+def greedy_options(subject, prompts: list[list[int]], n: int, noise: float) -> str:
     """Greedy with options the reference takes (greedy_option_sets): the speculative output == the
     reference's, ids and text; a divergence is judged by the reference's raw top-2 gap, tie or bug.
     Options the reference refuses are named as untested."""
-    done, untested, ties, bugs = [], [], [], []
+    spec, ref = subject.test, subject.reference
+    done, untested, ties, bugs, cases = [], [], [], [], []
     for k, p in enumerate(prompts):
         for name, options in greedy_option_sets(ref, p, n).items():
             try:
@@ -315,17 +351,22 @@ def greedy_options(spec, ref, prompts: list[list[int]], n: int, noise: float) ->
             except Untested as why:
                 untested.append(f"{name} ({why})")
                 continue
-            d = diagnose(ref, p, want.ids, got.ids, noise)
+            d = diagnose(subject, p, want.ids, got.ids, noise)
             if d is None and want.text is not None and got.text != want.text:
                 bugs.append(f"prompt {k}, {name} {options}: same ids, text {got.text!r} != the reference's {want.text!r}")
             elif d is not None:
                 (ties if d.verdict == Verdict.TIE else bugs).append(
                     f"prompt {k}, {name} {options}: {d}\n    expected {want.ids}\n    actual   {got.ids}")
+                if d.verdict != Verdict.TIE:
+                    cases.append(Case(list(p), n, {"options": options}, want.ids, got.ids, str(d)))
             else:
                 done.append(name)
     if bugs:
-        raise Violation("greedy output with options differs from the reference's:\n  " + "\n  ".join(bugs + ties))
+        raise Violation("greedy output with options differs from the reference's:\n  " + "\n  ".join(bugs + ties),
+                        cases)
     names = sorted(set(done))
+    if not done and not ties:   # nothing compared: never a pass
+        return f"untested: every option set ({'; '.join(sorted(set(untested)))})"
     return (f"{len(done)} option runs identical ({', '.join(names)}), {len(ties)} ties"
             + (f"; untested: {'; '.join(sorted(set(untested)))}" if untested else ""))
 
@@ -348,9 +389,10 @@ def _fields(where: str, prompt: list[int], got, want) -> list[str]:
     return wrong
 
 
-def fields(spec, ref, prompts: list[list[int]], n: int) -> str:
+def fields(subject, prompts: list[list[int]], n: int) -> str:
     """Where the ids agree, the rest of the response agrees too: finish_reason ('length', 'stop' at EOS or
     a stop id inside a block), text, and usage that counts the emitted tokens, not the drafted ones."""
+    spec, ref = subject.test, subject.reference
     wrong, compared, untested = [], 0, set()
     for k, p in enumerate(prompts):
         full = ref.complete(p, n).ids
@@ -365,18 +407,24 @@ def fields(spec, ref, prompts: list[list[int]], n: int) -> str:
                 continue
             if got.ids != want.ids:
                 continue     # greedy_exact and stops judge the ids
+            if want.finish_reason is None and want.text is None and want.usage is None:
+                untested.add(f"{what} (the reference reports no finish_reason, text or usage)")
+                continue
             compared += 1
             wrong += _fields(f"prompt {k} ({what})", p, got, want)
     if wrong:
         raise Violation("response fields differ from the reference's:\n  " + "\n  ".join(wrong))
+    if not compared:
+        return f"untested: no response to compare ({'; '.join(sorted(untested))})"
     return (f"{compared} responses: finish_reason, text and usage agree with the reference's"
             + (f"; untested: {'; '.join(sorted(untested))}" if untested else ""))
 
 
-def streaming(spec, ref, prompts: list[list[int]], n: int) -> str:
+def streaming(subject, prompts: list[list[int]], n: int) -> str:
     """A streamed request gives what the same request gives unstreamed (and what the reference gives):
     the chunks' ids and text joined, the finish_reason, the usage; chunks carry whole accepted blocks."""
-    wrong, widest, untested = [], 0, set()
+    spec, ref = subject.test, subject.reference
+    wrong, widest, untested, compared = [], 0, set(), 0
     for k, p in enumerate(prompts):
         full = ref.complete(p, n).ids
         cases = {"length": {}, **({"stop id": {"stop_token_ids": [full[len(full) // 2]]}} if full else {})}
@@ -386,6 +434,7 @@ def streaming(spec, ref, prompts: list[list[int]], n: int) -> str:
             except Unsupported as why:
                 untested.add(f"{what} ({why})")
                 continue
+            compared += 1
             widest = max(widest, *(got.chunks or [0]))
             if got.ids != want.ids:
                 wrong.append(f"prompt {k} ({what}): streamed ids {got.ids} ({got.chunks} per chunk), the "
@@ -394,12 +443,16 @@ def streaming(spec, ref, prompts: list[list[int]], n: int) -> str:
             wrong += _fields(f"prompt {k} ({what}, streamed)", p, got, want)
     if wrong:
         raise Violation("streamed output differs:\n  " + "\n  ".join(wrong))
+    if not compared:
+        return f"untested: nothing streamed ({'; '.join(sorted(untested))})"
     return (f"{len(prompts)} prompts streamed == unstreamed reference (up to {widest} tokens in one chunk)"
             + (f"; untested: {'; '.join(sorted(untested))}" if untested else ""))
 
 
-def seeded(spec, ref, prompts: list[list[int]], n: int, seeds=(11, 12, 13), temperature: float = 1.0) -> str:
+def seeded(subject, prompts: list[list[int]], n: int, seeds=(11, 12, 13), temperature: float = 1.0) -> str:
     """A request with a seed gives the same sample when sent again (alone), as the reference does."""
+    spec, ref = subject.test, subject.reference
+    samples: dict = {}
     for k, p in enumerate(prompts):
         for s in seeds:
             r1, r2 = (ref.complete(p, n, temperature=temperature, seed=s).ids for _ in range(2))
@@ -409,13 +462,20 @@ def seeded(spec, ref, prompts: list[list[int]], n: int, seeds=(11, 12, 13), temp
             if a != b:
                 raise Violation(f"prompt {k}, seed {s}, T={temperature}: the same request gave {a} then {b} "
                                 f"(the reference repeats its sample)")
+            samples.setdefault(k, {})[s] = (a, r1)
+    for k, by_seed in samples.items():   # a seed that changes nothing is ignored (the reference's samples differ)
+        ours, theirs = {tuple(a) for a, _ in by_seed.values()}, {tuple(r) for _, r in by_seed.values()}
+        if len(ours) == 1 and len(theirs) > 1:
+            raise Violation(f"prompt {k}, seeds {sorted(by_seed)}, T={temperature}: every seed gave {list(ours.pop())} "
+                            f"(the reference's samples differ with the seed)")
     return f"{len(prompts) * len(seeds)} seeded requests repeat their samples"
 
 
-def sampled_logprobs(spec, ref, prompts: list[list[int]], n: int, noise: float, k: int,
+def sampled_logprobs(subject, prompts: list[list[int]], n: int, noise: float, k: int,
                      temperature: float = 0.7, seed: int = 99) -> str:
     """Sampled tokens' reported logprobs == the reference's raw logprob of that token after the same
     prefix (within the measured noise), at T != 1: not the draft's, not the tempered or processed one."""
+    spec, ref = subject.test, subject.reference
     worst, compared = 0.0, 0
     for j, p in enumerate(prompts):
         s = spec.complete(p, n, temperature=temperature, seed=seed + j, logprobs=1)
@@ -448,11 +508,12 @@ def sampling_option_sets(ref, prompt: list[int], k: int) -> dict[str, dict]:
     return sets
 
 
-def sampling_options(spec, ref, prompt: list[int], options: dict, samples: int, alpha: float,
+def sampling_options(subject, prompt: list[int], options: dict, samples: int, alpha: float,
                      temperature: float = 0.9, tokens: int = 4, depth: int = 2, seed: int = 5000) -> str:
     """The law of the first `depth` new tokens with `options` at `temperature`: the speculative server's
     seeded samples against the reference's (other seeds), a two-sample chi-square test. It needs no
     model of the engine's filters: the same engine without speculation is the law."""
+    spec, ref = subject.test, subject.reference
     try:
         for who, server in (("the reference", ref), ("the speculative server", spec)):
             _refusable(who, lambda: server.complete(prompt, tokens, temperature=temperature, seed=seed, options=options))

@@ -30,13 +30,11 @@ import math
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, settings
-from hypothesis.control import current_build_context
-from hypothesis.errors import InvalidArgument
 from hypothesis import strategies as st
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from spec import build_gpt_neox, greedy_generate, hf, hfref
+from spec.conformance.hypo import SHRINK, final_replay, kit_settings  # noqa: F401 (the kit's names for them)
 from spec.conformance.stats import goodness_of_fit, reference_probabilities
 from spec.models import perturbed_copy
 
@@ -340,24 +338,6 @@ class TiesOnly(AssertionError):
     """A greedy property failed only on divergences diagnosed as numerical ties: the one failure a
     known tie finding (spec.conformance.plugin.KNOWN_FINDINGS) may expect. A crash, a refused build
     or a divergence diagnosed as a bug raises something else, so it fails even there."""
-
-
-SHRINK = [True]  # --conform-no-shrink sets it False (spec/conformance/plugin.py)
-
-
-def kit_settings(budget: float, examples: int):
-    """Derandomized: the same examples every run (the suite's rule), scaled by --conform-budget."""
-    phases = list(Phase) if SHRINK[0] else [p for p in Phase if p is not Phase.shrink]
-    return settings(max_examples=max(1, round(examples * budget)), derandomize=True, deadline=None,
-                    database=None, suppress_health_check=list(HealthCheck), phases=phases)
-
-
-def final_replay() -> bool:
-    """True outside hypothesis and on its final replay of the smallest failing example."""
-    try:
-        return current_build_context().is_final
-    except InvalidArgument:
-        return True
 
 
 def diagnosis(target, prompt, expected, actual) -> str:

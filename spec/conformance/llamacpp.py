@@ -27,6 +27,7 @@ brings its own models (GGUF files), its own non-speculative reference and its ow
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pickle
@@ -42,6 +43,8 @@ from pathlib import Path
 import numpy as np
 
 from spec import llamaguard
+from spec.conformance.endpoint import Counters
+from spec.conformance.subject import Crashed
 from spec.diagnose import Divergence, Scores, judge
 
 PIN = "0.3.36"   # the llama-cpp-python version the findings in docs/CONFORMANCE.md were measured with
@@ -126,6 +129,21 @@ def _model_draft_class():
 GREEDY = dict(top_k=1, temp=0.0)
 
 
+class _Counting:
+    """A llama-cpp-python draft model that tells its engine what it proposed (LocalEngine counts rounds)."""
+
+    def __init__(self, drafter, engine):
+        self.drafter, self.engine = drafter, engine
+
+    def __getattr__(self, name):
+        return getattr(self.drafter, name)
+
+    def __call__(self, input_ids, /, **kwargs):
+        drafted = self.drafter(input_ids, **kwargs)
+        self.engine._propose(input_ids, drafted)
+        return drafted
+
+
 def sampler_law(logits: np.ndarray, temp: float, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> np.ndarray:
     """The distribution llama.cpp's sampler chain draws from, on one row of the engine's own logits, in
     float64. The chain as llama-cpp-python 0.3.36 builds it (`Llama._init_sampler`): top-k (k <= 0: off),
@@ -163,6 +181,8 @@ class LocalEngine:
         self.scorer = Llama(**common, logits_all=True)    # every position's logits
         self._common = common
         self._noise: dict = {}
+        self._counts = Counters(0, 0, 0, {})   # what the speculative runs drafted and had accepted
+        self._proposals: list | None = None    # during a speculative run: (new-token index, drafted ids)
 
     def close(self):
         """Free the llama.cpp models now (at interpreter exit llama_cpp may already be gone)."""
@@ -178,11 +198,44 @@ class LocalEngine:
     def _run(self, llm, prompt, n, sampler=GREEDY) -> list[int]:
         llm.reset()
         out = []
+        self._proposals = [] if llm is not self.plain else None
+        self._prompt_len = len(prompt)
         for token in llm.generate(list(prompt), **sampler, typical_p=1.0, repeat_penalty=1.0, reset=True):
             out.append(int(token))
             if len(out) == n:
                 break
+        if self._proposals is not None:
+            self._count(self._proposals, out)
+        self._proposals = None
         return out
+
+    def _propose(self, input_ids, drafted) -> None:
+        """The drafter's call during a speculative run: what it proposed after how many new tokens."""
+        if self._proposals is not None and len(drafted):
+            self._proposals.append((len(input_ids) - self._prompt_len, [int(t) for t in drafted]))
+
+    def _count(self, proposals, out) -> None:
+        """A round per proposal that the run verified: a proposal is accepted while it equals the tokens
+        emitted there (llama-cpp-python keeps a draft while it equals the target's token or draw)."""
+        c = self._counts
+        for start, drafted in proposals:
+            if start >= len(out):
+                continue
+            kept = 0
+            for token, emitted in zip(drafted, out[start:]):
+                if token != emitted:
+                    break
+                kept += 1
+            c.drafts += 1
+            c.draft_tokens += len(drafted)
+            c.accepted += kept
+            for j in range(kept):
+                c.per_position[j] = c.per_position.get(j, 0) + 1
+
+    def counters(self) -> Counters:
+        """What the speculative runs drafted and had accepted so far (spec.conformance.endpoint.Counters)."""
+        return Counters(self._counts.drafts, self._counts.draft_tokens, self._counts.accepted,
+                        dict(sorted(self._counts.per_position.items())))
 
     def greedy(self, prompt, n: int) -> list[int]:
         """The engine's own plain greedy decoding: n new tokens."""
@@ -202,7 +255,7 @@ class LocalEngine:
         if getattr(self, "_spec_key", None) != key:
             drafter = (LlamaPromptLookupDecoding(num_pred_tokens=gamma, max_ngram_size=3) if draft == "prompt-lookup"
                        else _model_draft_class()(draft_path or self.path, gamma, self.threads, self.n_ctx))
-            self._spec, self._spec_key = _llama()(**self._common, draft_model=drafter), key
+            self._spec, self._spec_key = _llama()(**self._common, draft_model=_Counting(drafter, self)), key
         return self._spec
 
     def sample(self, prompt, n: int, *, seed: int, sampler: dict, draft: str | None = None, gamma: int = 2,
@@ -276,7 +329,7 @@ LOCAL = "spec.conformance.llamacpp:LocalEngine"
 _HEADER = struct.Struct("<I")   # a breadcrumb: its byte length, a JSON line, the held ids and the batch (int32)
 
 
-class EngineCrashed(RuntimeError):
+class EngineCrashed(Crashed):
     """The engine's child process died (a signal, e.g. SIGSEGV inside llama_decode, or an exit)
     during a call: the message is the verdict; `script` reproduces it with llama_cpp alone."""
 
@@ -512,6 +565,18 @@ class Engine:
         """LocalEngine.noise: max |one-token logits - block logits| (cached in the child)."""
         return self._invoke("noise", [list(s) for s in sequences], tuple(widths))
 
+    def top2(self, context) -> tuple[float, frozenset[int]]:
+        """LocalEngine.top2: the greedy top-2 logit gap after `context` and those ids."""
+        return self._invoke("top2", list(context))
+
+    def replay(self, context, token: int, gamma: int) -> list[int]:
+        """LocalEngine.replay: the block widths whose last row gives `token`."""
+        return self._invoke("replay", list(context), int(token), int(gamma))
+
+    def counters(self) -> Counters:
+        """LocalEngine.counters: drafted and accepted so far (a restarted child counts from 0)."""
+        return self._invoke("counters")
+
     def diagnose(self, prompt, expected, actual, noise: float, gamma: int = 8) -> Divergence | None:
         """LocalEngine.diagnose: the first divergence from greedy, tie or bug."""
         return self._invoke("diagnose", list(prompt), list(expected), list(actual), noise, gamma=gamma)
@@ -548,6 +613,113 @@ print(f"evaluating {{len(BATCH)}} tokens after {{len(HELD)}}", flush=True)
 llm.eval(BATCH)
 print("ok")
 '''
+
+
+# --- the kit's llama.cpp subject, models and sampling law (spec/conformance/test_endpoint.py, test_engine.py) --
+
+_ENGINES: dict = {}
+THREADS = 1
+# token-id prompts for the kit's tiny Llama GGUF (a stand-in vocabulary: no text to tokenize)
+TINY_PROMPTS = [[5, 9, 90, 260, 260, 5, 9, 90], [3, 141, 59, 26], [7] * 6, [300, 12, 7, 7, 100, 300, 12],
+                [5, 9, 90, 260, 260, 260, 260, 260, 5, 9, 90, 260]]
+
+
+def shared_engine(path) -> "Engine":
+    """One Engine per model file for the kit's properties (closed by close_engines)."""
+    key = str(path)
+    if key not in _ENGINES:
+        _ENGINES[key] = Engine(key, threads=THREADS)
+    return _ENGINES[key]
+
+
+def close_engines() -> None:
+    """Free llama.cpp's models now, while llama_cpp is still importable (not at exit)."""
+    for e in list(_ENGINES.values()):
+        e.close()
+    _ENGINES.clear()
+
+
+@functools.cache
+def tiny_gguf(which: str) -> str:
+    """The kit's seeded Llama ("target", or its 10%-noise copy "partial") as an f32 GGUF in a scratch folder."""
+    import copy
+
+    from spec.conformance import kit
+    model = copy.deepcopy(kit.zoo("llama")[which]).float()
+    folder = Path(tempfile.mkdtemp(prefix="spec-kit-gguf-"))
+    return str(llama_gguf(model, folder / f"llama-{which}.gguf"))
+
+
+def kit_subject(impl):
+    """`--impl llama-cpp` as a Subject (spec/conformance/subject.py): llama-cpp-python's speculative decoding
+    with a draft model (gamma 4) against its own plain decoding, on the kit's tiny Llama GGUF (the draft its
+    10%-noise copy; the prompts TINY_PROMPTS) or on the --model file (its own draft; the seed prompts)."""
+    from spec.conformance.subject import engine_subject
+    from spec.prompts import SEED_PROMPTS
+    if impl.model:
+        engine = shared_engine(impl.model)
+        draft, prompts = impl.model, [engine.tokenize(text) for text in SEED_PROMPTS]
+    else:
+        engine, draft, prompts = shared_engine(tiny_gguf("target")), tiny_gguf("partial"), TINY_PROMPTS
+    subject = engine_subject(engine, impl.name, drafter="draft-model", gamma=4, draft_path=draft,
+                             seed_prompts=prompts)
+    subject.closers.append(close_engines)
+    return subject
+
+
+SAMPLERS = {   # llama-cpp-python's names. The second: all three filters, where their order matters: at T=0.6
+    # HF's order (the temperature first) keeps 40 three-token sequences, llama.cpp's 83
+    "temp=0.7,top_k=3": dict(temp=0.7, top_k=3, top_p=1.0, min_p=0.0),
+    "temp=0.6,top_k=8,top_p=0.6,min_p=0.2": dict(temp=0.6, top_k=8, top_p=0.6, min_p=0.2),
+}
+# 5, 9 and the tiny target's greedy continuation, then the start again: prompt lookup proposes 260, 260,
+# which the target draws first 40% (T=0.7) and 25% of the time, so drafts are accepted and rejected
+LAW_PROMPT = (5, 9, 90, 260, 260, 260, 260, 260, 5, 9, 90, 260)
+LAW_GAMMA, LAW_JOINT = 2, 3          # as sampling_law: drafts, then the bonus or the draw after a mismatch
+
+
+def engine_law(e, sampler: dict, temperature_first: bool = False) -> dict:
+    """{first LAW_JOINT tokens: probability} under llama.cpp's sampler chain on engine `e`'s own
+    logits (one-token passes), every sequence of nonzero probability enumerated.
+    temperature_first: HF's order instead (the temperature before top-p and min-p), for the control."""
+    law = {}
+
+    def extend(seq: tuple, prob: float):
+        if len(seq) == LAW_JOINT:
+            law[seq] = prob
+            return
+        row = e.logits(list(LAW_PROMPT + seq))[-1]
+        if temperature_first:
+            p = sampler_law(row / sampler["temp"], **dict(sampler, temp=1.0))
+        else:
+            p = sampler_law(row, **sampler)
+        for t in p.nonzero()[0]:
+            extend(seq + (int(t),), prob * float(p[t]))
+    extend((), 1.0)
+    return law
+
+
+@functools.cache
+def tiny_law(sampler: str, temperature_first: bool = False) -> dict:
+    return engine_law(shared_engine(tiny_gguf("target")), SAMPLERS[sampler], temperature_first)
+
+
+def engine_samples(e, n: int, seed: int, sampler: dict, drafter: str | None, draft_path) -> list[tuple]:
+    """n speculative samples of LAW_JOINT tokens, each with its own seed drawn from `seed`."""
+    import torch
+    seeds = torch.randint(0, 2 ** 31 - 1, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+    return [tuple(e.sample(LAW_PROMPT, LAW_JOINT, seed=s, sampler=sampler, draft=drafter, gamma=LAW_GAMMA,
+                           draft_path=draft_path)) for s in seeds]
+
+
+def sampling_law_fit(e, n: int, sampler: str, drafter: str, draft_path):
+    """The engine's speculative samples (LAW_JOINT tokens after LAW_PROMPT) against the law of its own
+    sampler chain on its own logits: (fit, table, how many equal its plain samples with the same seed)."""
+    from spec.conformance import kit
+    samples = engine_samples(e, n, 1234, SAMPLERS[sampler], drafter, draft_path)
+    fit, table = kit.joint_fit(f"joint law of the first {LAW_JOINT} tokens", samples, tiny_law(sampler))
+    plain = engine_samples(e, n, 1234, SAMPLERS[sampler], None, None)
+    return fit, table, sum(a == b for a, b in zip(samples, plain))
 
 
 def _permute(w: np.ndarray, heads: int) -> np.ndarray:

@@ -140,8 +140,8 @@ def pytest_collection_modifyitems(config, items):
             from spec.conformance.kit import TiesOnly
             item.add_marker(pytest.mark.xfail(strict=True, reason=reason, raises=TiesOnly))
     if owners:
-        from spec.conformance import kit
-        kit.SHRINK[0] = not config.getoption("--conform-no-shrink")
+        from spec.conformance import hypo
+        hypo.SHRINK[0] = not config.getoption("--conform-no-shrink")
     config.stash[RAN] = {name: False for name in owners.values()}
 
 

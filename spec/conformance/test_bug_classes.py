@@ -76,7 +76,7 @@ def test_bug_class_power(budget, control, monkeypatch):
     """At the example count the property uses (self draft: every block accepted, so the EOS is
     inside a drafted block), a decoder that ignores the option is rejected (not shrunk: only the
     rejection matters here)."""
-    monkeypatch.setattr(kit, "SHRINK", [False])
+    monkeypatch.setitem(kit.SHRINK, 0, False)
     check = min_new_tokens_property if control == "min_new_tokens" else logit_bias_property
     broken = dropping("min_new_tokens" if control == "min_new_tokens" else "sequence_bias")
     if control == "logit_bias":

@@ -36,33 +36,42 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spec.conformance import endpoints, kit
+from spec.conformance import endpoints, repro
+from spec.conformance.hypo import kit_settings
 from spec.conformance.laws import ALPHA, sample_size
-from spec.prompts import SEED_PROMPTS
 
 TOP_LOGPROBS = 20     # what vLLM gives by default (--max-logprobs 20)
 
 
 @pytest.fixture(scope="module")
-def servers(impl):
-    if impl.engine != "openai":
-        pytest.skip(f"{impl.name} is not a served model (endpoint properties run for --impl openai:URL)")
-    from spec.conformance import endpoint
-    try:
-        spec, ref = endpoint.pair(impl)
-    except endpoint.EndpointError as err:
-        pytest.fail(str(err), pytrace=False)
-    yield spec, ref
-    spec.close()
-    ref.close()
+def subject(impl):
+    """What the properties run on (spec/conformance/subject.py): a server and its reference server
+    (`--impl openai:URL`), or llama.cpp in process against its own plain decoding (`--impl llama-cpp`)."""
+    from spec.conformance import subject as subjects
+    if impl.engine == "openai":
+        from spec.conformance import endpoint
+        try:
+            made = subjects.endpoint_subject(impl)
+        except endpoint.EndpointError as err:
+            pytest.fail(str(err), pytrace=False)
+    elif impl.engine == "llama-cpp":
+        from spec.conformance import llamacpp
+        missing = llamacpp.available()
+        if missing:
+            pytest.skip(missing)
+        made = llamacpp.kit_subject(impl)
+    else:
+        pytest.skip(f"{impl.name} is not a served model or an engine (these properties run for --impl openai:URL "
+                    f"and llama-cpp)")
+    yield made
+    made.close()
 
 
 @pytest.fixture(scope="module")
-def seed_ids(servers):
-    ids = [servers[1].tokenize(text) for text in SEED_PROMPTS]
-    if any(not i for i in ids):
+def seed_ids(subject):
+    if subject.seed_prompts is None:
         pytest.skip("the reference server has no /tokenize: the seed prompts cannot be sent as its token ids")
-    return ids
+    return subject.seed_prompts
 
 
 def tokens(budget) -> int:
@@ -70,25 +79,33 @@ def tokens(budget) -> int:
 
 
 @pytest.fixture(scope="module")
-def noise(servers, seed_ids, budget):
-    return endpoints.measure_noise(servers[1], seed_ids[:2], tokens(budget))
+def noise(subject, seed_ids, budget):
+    return subject.noise(seed_ids[:2], tokens(budget))
 
 
 def _violated(name, impl, check, *args) -> tuple[str | None, str | None]:
     """(evidence, None), or (None, the failure message): failed outside the except block, so the
-    report shows the violation, not a chain of exceptions."""
+    report shows the violation, not a chain of exceptions. A subject that cannot be asked what the check
+    needs gives "untested: why" (a skip, never a pass); one that dies gives its crash verdict."""
+    from spec.conformance.endpoint import Unsupported
+    from spec.conformance.subject import Crashed
     try:
         return check(*args), None
     except endpoints.Violation as err:
+        repro.record(name, impl, args[0], err)       # for `spec conform --repro DIR` (the last one: shrunk)
         return None, f"property {name} violated by {impl.name}: {err}"
+    except Crashed as crash:
+        return None, f"property {name} violated by {impl.name}: {crash}"
+    except (Unsupported, endpoints.Untested) as why:
+        return f"untested: {why}", None
 
 
-def _speculated(name, impl, spec, before) -> str:
-    """What the server under test drafted while property `name` ran (its /metrics counters before and
-    after), or a `not speculating` failure: a property whose requests ran with nothing drafted
-    certifies nothing about speculation, so it must not pass (a plain server given as --impl, or an
-    engine whose speculation silently fell back)."""
-    after = spec.counters()
+def _speculated(name, impl, subject, before) -> str:
+    """What the subject drafted while property `name` ran (its counters before and after: a server's
+    /metrics, llama.cpp's drafter calls), or a `not speculating` failure: a property whose requests ran
+    with nothing drafted certifies nothing about speculation, so it must not pass (a plain server given
+    as --impl, or an engine whose speculation silently fell back)."""
+    after = subject.counters()
     if after is None:
         pytest.fail(f"{endpoints.NOT_SPECULATING}: {impl.name} reports no speculation counters (GET /metrics has no "
                     f"spec_decode_* counter, as a server without speculation): {name}'s outputs matched the "
@@ -100,41 +117,41 @@ def _speculated(name, impl, spec, before) -> str:
     return f"speculation: {done.describe()}"
 
 
-def _check(name, impl, record_property, check, *args):
-    spec = args[0]
-    before = spec.counters()
-    evidence, failure = _violated(name, impl, check, *args)
+def _check(name, impl, record_property, check, subject, *args):
+    """Run one property on `subject`: its evidence with what was drafted, a failure, or a skip where the
+    subject cannot be asked what the property needs."""
+    before = subject.counters()
+    evidence, failure = _violated(name, impl, check, subject, *args)
     if failure:
         pytest.fail(failure, pytrace=False)
     if evidence.startswith("untested"):
-        return evidence                    # the caller skips it: not a pass, whatever was drafted
-    evidence = f"{evidence}; {_speculated(name, impl, spec, before)}"
+        pytest.skip(evidence)              # not a pass, whatever was drafted
+    evidence = f"{evidence}; {_speculated(name, impl, subject, before)}"
     record_property("evidence", evidence)
     return evidence
 
 
-def test_endpoint_greedy_exact(impl, servers, seed_ids, noise, budget, record_property):
-    _check("endpoint_greedy_exact", impl, record_property, endpoints.greedy_exact, *servers, seed_ids,
+def test_endpoint_greedy_exact(impl, subject, seed_ids, noise, budget, record_property):
+    _check("endpoint_greedy_exact", impl, record_property, endpoints.greedy_exact, subject, seed_ids,
            tokens(budget), noise)
 
 
-def test_endpoint_greedy_search(impl, servers, seed_ids, noise, budget, record_property):
-    spec, ref = servers
-    before = spec.counters()
-    pool = sorted({t for ids in seed_ids for t in ids} | set(ref.complete(seed_ids[0], 16).ids))
+def test_endpoint_greedy_search(impl, subject, seed_ids, noise, budget, record_property):
+    before = subject.counters()
+    pool = sorted({t for ids in seed_ids for t in ids} | set(subject.reference.complete(seed_ids[0], 16).ids))
     some = st.sampled_from(pool)
     prompts = st.one_of(st.lists(some, min_size=1, max_size=24),
                         st.builds(lambda head, unit, reps: head + unit * reps, st.lists(some, max_size=4),
                                   st.lists(some, min_size=1, max_size=5), st.integers(2, 5)))
 
-    @kit.kit_settings(budget, 12)
+    @kit_settings(budget, 12)
     @given(prompt=prompts, n=st.integers(1, 24))
     def prop(prompt, n):
-        _, failure = _violated("endpoint_greedy_search", impl, endpoints.greedy_exact, spec, ref, [prompt], n, noise)
+        _, failure = _violated("endpoint_greedy_search", impl, endpoints.greedy_exact, subject, [prompt], n, noise)
         if failure:
             pytest.fail(failure, pytrace=False)
     prop()
-    record_property("evidence", _speculated("endpoint_greedy_search", impl, spec, before))
+    record_property("evidence", _speculated("endpoint_greedy_search", impl, subject, before))
 
 
 # user turns an instruct model answers briefly, ending in its EOS (through the server's chat template)
@@ -143,30 +160,30 @@ EOS_LIMIT = 64
 
 
 @pytest.fixture(scope="module")
-def eos_ids(servers, seed_ids):
+def eos_ids(subject, seed_ids):
     """Prompts whose reference output ends at EOS within EOS_LIMIT tokens: short chat questions (where
     the server has a chat template) and the seed prompts."""
-    chats = [servers[1].tokenize_chat(q) for q in CHAT_QUESTIONS]
-    return endpoints.eos_prompts(servers[1], [c for c in chats if c] + seed_ids, EOS_LIMIT)
+    chats = [subject.reference.tokenize_chat(q) for q in CHAT_QUESTIONS]
+    return endpoints.eos_prompts(subject.reference, [c for c in chats if c] + seed_ids, EOS_LIMIT)
 
 
-def test_endpoint_stops(impl, servers, seed_ids, eos_ids, budget, record_property):
-    _check("endpoint_stops", impl, record_property, endpoints.stops, *servers, seed_ids[0], tokens(budget),
+def test_endpoint_stops(impl, subject, seed_ids, eos_ids, budget, record_property):
+    _check("endpoint_stops", impl, record_property, endpoints.stops, subject, seed_ids[0], tokens(budget),
            eos_ids, EOS_LIMIT)
 
 
-def test_endpoint_concurrency(impl, servers, seed_ids, noise, budget, record_property):
-    _check("endpoint_concurrency", impl, record_property, endpoints.concurrency, *servers, seed_ids,
+def test_endpoint_concurrency(impl, subject, seed_ids, noise, budget, record_property):
+    _check("endpoint_concurrency", impl, record_property, endpoints.concurrency, subject, seed_ids,
            tokens(budget), noise)
 
 
-def test_endpoint_mixed_batch(impl, servers, seed_ids, noise, budget, record_property):
-    _check("endpoint_mixed_batch", impl, record_property, endpoints.mixed_batch, *servers, seed_ids,
+def test_endpoint_mixed_batch(impl, subject, seed_ids, noise, budget, record_property):
+    _check("endpoint_mixed_batch", impl, record_property, endpoints.mixed_batch, subject, seed_ids,
            tokens(budget), noise)
 
 
-def test_endpoint_logprobs(impl, servers, seed_ids, noise, budget, record_property):
-    _check("endpoint_logprobs", impl, record_property, endpoints.logprobs, *servers, seed_ids, tokens(budget), noise)
+def test_endpoint_logprobs(impl, subject, seed_ids, noise, budget, record_property):
+    _check("endpoint_logprobs", impl, record_property, endpoints.logprobs, subject, seed_ids, tokens(budget), noise)
 
 
 def widest(ref, prompts: list[list[int]]) -> list[int]:
@@ -178,37 +195,31 @@ def widest(ref, prompts: list[list[int]]) -> list[int]:
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_endpoint_sampling_law(impl, servers, seed_ids, budget, temperature, record_property):
-    evidence = _check("endpoint_sampling_law", impl, record_property, endpoints.sampling_law, *servers,
-                      widest(servers[1], seed_ids), temperature, sample_size(budget), TOP_LOGPROBS, ALPHA)
-    if evidence.startswith("untested"):
-        pytest.skip(evidence)
+def test_endpoint_sampling_law(impl, subject, seed_ids, budget, temperature, record_property):
+    _check("endpoint_sampling_law", impl, record_property, endpoints.sampling_law, subject,
+                      widest(subject.reference, seed_ids), temperature, sample_size(budget), TOP_LOGPROBS, ALPHA)
 
 
-def test_endpoint_greedy_options(impl, servers, seed_ids, noise, budget, record_property):
-    _check("endpoint_greedy_options", impl, record_property, endpoints.greedy_options, *servers, seed_ids[:2],
+def test_endpoint_greedy_options(impl, subject, seed_ids, noise, budget, record_property):
+    _check("endpoint_greedy_options", impl, record_property, endpoints.greedy_options, subject, seed_ids[:2],
            tokens(budget), noise)
 
 
-def test_endpoint_fields(impl, servers, seed_ids, budget, record_property):
-    _check("endpoint_fields", impl, record_property, endpoints.fields, *servers, seed_ids, tokens(budget))
+def test_endpoint_fields(impl, subject, seed_ids, budget, record_property):
+    _check("endpoint_fields", impl, record_property, endpoints.fields, subject, seed_ids, tokens(budget))
 
 
-def test_endpoint_streaming(impl, servers, seed_ids, budget, record_property):
-    _check("endpoint_streaming", impl, record_property, endpoints.streaming, *servers, seed_ids, tokens(budget))
+def test_endpoint_streaming(impl, subject, seed_ids, budget, record_property):
+    _check("endpoint_streaming", impl, record_property, endpoints.streaming, subject, seed_ids, tokens(budget))
 
 
-def test_endpoint_seeded(impl, servers, seed_ids, record_property):
-    evidence = _check("endpoint_seeded", impl, record_property, endpoints.seeded, *servers, seed_ids[:2], 8)
-    if evidence.startswith("untested"):
-        pytest.skip(evidence)
+def test_endpoint_seeded(impl, subject, seed_ids, record_property):
+    _check("endpoint_seeded", impl, record_property, endpoints.seeded, subject, seed_ids[:2], 8)
 
 
-def test_endpoint_sampled_logprobs(impl, servers, seed_ids, noise, record_property):
-    evidence = _check("endpoint_sampled_logprobs", impl, record_property, endpoints.sampled_logprobs, *servers,
+def test_endpoint_sampled_logprobs(impl, subject, seed_ids, noise, record_property):
+    _check("endpoint_sampled_logprobs", impl, record_property, endpoints.sampled_logprobs, subject,
                       seed_ids[:2], 8, noise, TOP_LOGPROBS)
-    if evidence.startswith("untested"):
-        pytest.skip(evidence)
 
 
 SAMPLING_OPTIONS = ["top_k", "top_p", "min_p", "logit_bias", "repetition_penalty", "presence+frequency_penalty"]
@@ -225,16 +236,14 @@ KNOWN_CRASHES = {
 
 
 @pytest.mark.parametrize("option", SAMPLING_OPTIONS)
-def test_endpoint_sampling_options(impl, servers, seed_ids, budget, option, record_property):
-    spec, ref = servers
-    crash = KNOWN_CRASHES.get((spec.identity(), option))
+def test_endpoint_sampling_options(impl, subject, seed_ids, budget, option, record_property):
+    ref = subject.reference
+    crash = KNOWN_CRASHES.get((subject.identity(), option))
     if crash:
         pytest.xfail(f"known finding, not sent: {crash}")
     prompt = widest(ref, seed_ids)
     sets = endpoints.sampling_option_sets(ref, prompt, TOP_LOGPROBS)
     if option not in sets:
         pytest.skip(f"{option}: the reference's top logprobs are too few to build it")
-    evidence = _check("endpoint_sampling_options", impl, record_property, endpoints.sampling_options, spec, ref,
+    _check("endpoint_sampling_options", impl, record_property, endpoints.sampling_options, subject,
                       prompt, sets[option], sample_size(budget), ALPHA)
-    if evidence.startswith("untested"):
-        pytest.skip(evidence)

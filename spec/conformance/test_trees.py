@@ -99,7 +99,7 @@ def _no_record(*args):
 def test_tree_power_layout(budget, bug, draft_kind, monkeypatch):
     """At the example count tree_layout uses, each layout bug is rejected with the draft that makes it
     matter (not shrunk: only the rejection matters here)."""
-    monkeypatch.setattr(kit, "SHRINK", [False])
+    monkeypatch.setitem(kit.SHRINK, 0, False)
     with pytest.raises(pytest.fail.Exception, match="property tree_layout violated"):
         tree_layout_property(tree_decoder(bug), budget, draft_kind)
 
