@@ -492,3 +492,35 @@ def test_eos_prompts_are_those_whose_reference_output_ends_at_eos(good):
     assert found == [list(kit.EOS_PROMPT)]
     assert "EOS untested: no prompt" in endpoints.stops(good, PROMPTS[0], N, eos_prompts=[])
     assert "(1 ending at EOS within 12)" in endpoints.stops(good, PROMPTS[0], N, eos_prompts=found)
+
+
+@pytest.mark.parametrize("bug", ["block-token-wrong", "max-tokens+1", None])
+def test_repro_writes_a_script_that_reproduces_a_proxied_bug_and_none_for_an_honest_server(endpoint_server, tmp_path,
+                                                                                          capsys, bug):
+    """`spec conform --repro DIR`: a broken proxy's failed property gets a script (standard library only: run
+    here with site-packages off) that sends the failing request again and exits 1, and the report says the
+    rerun reproduced it; an honest proxy's run writes none."""
+    import subprocess
+    import sys
+
+    from spec.conformance import conform
+    prop = "endpoint_stops" if bug == "max-tokens+1" else "endpoint_greedy_exact"
+    proxy = Proxy(endpoint_server(True).url, bug)
+    try:
+        out, folder = tmp_path / "conformance.json", tmp_path / "repro"
+        argv = ["--impl", f"openai:{proxy.url}", "--reference", f"openai:{endpoint_server(False).url}",
+                "--budget", "0.25", "-k", prop, "--out", str(out), "--repro", str(folder)]
+        code = conform.main(argv)
+        scripts = sorted(folder.glob("*.py")) if folder.exists() else []
+        if bug is None:
+            assert code == 0 and scripts == [], capsys.readouterr().out[-2000:]
+            return
+        assert code == 1 and len(scripts) == 1, capsys.readouterr().out[-2000:]
+        (row,) = json.loads(out.read_text())["results"]
+        assert row["repro"] == str(scripts[0]) and f"{scripts[0]}: reproduces (exit 1)" in row["evidence"]
+        again = subprocess.run([sys.executable, "-S", str(scripts[0])], capture_output=True, text=True, timeout=300)
+        assert again.returncode == 1 and "REPRODUCED" in again.stdout, (again.stdout, again.stderr)
+        source = scripts[0].read_text()
+        assert "import urllib.request" in source and '"prompt": [' in source and "reference" in source
+    finally:
+        proxy.stop()
