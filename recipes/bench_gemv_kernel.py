@@ -9,10 +9,13 @@ order rotated repeat by repeat, so load from other processes falls on all of the
     numpy     x @ W.T in numpy (OpenBLAS), on views of the same memory
     rows      spec.gemv.product(layout="rows"): W read in place, one row at a time against up to 8 rows
               of x (the best ISA this CPU has, no software prefetch)
-    panel     spec.gemv.product(layout="panel"): W reordered once into panels of 16 rows interleaved k by
-              k, up to 12 rows of x a turn, no horizontal sums
-    ...-pfD   the same with a software prefetch D floats ahead in W's stream (e.g. panel-pf1024)
-    ...-avx2  the AVX2+FMA variant (what a CPU without AVX-512 runs; e.g. panel-avx2)
+    panel     spec.gemv.product(layout="panel"), what spec.prepack runs: W reordered once into panels of 16
+              rows interleaved k by k, up to 12 rows of x a turn, no horizontal sums; the kernel's own
+              choice of code (AVX-512 CPU: the AVX2+FMA code for 1-2 rows, AVX-512F with a prefetch 1024
+              floats ahead from 3)
+    ...-avx512, ...-avx2   that ISA's code alone, no software prefetch (panel-avx2: what a CPU without
+              AVX-512 runs)
+    ...-pfD   with a software prefetch D floats ahead in W's stream (e.g. panel-avx512-pf1024)
 
 Per path and M: the median over repeats of the 211 products' total (ms), the weights' bytes over it
 (GB/s), and the median of the paired ratios path / prepack (same repeat). Numerics: max |y - F.linear|
@@ -22,10 +25,11 @@ own figure beside it is the scale of fp32 rounding).
 --model: spec's whole one-token step and a 9-token verify pass on SmolLM2 (spec.choose.runs, after a
 64-token prefix, every position's logits kept as recipes/bench_cpu_limit.py's verify_lines does), the
 linears on spec.gemv against oneDNN (SPEC_GEMV=0), interleaved pass by pass, paired ratios; and spec
-greedy == spec speculative (PromptLookup, gamma 8) on the 5 seed prompts x 32 tokens with the gemv path on.
+greedy == spec speculative (PromptLookup, gamma 8) on the 5 seed prompts x --check-tokens (96) with the gemv path
+on (in 32 tokens none of lookup's proposals is accepted on them, on any path).
 
     python recipes/bench_gemv_kernel.py [--repeats 15] [--rows 1,2,3,4,8,9] [--paths ...] [--model]
-                                        [--model-repeats 30]
+                                        [--model-repeats 30] [--check-tokens 96]
 """
 
 from __future__ import annotations
@@ -62,10 +66,11 @@ def prepare(path: str, lin: torch.nn.Linear):
             rest = path[len(layout):]
             if rest == "":
                 return gemv.product(w, b, layout)
-            if rest == "-avx2":
-                return gemv.product(w, b, layout, variant=1)
-            if rest.startswith("-pf"):
-                return gemv.product(w, b, layout, prefetch=int(rest[3:]))
+            variant = {"-avx2": 1, "-avx512": 2}.get(rest[:rest.find("-pf")] if "-pf" in rest else rest, -1)
+            rest = rest.removeprefix("-avx2").removeprefix("-avx512")
+            if rest == "" or rest.startswith("-pf"):
+                return gemv.product(w, b, layout, prefetch=int(rest[3:]) if rest else (-1 if variant < 0 else 0),
+                                    variant=variant)
     raise ValueError(f"--paths: unknown path {path!r}")
 
 
@@ -117,7 +122,7 @@ def micro(model, repeats: int, rows: list[int], paths: list[str]) -> None:
         print(f"{M:<4}" + "".join(f"{c:>24}" for c in cells))
 
 
-def whole_model(model, tok, repeats: int) -> None:
+def whole_model(model, tok, repeats: int, check_tokens: int) -> None:
     """The one-token step and the 9-token verify pass, gemv against oneDNN (SPEC_GEMV=0), paired."""
     from spec import choose, probe
     from spec.models import encode_prompt
@@ -158,11 +163,11 @@ def whole_model(model, tok, repeats: int) -> None:
               f"paired ratio gemv/oneDNN {statistics.median(a / b for a, b in zip(g, d)):.3f} "
               f"(min {min(a / b for a, b in zip(g, d)):.3f}, max {max(a / b for a, b in zip(g, d)):.3f})")
     set_gemv(model, True)
-    for text in SEED_PROMPTS:         # all five: the first two accept no lookup proposal in 32 tokens
+    for text in SEED_PROMPTS:         # all five; in 32 tokens lookup has none of its proposals accepted here
         p = encode_prompt(tok, text)
-        greedy = greedy_generate(model, p, max_new_tokens=32).tokens
-        out = speculative_generate(model, PromptLookup(), p, gamma=8, max_new_tokens=32)
-        print(f"spec greedy == spec speculative (PromptLookup), 32 tokens: {out.tokens == greedy} "
+        greedy = greedy_generate(model, p, max_new_tokens=check_tokens).tokens
+        out = speculative_generate(model, PromptLookup(), p, gamma=8, max_new_tokens=check_tokens)
+        print(f"spec greedy == spec speculative (PromptLookup), {check_tokens} tokens: {out.tokens == greedy} "
               f"(accepted {out.accepted} of {sum(r.drafted for r in out.rounds)} proposed; {text[:30]!r})")
         assert out.tokens == greedy
     os.environ.pop("SPEC_GEMV", None)
@@ -182,9 +187,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--rows", default="1,2,3,4,8,9")
-    ap.add_argument("--paths", default="linear,prepack,numpy,rows,panel,panel-pf1024,panel-avx2")
+    ap.add_argument("--paths", default="linear,prepack,numpy,rows,panel,panel-avx512,panel-avx512-pf1024,panel-avx2")
     ap.add_argument("--model", action="store_true")
     ap.add_argument("--model-repeats", type=int, default=30)
+    ap.add_argument("--check-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--skip-micro", action="store_true")
     args = ap.parse_args()
@@ -197,7 +203,7 @@ def main() -> None:
     if not args.skip_micro:
         micro(model, args.repeats, [int(r) for r in args.rows.split(",")], args.paths.split(","))
     if args.model:
-        whole_model(model, tok, args.model_repeats)
+        whole_model(model, tok, args.model_repeats, args.check_tokens)
 
 
 if __name__ == "__main__":

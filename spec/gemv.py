@@ -236,6 +236,7 @@ static void add_bias(float *y, const float *b, int64_t M, int64_t N) {
 int spec_gemv_rows(const float *x, const float *w, const float *b, float *y, int64_t M, int64_t N, int64_t K,
                    int64_t PF, int isa) {
     isa = pick(isa);
+    if (PF < 0) PF = 0;
 #ifdef HAVE_X86
     if (isa > 0) {
         int most = isa == 2 ? 8 : 4;
@@ -252,11 +253,16 @@ int spec_gemv_rows(const float *x, const float *w, const float *b, float *y, int
     return 0;
 }
 
-/* wp [ceil(N/16)][K][16]. Returns the isa used. */
+/* wp [ceil(N/16)][K][16]. isa -1 (auto): on an AVX-512F CPU, 1 or 2 rows run the AVX2+FMA code (measured
+   faster there on Zen 4) and more the AVX-512F code; PF < 0: a prefetch 1024 floats ahead for the AVX-512F
+   code (measured faster from 3 rows on), none for the AVX2 code. Returns the isa used. */
 int spec_gemv_panel(const float *x, const float *wp, const float *b, float *y, int64_t M, int64_t N, int64_t K,
                     int64_t PF, int isa) {
+    int automatic = isa < 0;
     isa = pick(isa);
 #ifdef HAVE_X86
+    if (automatic && isa == 2 && M <= 2) isa = 1;
+    if (PF < 0) PF = isa == 2 ? 1024 : 0;
     if (isa > 0) {
         int most = isa == 2 ? 12 : 6;
         for (int64_t m = 0; m < M; ) {
@@ -306,13 +312,14 @@ for M in range(1, 14):                # every block: rows turns of 1-8 (AVX-512)
                 scale.append(sum(abs(d) for d in dots) + (abs(b[n]) if bias else 0.0))
         args = {"rows": (F * len(w))(*w), "panel": (F * (-(-N // 16) * 16 * K))(*panel(w, N, K))}
         cases.append((M, N, K, bias, (F * len(x))(*x), args, (F * N)(*b) if bias else None, want, scale))
-for isa in range(lib.spec_gemv_isa() + 1):
+for isa in [-1] + list(range(lib.spec_gemv_isa() + 1)):        # -1: the automatic choice
     for M, N, K, bias, x, args, b, want, scale in cases:
         for name, wl in args.items():
             y = (F * (M * N))()
             got = getattr(lib, "spec_gemv_" + name)(x, wl, b, y, ctypes.c_int64(M), ctypes.c_int64(N),
-                                                    ctypes.c_int64(K), ctypes.c_int64(64), ctypes.c_int(isa))
-            if got != isa:
+                                                    ctypes.c_int64(K), ctypes.c_int64(64 if isa >= 0 else -1),
+                                                    ctypes.c_int(isa))
+            if got != isa and not (isa < 0 and 0 <= got <= lib.spec_gemv_isa()):
                 sys.exit(f"{name}: isa {isa} asked, {got} ran")
             for i in range(M * N):
                 if not abs(y[i] - want[i]) <= 1e-5 * scale[i] + 1e-30:
@@ -321,7 +328,7 @@ for isa in range(lib.spec_gemv_isa() + 1):
 print("ok", lib.spec_gemv_isa())
 """
 
-PREFETCH = 0  # floats ahead in w's stream to prefetch (0: none; the hardware prefetcher measured alike)
+PREFETCH = -1  # floats ahead in w's stream to prefetch; -1: the kernel's own choice (see spec_gemv_panel)
 
 _STATE: dict = {}
 
@@ -423,8 +430,10 @@ def product(weight: torch.Tensor, bias: torch.Tensor | None = None, layout: str 
             prefetch: int | None = None, variant: int = -1):
     """x -> x W^T + b on the library (which must be there: see `library()`), W [N, K] fp32 contiguous
     on CPU as nn.Linear stores it; x [..., K] fp32 on CPU. layout "rows": W read in place; "panel": a
-    reordered copy made here once (`panels`). `variant`: the ISA to use at most (-1: the best this CPU
-    has). The function keeps the tensors it reads alive (`forward.keep`)."""
+    reordered copy made here once (`panels`). `variant`: the ISA to use at most (-1: chosen by the
+    kernel per call, see spec_gemv_panel; 2 AVX-512F, 1 AVX2+FMA, 0 plain C). `prefetch`: floats ahead
+    in the weight's stream (None: PREFETCH, -1: the kernel's choice; 0 none). The function keeps the
+    tensors it reads alive (`forward.keep`)."""
     lib = library()
     if lib is None:
         raise RuntimeError(f"spec.gemv's library is not available: {reason()}")
