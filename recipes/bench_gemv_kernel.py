@@ -17,14 +17,16 @@ order rotated repeat by repeat, so load from other processes falls on all of the
               AVX-512 runs)
     ...-pfD   with a software prefetch D floats ahead in W's stream (e.g. panel-avx512-pf1024)
 
-Per path and M: the median over repeats of the 211 products' total (ms), the weights' bytes over it
-(GB/s), and the median of the paired ratios path / prepack (same repeat). Numerics: max |y - F.linear|
+Per path and M: the median and the best over repeats of the 211 products' total (ms), the weights' bytes
+over the best (GB/s), and the median of the paired ratios path / prepack (same repeat). Numerics: max |y - F.linear|
 over all 211 products relative to max |F.linear|, and max |y - fp64| relative to max |fp64| (F.linear's
 own figure beside it is the scale of fp32 rounding).
 
 --model: spec's whole one-token step and a 9-token verify pass on SmolLM2 (spec.choose.runs, after a
 64-token prefix, every position's logits kept as recipes/bench_cpu_limit.py's verify_lines does), the
-linears on spec.gemv against oneDNN (SPEC_GEMV=0), interleaved pass by pass, paired ratios; and spec
+linears on spec.gemv against oneDNN (SPEC_GEMV=0), and llama.cpp's batch eval of the same tokens on the f32
+GGUF (logits_all, one thread, the cache cut back to the prefix between), interleaved pass by pass in a rotated
+order, paired ratios to oneDNN; and spec
 greedy == spec speculative (PromptLookup, gamma 8) on the 5 seed prompts x --check-tokens (96) with the gemv path
 on (in 32 tokens none of lookup's proposals is accepted on them, on any path).
 
@@ -111,15 +113,16 @@ def micro(model, repeats: int, rows: list[int], paths: list[str]) -> None:
                     if r >= 0:
                         times[p, M].append(t)
     base = "prepack" if "prepack" in paths else paths[0]
-    print(f"\nall {len(lins)} products, median of {repeats} interleaved repeats: ms (GB/s) [paired ratio to {base}]")
-    print("M   " + "".join(f"{p:>24}" for p in paths))
+    print(f"\nall {len(lins)} products over {repeats} interleaved repeats: median ms / best ms (GB/s at the best) "
+          f"[median paired ratio to {base}]")
+    print("M   " + "".join(f"{p:>28}" for p in paths))
     for M in rows:
         cells = []
         for p in paths:
-            ms = 1e3 * statistics.median(times[p, M])
+            ms, best = 1e3 * statistics.median(times[p, M]), 1e3 * min(times[p, M])
             ratio = statistics.median(a / b for a, b in zip(times[p, M], times[base, M]))
-            cells.append(f"{ms:7.1f} ({nbytes / ms / 1e6:4.1f}) [{ratio:4.2f}]")
-        print(f"{M:<4}" + "".join(f"{c:>24}" for c in cells))
+            cells.append(f"{ms:6.1f}/{best:5.1f} ({nbytes / best / 1e6:4.1f}) [{ratio:4.2f}]")
+        print(f"{M:<4}" + "".join(f"{c:>28}" for c in cells))
 
 
 def whole_model(model, tok, repeats: int, check_tokens: int) -> None:
@@ -144,24 +147,35 @@ def whole_model(model, tok, repeats: int, check_tokens: int) -> None:
         runs[name] = run
         print(f"{name}: prepack.used {prepack.used(model)}, kernel_used {prepack.kernel_used(model)}; "
               f"{len(packed)} packed linears, {kernel} with the kernel")
+    llm = f32_llama(P, [int(t) for t in ids[:P]])
+    if llm is not None:
+        runs["llama.cpp f32"] = llm
     times = {(s, n): [] for s in runs for n in (1, 9)}
     with torch.inference_mode():
         for r in range(-2, repeats):
-            for name in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
+            names = list(runs)
+            for name in names[r % len(names):] + names[:r % len(names)]:
                 run = runs[name]
                 for n in ((1, 9) if r % 2 == 0 else (9, 1)):
-                    t0 = time.perf_counter()
-                    run(ids[P:P + n], keep=n)
-                    t = time.perf_counter() - t0
-                    run.crop(P)
+                    if name == "llama.cpp f32":
+                        run.n_tokens = P          # eval() cuts the cache back to n_tokens first
+                        t0 = time.perf_counter()
+                        run.eval([int(t) for t in ids[P:P + n]])
+                        t = time.perf_counter() - t0
+                    else:
+                        t0 = time.perf_counter()
+                        run(ids[P:P + n], keep=n)
+                        t = time.perf_counter() - t0
+                        run.crop(P)
                     if r >= 0:
                         times[name, n].append(t)
     for n in (1, 9):
-        g, d = times["gemv", n], times["oneDNN", n]
-        print(f"{n}-token pass: gemv {1e3 * statistics.median(g):.1f} ms (min {1e3 * min(g):.1f}), oneDNN "
-              f"{1e3 * statistics.median(d):.1f} ms (min {1e3 * min(d):.1f}), "
-              f"paired ratio gemv/oneDNN {statistics.median(a / b for a, b in zip(g, d)):.3f} "
-              f"(min {min(a / b for a, b in zip(g, d)):.3f}, max {max(a / b for a, b in zip(g, d)):.3f})")
+        d = times["oneDNN", n]
+        for name in runs:
+            g = times[name, n]
+            print(f"{n}-token pass: {name} {1e3 * statistics.median(g):.1f} ms (min {1e3 * min(g):.1f}); paired ratio "
+                  f"to oneDNN {statistics.median(a / b for a, b in zip(g, d)):.3f} "
+                  f"(min {min(a / b for a, b in zip(g, d)):.3f}, max {max(a / b for a, b in zip(g, d)):.3f})")
     set_gemv(model, True)
     for text in SEED_PROMPTS:         # all five; in 32 tokens lookup has none of its proposals accepted here
         p = encode_prompt(tok, text)
@@ -171,6 +185,27 @@ def whole_model(model, tok, repeats: int, check_tokens: int) -> None:
               f"(accepted {out.accepted} of {sum(r.drafted for r in out.rounds)} proposed; {text[:30]!r})")
         assert out.tokens == greedy
     os.environ.pop("SPEC_GEMV", None)
+
+
+def f32_llama(P: int, prefix: list[int]):
+    """llama.cpp (llama-cpp-python) on SmolLM2's f32 GGUF (the Q4_1 file dequantized, as
+    recipes/bench_cpu_limit.py makes it), one thread, every position's logits kept, `prefix` evaluated;
+    None (with the reason printed) where llama-cpp-python or the gguf extra is missing."""
+    try:
+        from spec import realmodel
+        from spec.conformance import llamacpp
+        q4 = realmodel.fetch()
+        f32 = q4.with_name(q4.name.replace(".Q4_1.gguf", ".f32.gguf"))
+        if not f32.exists():
+            llamacpp.dequantized_gguf(q4, f32, "f32")
+        llm = llamacpp._llama()(model_path=str(f32), n_ctx=1024, n_threads=1, n_threads_batch=1, logits_all=True,
+                                verbose=False)
+    except Exception as e:          # an optional row: say why it is missing
+        print(f"llama.cpp f32 row skipped: {type(e).__name__}: {e}")
+        return None
+    llm.reset()
+    llm.eval(prefix[:P])
+    return llm
 
 
 def set_gemv(model, on: bool) -> None:
