@@ -423,8 +423,11 @@ BY_NAME: dict[str, Arch] = {a.name: a for a in REGISTRY}
 
 @functools.lru_cache(maxsize=None)
 def cached_model(name: str, seed: int = 0):
-    """The registry's model of `name` (built once a process: the tests share it)."""
-    return BY_NAME[name].build(seed)
+    """The registry's model of `name` (built once a process: the tests share it). Built outside
+    inference mode whatever test asks first: parameters made inside it are inference tensors, which
+    a later test that calls the model with autograd on cannot use (the order of tests must not matter)."""
+    with torch.inference_mode(False):
+        return BY_NAME[name].build(seed)
 
 
 @functools.lru_cache(maxsize=None)
@@ -432,11 +435,12 @@ def draft_model(target: str, family: str | None = None, seed: int = 1):
     """A draft for `target`: family None -> the target with seeded weight noise (agrees partly);
     else a model of `family` (same or DIFFERENT from the target's), which shares the vocabulary
     size and the pad/bos/eos ids, as every registry model does."""
-    if family is None:
-        from spec.models import perturbed_copy
-        return perturbed_copy(cached_model(target), noise=0.2, seed=seed)
-    arch = BY_NAME.get(family) or Arch(family, "?", OVERRIDES.get(family, {}))
-    return arch.build(seed)
+    with torch.inference_mode(False):           # (as cached_model)
+        if family is None:
+            from spec.models import perturbed_copy
+            return perturbed_copy(cached_model(target), noise=0.2, seed=seed)
+        arch = BY_NAME.get(family) or Arch(family, "?", OVERRIDES.get(family, {}))
+        return arch.build(seed)
 
 
 def with_biases(model, seed: int = 0, scale: float = 0.2):
