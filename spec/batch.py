@@ -39,9 +39,10 @@ import torch
 from spec import hf
 from spec import probe as probing
 from spec.options import RunnerPath
-from spec.protocols import Pass, Step
+from spec.protocols import Need, Pass, Step
 from spec.runner import ModelRunner, retain_tree, score_tree
-from spec.tree import Tree, in_place
+from spec.runner import tree_support as runner_tree_support
+from spec.tree import Tree, in_place, layout
 from spec.validate import as_prompt, model_device
 
 
@@ -109,36 +110,68 @@ class Rows:
         self.cache = hf.new_cache(model)
         self.width = 0                          # columns in the cache; each row ends at the last
         self.lengths = [0] * batch              # positions each row holds (right-aligned)
+        self.nodes = [0] * batch                # each row's tree nodes in the last pass (its last columns)
         self.held = [torch.empty(0, dtype=torch.long, device=self.device) for _ in range(batch)]
 
     def __call__(self, feeds: list[torch.Tensor], keep: int, trees: list | None = None) -> Pass:
+        if trees is not None and not all(tree.is_chain for tree in trees) and not self.takes_trees:
+            raise ValueError(f"draft: a tree came from a drafter whose trees this model cannot verify in a shared "
+                             f"batch ({tree_support(self.model)}); add Need.TREES to its `needs`, so that a batch "
+                             f"gives each row a runner of its own")
         return Pass(self._logits(feeds, keep, trees))     # no row's hidden states: such a drafter gets an EachRunner
 
+    @property
+    def takes_trees(self) -> bool:
+        """Whether branching trees share this batch's pass (the model passed the batched-tree probe)."""
+        return tree_support(self.model) is None
+
     def _logits(self, feeds: list[torch.Tensor], keep: int, trees: list | None = None) -> torch.Tensor:
-        if trees is not None:
-            if not all(tree.is_chain for tree in trees):
-                raise ValueError("draft: a tree came from a drafter that does not say it makes trees; add "
-                                 "Need.TREES to its `needs`, so that a batch gives each row a runner of its own")
-            feeds = [torch.cat([f, tree.tokens]) for f, tree in zip(feeds, trees)]
-        M = max(f.numel() for f in feeds)
-        short = [i for i, (f, n) in enumerate(zip(feeds, self.lengths)) if n + f.numel() < M]
+        if trees is not None and all(tree.is_chain for tree in trees):
+            feeds, trees = [torch.cat([f, tree.tokens]) for f, tree in zip(feeds, trees)], None
+        fed = feeds if trees is None else [torch.cat([f, tree.tokens]) for f, tree in zip(feeds, trees)]
+        M = max(f.numel() for f in fed)
+        short = [i for i, (f, n) in enumerate(zip(fed, self.lengths)) if n + f.numel() < M]
         if short:
-            return self._join_short(feeds, keep, short)
-        back = [M - f.numel() for f in feeds]                  # re-fed, so that every row fills the pass
-        tokens = [torch.cat([h[n - b:n], f]) for h, n, b, f in zip(self.held, self.lengths, back, feeds)]
+            logits = self._join_short(feeds, keep, short, trees)
+        else:
+            logits = self._pass(fed, M, keep, trees)
+        self.nodes = [0] * len(feeds) if trees is None else [len(tree) for tree in trees]
+        return logits
+
+    def _pass(self, fed: list[torch.Tensor], M: int, keep: int, trees: list | None) -> torch.Tensor:
+        """Every row fed M columns (`fed[i]` after re-feeding what it lacks); a row's tree (its
+        nodes the last of its feed) under a 4-D mask: each node sees its row's sequence and its
+        own ancestors, at position root + depth."""
+        back = [M - f.numel() for f in fed]                    # re-fed, so that every row fills the pass
+        tokens = [torch.cat([h[n - b:n], f]) for h, n, b, f in zip(self.held, self.lengths, back, fed)]
         self.crop([n - b for n, b in zip(self.lengths, back)])
-        start = torch.tensor(self.lengths, device=self.device)[:, None]
-        columns = torch.arange(self.width + M, device=self.device)[None]
-        mask = columns >= self.width - start                    # each row's cached positions and all it is fed
-        positions = start + torch.arange(M, device=self.device)[None]
-        logits = hf.batch_step(self.model, torch.stack(tokens), self.cache, position_ids=positions,
-                               attention_mask=mask.long(), keep=keep)
+        W = self.width
+        if trees is None:
+            start = torch.tensor(self.lengths, device=self.device)[:, None]
+            columns = torch.arange(W + M, device=self.device)[None]
+            mask = columns >= W - start                         # each row's cached positions and all it is fed
+            positions = start + torch.arange(M, device=self.device)[None]
+            logits = hf.batch_step(self.model, torch.stack(tokens), self.cache, position_ids=positions,
+                                   attention_mask=mask.long(), keep=keep)
+        else:
+            B = len(fed)
+            positions = torch.zeros(B, M, dtype=torch.long)
+            keys = torch.zeros(B, W + M, dtype=torch.long)
+            mask = torch.zeros(B, M, W + M, dtype=torch.bool)
+            for r, (n, tree) in enumerate(zip(self.lengths, trees)):
+                pos, seen = layout(tree, n, M - len(tree))      # the row's own cache of n positions
+                positions[r] = pos
+                keys[r] = torch.cat([torch.arange(W) - (W - n), pos])
+                mask[r, :, W - n:] = seen                        # its cached columns (padding left of them) and the pass
+            logits = hf.masked_step(self.model, torch.stack(tokens), self.cache, position_ids=positions.to(self.device),
+                                    mask=mask, key_positions=keys, keep=keep)
         self.width += M
         self.lengths = [n + M for n in self.lengths]
         self.held = [torch.cat([h, t]) for h, t in zip(self.held, tokens)]
         return logits
 
-    def _join_short(self, feeds: list[torch.Tensor], keep: int, short: list[int]) -> torch.Tensor:
+    def _join_short(self, feeds: list[torch.Tensor], keep: int, short: list[int],
+                    trees: list | None = None) -> torch.Tensor:
         """Rows holding too little to fill the pass (a short prompt beside longer ones) are fed
         alone and then join the batch: no padding is ever fed. (A padding column fed to a model
         is a query that may see nothing: transformers 5.25's eager attention then gives NaN,
@@ -147,10 +180,12 @@ class Rows:
         alone = {i: torch.cat([self.held[i][:self.lengths[i]], feeds[i]]) for i in short}
         rest = [i for i in range(len(feeds)) if i not in alone]
         self.select(rest)
-        parts = [(self, self._logits([feeds[i] for i in rest], keep))]
+        parts = [(self, self._logits([feeds[i] for i in rest], keep, None if trees is None else [trees[i] for i in rest]))]
         for i, ids in alone.items():
             row = Rows(self.model, 1)
-            parts.append((row, row._logits([ids], min(keep, ids.numel()))))
+            nodes = 0 if trees is None else len(trees[i])
+            parts.append((row, row._logits([ids], min(keep, ids.numel() + nodes),
+                                           None if trees is None else [trees[i]])))
         order = torch.tensor(rest + list(alone), device=self.device).argsort()
         rows = [(part, j) for part, _ in parts for j in range(len(part.lengths))]
         rows = [rows[k] for k in order.tolist()]
@@ -166,8 +201,18 @@ class Rows:
         return out
 
     def retain(self, row: int, base: int, path: list[int]) -> None:
-        if not in_place(path):
-            raise ValueError("a shared left-padded batch holds no trees")
+        """Of row `row`'s tree (its last pass's nodes, the row's last columns), keep the path only,
+        behind the row's sequence: the row moves right by the nodes dropped, padding on its left."""
+        if in_place(path):
+            return                                  # the crop that follows keeps it
+        nodes, length = self.nodes[row], self.lengths[row]
+        first = self.width - nodes                  # the tree's first node's column
+        assert base == length - nodes, "retain: the base is not where the row's tree starts"
+        columns = list(range(self.width - length, first)) + [first + i for i in path]
+        hf.keep_row_columns(self.cache, row, torch.tensor(columns, device=self.device), self.width)
+        self.lengths[row] = len(columns)
+        self.held[row] = torch.cat([self.held[row][:base], self.held[row][base:][torch.tensor(path)]])
+        self.nodes[row] = 0
 
     def crop(self, keeps: list[int]) -> None:
         new = [min(n, k) for n, k in zip(self.lengths, keeps)]
@@ -191,6 +236,7 @@ class Rows:
         self.width = width
         self.lengths = new
         self.held = [self.held[r][:lengths[r]] for r in kept]
+        self.nodes = [0] * len(kept)            # a tree's nodes are kept (retain) or cut before a crop
 
 
 class EachRow:
@@ -223,6 +269,10 @@ class EachRow:
             if len(made) == 0:
                 made = Tree.chain(seq[b, n[b]:n[b]])     # nothing proposed (whatever the empty tensor's dtype)
             made.check(g, self.width if self.width is not None else int(made.tokens.max()) + 1)
+            if len(self.drafters) > 1 and not made.is_chain and Need.TREES not in self.drafters[b].needs:
+                raise ValueError(f"draft: {type(self.drafters[b]).__name__} returned a branching tree in a batch but "
+                                 f"does not say it makes trees; add Need.TREES to its `needs` (a batch then verifies "
+                                 f"each row's tree under its own mask, in one pass where the model allows it)")
             out.append(made)
         return out
 
@@ -296,6 +346,53 @@ class EachRunner:
 
 
 # --- Which models share a batched cache -----------------------------------------------------------
+
+def tree_support(model) -> str | None:
+    """Why branching trees cannot share a left-padded batch's pass on `model` (their rows then run
+    one after another, EachRunner), or None where they can: the model scores a tree in one pass
+    (spec.runner.tree_support), and a ragged batch of rows, each with a tree under its own 4-D
+    mask, gives every node its path's cache-free logits, keeps one row's path and goes on exactly
+    (`_tree_batch_probe`). Probed once per model, dtype and device (spec.probe)."""
+    why = runner_tree_support(model)
+    if why is not None:
+        return why
+    return probing.once(model, "batched trees", _tree_batch_probe)
+
+
+def _tree_batch_probe(model) -> str | None:
+    tol = probing.tolerance(model)
+    L = max(probing.probe_length(model), 16)
+    ids = probing.ids(model, L, model_device(model))
+    seqs = [ids[:L - 6], ids[3:L - 4], ids[:L // 2]]            # ragged rows, the root each row's last id
+    trees = [Tree(torch.stack([ids[0], ids[1], ids[2], ids[3]]), (-1, 0, -1, 2)),
+             Tree(torch.stack([ids[4], ids[5], ids[6]]), (-1, -1, 1)),
+             Tree(torch.stack([ids[7], ids[8], ids[9], ids[10], ids[11]]), (-1, 0, 0, -1, 3))]
+    try:
+        rows = Rows(model, len(seqs))
+        rows._logits([s[:-1] for s in seqs], 1)
+        keep = max(len(t) for t in trees) + 1
+        got = rows._logits([s[-1:] for s in seqs], keep, trees)
+        for r, (seq, tree) in enumerate(zip(seqs, trees)):
+            mine = got[r, keep - len(tree) - 1:]
+            for node in [-1] + list(range(len(tree))):
+                path = tree.path(node) if node >= 0 else []
+                want = hf.authors_forward(model, torch.cat([seq, tree.tokens[path]]))[-1]
+                if not probing.close(mine[node + 1], want, tol):
+                    return (f"in a left-padded batch under 4-D tree masks, row {r}'s node {node} differs from "
+                            f"its path's own forward")
+        rows.retain(2, seqs[2].numel(), trees[2].path(4))        # a path that is not the first nodes
+        rows.retain(1, seqs[1].numel(), [1, 2])
+        kept = [torch.cat([seqs[r], trees[r].tokens[path]]) for r, path in ((0, []), (1, [1, 2]), (2, [3, 4]))]
+        rows.crop([rows.lengths[0] - len(trees[0]), rows.lengths[1], rows.lengths[2]])
+        nxt = [ids[12:14], ids[13:15], ids[14:16]]
+        got = rows._logits(nxt, 2)
+        for r, (seq, more) in enumerate(zip(kept, nxt)):
+            if not probing.close(got[r], hf.authors_forward(model, torch.cat([seq, more]))[-2:], tol):
+                return f"after row {r}'s path was kept in a batch, its next pass differs from the cache-free forward"
+    except Exception as e:  # noqa: BLE001 - a forward that fails on a batched tree is a reason to run rows in turn
+        return f"its forward fails on a batch under 4-D tree masks ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
+    return None
+
 
 def unbatched(model, path: str, positions: str) -> str | None:
     """Why `model`, run on the solo `path` with `positions` (spec.runner), cannot share one

@@ -160,10 +160,18 @@ def _refuse_batch(models: dict, draft_impl: str, *, share_encoder: bool, **encod
 def _rows(model, role: str, count: int, own: list[str] | None = None):
     """spec.batch.Rows where the model's solo path can share a left-padded cache across `count`
     rows, else one solo Runner per row (spec.batch.EachRunner, with the reason). A drafter that
-    makes trees or reads hidden states (`own`: its needs) gets a runner a row: a tree's mask and
-    a row's hidden states are the row's own, not a left-padded batch's."""
+    makes trees (`own`: its needs) shares the batch where the model passed the batched-tree probe
+    (spec.batch.tree_support: each row's tree under its own 4-D mask); one that reads hidden states
+    gets a runner a row (a row's states are the row's own, not a left-padded batch's)."""
     can = capabilities(model, role, "hf")
-    why = f"the drafter's rows run one by one ({', '.join(own)}: each row's own)" if own else can.batches
+    own = own or []
+    why = can.batches
+    if why is None and Need.HIDDEN.value in own:
+        why = f"the drafter's rows run one by one ({Need.HIDDEN.value}: each row's own states)"
+    if why is None and Need.TREES.value in own and count > 1:
+        tree_why = batch.tree_support(model)
+        if tree_why is not None:
+            why = f"the drafter's trees are verified row by row ({tree_why})"
     if why is None:
         return batch.Rows(model, count)
     return batch.EachRunner([runner.RUNNERS[can.path](model, can.positions) for _ in range(count)], why)

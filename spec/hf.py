@@ -294,25 +294,37 @@ def batch_step(model, ids: torch.Tensor, cache, *, position_ids: torch.Tensor, a
 def tree_step(model, ids: torch.Tensor, cache, *, position_ids: torch.Tensor, mask: torch.Tensor,
               keep: int, hidden: list | None = None, layers: tuple[int, ...] = (-1,)) -> torch.Tensor:
     """Run `ids` (1-D) on top of `cache` (whose positions are 0 .. cached - 1) with explicit
-    `position_ids` [n] and a custom attention mask [n, cached + n] (True: may attend), passed as
-    HF's ready-made 4-D additive mask (0 or the dtype's minimum), which transformers 5 hands to the
-    attention as it is. A custom mask bypasses the model's sliding window, so the window is put in
-    here, counted in positions as a chain's pass counts it; a model with both kinds of layers
-    (config.layer_types) gets one mask per kind, the mapping its forward takes. Returns the
-    logits of the last `keep` positions, [keep, V] (hidden: receives every position's states at
-    `layers`, [n, L, H])."""
+    `position_ids` [n] and a custom attention mask [n, cached + n] (True: may attend): masked_step
+    for one row. Returns the logits of the last `keep` positions, [keep, V] (hidden: receives every
+    position's states at `layers`, [n, L, H])."""
+    cached = mask.shape[1] - ids.numel()
+    keys = torch.cat([torch.arange(cached, device=position_ids.device), position_ids])
+    out = masked_step(model, ids[None], cache, position_ids=position_ids[None], mask=mask[None],
+                      key_positions=keys[None], keep=keep, hidden=hidden, layers=layers)
+    return out[0]
+
+
+def masked_step(model, ids: torch.Tensor, cache, *, position_ids: torch.Tensor, mask: torch.Tensor,
+                key_positions: torch.Tensor, keep: int, hidden: list | None = None,
+                layers: tuple[int, ...] = (-1,)) -> torch.Tensor:
+    """Run `ids` [B, m] on top of `cache` with explicit `position_ids` [B, m] and a custom attention
+    mask [B, m, cached + m] (True: may attend; `key_positions` [B, cached + m] the position of each
+    key column), passed as HF's ready-made 4-D additive mask (0 or the dtype's minimum), which
+    transformers 5 hands to the attention as it is. A custom mask bypasses the model's sliding
+    window, so the window is put in here, counted in positions as a chain's pass counts it; a model
+    with both kinds of layers (config.layer_types) gets one mask per kind, the mapping its forward
+    takes. Returns the logits of the last `keep` columns, [B, keep, V] (hidden: receives, for a
+    single row, every position's states at `layers`, [m, L, H])."""
     dtype = next(model.parameters()).dtype
     cfg = text_config(model)
     window = getattr(cfg, "sliding_window", None)
     mask = mask.cpu()
     masks = {"full_attention": mask}
     if isinstance(window, int) and window > 0:
-        cached = mask.shape[1] - ids.numel()
-        keys = torch.cat([torch.arange(cached), position_ids.cpu()])
-        masks["sliding_attention"] = mask & (position_ids.cpu()[:, None] - keys[None, :] < window)
+        masks["sliding_attention"] = mask & (position_ids.cpu()[:, :, None] - key_positions.cpu()[:, None, :] < window)
 
     def additive(m: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(m.shape, dtype=dtype).masked_fill(~m, torch.finfo(dtype).min)[None, None].to(ids.device)
+        return torch.zeros(m.shape, dtype=dtype).masked_fill(~m, torch.finfo(dtype).min)[:, None].to(ids.device)
 
     kinds = set(getattr(cfg, "layer_types", None) or ())
     if "sliding_attention" in masks and kinds:
@@ -320,8 +332,8 @@ def tree_step(model, ids: torch.Tensor, cache, *, position_ids: torch.Tensor, ma
     else:
         attention_mask = additive(masks.get("sliding_attention", mask))
     params = forward_params(type(model))
-    kwargs: dict[str, Any] = {"input_ids": ids[None], "attention_mask": attention_mask,
-                              "position_ids": position_ids[None], "use_cache": True, _cache_name(model): cache}
+    kwargs: dict[str, Any] = {"input_ids": ids, "attention_mask": attention_mask,
+                              "position_ids": position_ids, "use_cache": True, _cache_name(model): cache}
     if "logits_to_keep" in params:
         kwargs["logits_to_keep"] = keep
     if hidden is not None:
@@ -329,7 +341,7 @@ def tree_step(model, ids: torch.Tensor, cache, *, position_ids: torch.Tensor, ma
     out = model(**kwargs)
     if hidden is not None:
         hidden.append(hidden_states(out, layers))
-    return out.logits[0, -keep:]
+    return out.logits[:, -keep:]
 
 
 def keep_positions(cache, kept: torch.Tensor) -> None:
@@ -360,6 +372,16 @@ def regather(cache, rows: list[int], starts: list[int], width: int) -> None:
             parts = [torch.nn.functional.pad(p, (0, 0, width - p.shape[1], 0)) if p.shape[1] < width else p
                      for p in parts]
             setattr(layer, name, torch.stack(parts))
+
+
+def keep_row_columns(cache, row: int, columns: torch.Tensor, width: int) -> None:
+    """Row `row` of every full layer of `cache` keeps only its cached columns `columns` (in order),
+    right-aligned in `width` columns with zeros on their left (masked by the caller)."""
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            t = getattr(layer, name)
+            kept = t[row, :, columns.to(t.device)]
+            t[row] = torch.nn.functional.pad(kept, (0, 0, width - kept.shape[1], 0))
 
 
 def regatherable(cache) -> bool:

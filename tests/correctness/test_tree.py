@@ -353,10 +353,54 @@ def test_a_drafters_tree_too_deep_or_out_of_vocabulary_is_refused():
         speculative_generate(target, Deep([1, 999], [-1, -1]), [4, 5], gamma=2, max_new_tokens=8)
 
 
-def test_a_batch_with_a_tree_drafter_runs_each_row_on_its_own_runner():
+def test_a_batch_with_a_tree_drafter_shares_one_pass_where_the_model_allows_it():
+    """Rows verify each row's tree under its own 4-D mask in one pass (the model passed the batched-tree
+    probe); a model whose rows cannot share a cache (recurrent) runs each row on its own runner."""
     from spec import choose
     chosen = choose.rows({"target": cached_model("llama"), "draft": LookupTree()}, [[1, 2], [3]])
-    assert isinstance(chosen.target, batch.EachRunner) and "tree" in chosen.target.why
+    assert isinstance(chosen.target, batch.Rows) and batch.tree_support(cached_model("llama")) is None
+    chosen = choose.rows({"target": cached_model("mamba2"), "draft": LookupTree()}, [[1, 2], [3]])
+    assert isinstance(chosen.target, batch.EachRunner)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt2", "qwen2"])
+def test_a_batch_of_trees_in_one_shared_pass_equals_each_rows_greedy(family, monkeypatch):
+    """Ragged prompts, a tree drafter: every row's output is its own greedy's, the target ran on the shared
+    batch (Rows), and some accepted paths were not the tree's first nodes (Rows.retain moved them up)."""
+    target = cached_model(family)
+    prompts = [[5, 9, 14, 3, 5, 9, 14, 3, 5], [7, 7], [11, 12, 13, 11, 12, 13, 11], [4, 5, 6, 4, 5]]
+    moved = []
+    real = batch.Rows.retain
+
+    def retain(self, row, base, path):
+        moved.append(path != list(range(len(path))))
+        return real(self, row, base, path)
+    monkeypatch.setattr(batch.Rows, "retain", retain)
+    for drafter in (TreeDraft(draft_model(family), branches=3, nodes=8), LookupTree(min_ngram=1, branches=3)):
+        outs = speculative_generate(target, drafter, prompts, gamma=3, max_new_tokens=20)
+        assert [o.tokens for o in outs] == [greedy_generate(target, p, max_new_tokens=20).tokens for p in prompts]
+    assert any(moved), "no accepted path had to be moved: the case under test did not happen"
+
+
+def test_the_batched_tree_probe_catches_a_path_kept_in_place_and_a_mask_without_the_tree(monkeypatch):
+    """Planted faults the probe must refuse (each probed afresh): a kept path not moved up behind its
+    row's sequence, and a causal mask in which a node sees its siblings."""
+    from spec import probe
+    model = cached_model("llama")
+    assert batch.tree_support(model) is None
+    monkeypatch.setattr(hf, "keep_row_columns", lambda cache, row, columns, width: None)
+    probe.forget(model)
+    assert "after row" in batch.tree_support(model)
+    monkeypatch.undo()
+
+    def causal(tree, start, fed):
+        positions, mask = layout(tree, start, fed)
+        return positions, torch.ones_like(mask).tril(start)
+    monkeypatch.setattr(batch, "layout", causal)
+    probe.forget(model)
+    assert "differs from its path's own forward" in batch.tree_support(model)
+    monkeypatch.undo()
+    probe.forget(model)
 
 
 # --- sampling: the law of the output, end to end ----------------------------------------------------
