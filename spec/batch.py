@@ -162,7 +162,7 @@ class Rows:
                 pos, seen = layout(tree, n, M - len(tree))      # the row's own cache of n positions
                 positions[r] = pos
                 keys[r] = torch.cat([torch.arange(W) - (W - n), pos])
-                mask[r, :, W - n:] = seen                        # its cached columns (padding left of them) and the pass
+                mask[r, :, W - n:] = seen               # its cached columns (padding left of them) and the pass
             logits = hf.masked_step(self.model, torch.stack(tokens), self.cache, position_ids=positions.to(self.device),
                                     mask=mask, key_positions=keys, keep=keep)
         self.width += M
@@ -180,7 +180,8 @@ class Rows:
         alone = {i: torch.cat([self.held[i][:self.lengths[i]], feeds[i]]) for i in short}
         rest = [i for i in range(len(feeds)) if i not in alone]
         self.select(rest)
-        parts = [(self, self._logits([feeds[i] for i in rest], keep, None if trees is None else [trees[i] for i in rest]))]
+        rest_trees = None if trees is None else [trees[i] for i in rest]
+        parts = [(self, self._logits([feeds[i] for i in rest], keep, rest_trees))]
         for i, ids in alone.items():
             row = Rows(self.model, 1)
             nodes = 0 if trees is None else len(trees[i])

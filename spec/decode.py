@@ -307,7 +307,8 @@ def _decode(chosen: choose.ChosenRows, policies: list, *, max_new_tokens: int, s
         target_run.crop([n[b] - 1 for b in live])
         drafter.observe(n, accepted, live)
         if verified.hidden is not None:
-            drafter.process(_steps(verified.hidden, live, starts, before, paths, emitted, delivered, verified.layers), live)
+            steps = _steps(verified.hidden, live, starts, before, paths, emitted, delivered, verified.layers)
+            drafter.process(steps, live)
         t2 = _clock(device, timed)
 
         for j, b in enumerate(live):

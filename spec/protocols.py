@@ -152,14 +152,15 @@ class BatchRunner(Protocol):
     """A model with its state for one or several sequences (rows). `rows(feeds, keep, trees)` feeds row i the ids
     `feeds[i]` (1-D, any lengths >= 1) after the `rows.lengths[i]` positions it holds and returns
     a `Pass`: the logits of every row's last `keep` positions, [B, keep, V], right-aligned (a row
-    fed fewer than `keep` has NaN on the left), and the rows' hidden states where it keeps them. trees[i], where given (not None), is a spec.tree.Tree whose
+    fed fewer than `keep` has NaN on the left), and the rows' hidden states where it keeps them.
+    trees[i], where given (not None), is a spec.tree.Tree whose
     nodes follow row i's feed: the row's last len(tree) + 1 logits are then the root's and each
     node's given its path; `rows.retain(i, base, path)` keeps, of row i's tree, only the path
     (cache compaction: the nodes' positions after `base` become the path's, in order).
     `rows.crop(keeps)` forgets, in row i, every position from keeps[i] on (a row may go back
     further, like a Runner); `rows.select(kept)` keeps only the rows at those indices, in that
     order: a finished row leaves and costs nothing more.
-    Implementations: spec.batch.Rows (one shared left-padded cache; chains only), spec.batch.EachRunner
+    Implementations: spec.batch.Rows (one shared left-padded cache; trees under 4-D masks), spec.batch.EachRunner
     (one Runner per row: a single prompt's, or a model that cannot share a cache)."""
 
     @property
