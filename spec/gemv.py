@@ -359,7 +359,8 @@ def build() -> Path:
         except (OSError, subprocess.SubprocessError) as e:
             raise RuntimeError(f"C compiler {cc!r} could not run: {e}") from e
         if done.returncode != 0 or not lib.exists():
-            raise RuntimeError(f"C compiler {cc!r} failed ({done.returncode}): {(done.stderr or done.stdout).strip()[-800:]}")
+            raise RuntimeError(f"C compiler {cc!r} failed ({done.returncode}): "
+                               f"{(done.stderr or done.stdout).strip()[-800:]}")
         os.replace(lib, out)          # atomic: a concurrent build leaves one whole file
     return out
 
@@ -432,8 +433,8 @@ def product(weight: torch.Tensor, bias: torch.Tensor | None = None, layout: str 
     on CPU as nn.Linear stores it; x [..., K] fp32 on CPU. layout "rows": W read in place; "panel": a
     reordered copy made here once (`panels`). `variant`: the ISA to use at most (-1: chosen by the
     kernel per call, see spec_gemv_panel; 2 AVX-512F, 1 AVX2+FMA, 0 plain C). `prefetch`: floats ahead
-    in the weight's stream (None: PREFETCH, -1: the kernel's choice; 0 none). The function keeps the
-    tensors it reads alive (`forward.keep`)."""
+    in the weight's stream (None: PREFETCH, -1: the kernel's choice; 0 none). The Product keeps the
+    tensors it reads alive (`keep`)."""
     lib = library()
     if lib is None:
         raise RuntimeError(f"spec.gemv's library is not available: {reason()}")
@@ -449,20 +450,25 @@ def product(weight: torch.Tensor, bias: torch.Tensor | None = None, layout: str 
         raise ValueError(f"weight [N, K] and bias [N] expected, got {tuple(w.shape)} and "
                          f"{None if b is None else tuple(b.shape)}")
     N, K = w.shape
-    if layout == "panel":
-        w = panels(w)
-    wp, bp = w.data_ptr(), (None if b is None else b.data_ptr())
-    pf = PREFETCH if prefetch is None else prefetch
-    call = lib.spec_gemv_panel if layout == "panel" else lib.spec_gemv_rows
+    return Product(lib.spec_gemv_panel if layout == "panel" else lib.spec_gemv_rows,
+                   panels(w) if layout == "panel" else w, b, N, K, PREFETCH if prefetch is None else prefetch, variant)
 
-    def forward(x: torch.Tensor) -> torch.Tensor:
+
+class Product:
+    """x -> x W^T + b through one of the library's entries (made by `product`)."""
+
+    def __init__(self, call, w: torch.Tensor, b: torch.Tensor | None, N: int, K: int, prefetch: int, variant: int):
+        self.call, self.N, self.K, self.prefetch, self.variant = call, N, K, prefetch, variant
+        self.keep = (w, b)        # the tensors whose memory the library reads
+        self.wp, self.bp = w.data_ptr(), (None if b is None else b.data_ptr())
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        K = self.K
         if x.shape[-1] != K or x.dtype != torch.float32 or x.device.type != "cpu":
             raise ValueError(f"x: fp32 [..., {K}] on CPU expected, got {x.dtype} {tuple(x.shape)} on {x.device}")
         x = x.contiguous()
         M = x.numel() // K
-        y = torch.empty(*x.shape[:-1], N, dtype=torch.float32)
+        y = torch.empty(*x.shape[:-1], self.N, dtype=torch.float32)
         if M:
-            call(x.data_ptr(), wp, bp, y.data_ptr(), M, N, K, pf, variant)
+            self.call(x.data_ptr(), self.wp, self.bp, y.data_ptr(), M, self.N, K, self.prefetch, self.variant)
         return y
-    forward.keep = (w, b)         # the tensors whose memory the library reads
-    return forward

@@ -13,15 +13,16 @@ packed copies are made once per model and kept while its weights are unchanged (
 (SPEC_PREPACK=0), linears of at least MIN_BYTES, and the packed forward agreeing with the model's own within the probe's tolerance
 (spec.probe, once per model); spec.runner's passes then run inside `swapped(forwards(model))`.
 
-Few rows at one thread: spec.gemv's hand-written kernel (a panel-reordered copy of each weight, streamed
-once per pass) runs passes of 1 to KERNEL_ROWS rows (12 with AVX-512F, 6 with AVX2+FMA) when torch runs
-one thread, faster there than
-oneDNN (docs/BENCHMARKS.md, "A hand-written few-row kernel"); more rows, or more threads, stay on
-oneDNN, whose copies are then made at their first use (a run holds both: the linears' weight memory
-twice more). `kernel_used(model)`: `used(model)`, not switched off (SPEC_GEMV=0), the library built and
-self-tested in a subprocess (spec.gemv.library: no compiler, a compile error or a failed self-test
-leaves oneDNN, with a debug-level log line), a CPU with AVX2+FMA at least, and the kernel's logits within the probe's tolerance of
-the model's own (spec.probe 'gemv linears', once per model; a kernel off by more leaves oneDNN alone).
+Few rows at one thread: spec.gemv's hand-written kernel (a panel-reordered copy of each weight,
+streamed once per pass) runs passes of 1 to KERNEL_ROWS rows (12 with AVX-512F, 6 with AVX2+FMA) when
+torch runs one thread, faster there than oneDNN (docs/BENCHMARKS.md, "A hand-written few-row kernel");
+more rows, or more threads, stay on oneDNN, whose copies are then made at their first use (a run that
+prefills more than KERNEL_ROWS rows holds both: the linears' weight memory twice more).
+`kernel_used(model)`: `used(model)`, not switched off (SPEC_GEMV=0), the library built and self-tested
+in a subprocess (spec.gemv.library: no compiler, a compile error or a failed self-test leaves oneDNN,
+with a debug-level log line), a CPU with AVX2+FMA at least, and the kernel's logits within the probe's
+tolerance of the model's own (spec.probe 'gemv linears', once per model; a kernel off by more leaves
+oneDNN alone).
 """
 
 from __future__ import annotations
@@ -52,31 +53,38 @@ def available(model) -> bool:
 
 def packed_forward(linear: torch.nn.Linear, kernel: bool = False):
     """linear's function, x -> x W^T + b: on spec.gemv's kernel (its panel copy of the weight, made here)
-    for 1 to KERNEL_ROWS[its ISA] rows when `kernel` and torch runs one thread (or inside `kernel_always()`), else
-    on a oneDNN-reordered copy of its weight (made at the first call that needs it)."""
+    for 1 to KERNEL_ROWS[its ISA] rows when `kernel` and torch runs one thread (or inside
+    `kernel_always()`), else on a oneDNN-reordered copy of its weight (made at the first call that needs
+    it)."""
     weight = linear.weight.detach()
     bias = None if linear.bias is None else linear.bias.detach()
     most = KERNEL_ROWS.get(gemv.isa(), 0) if kernel else 0
-    small = gemv.product(weight, bias, "panel") if most else None
-    made = []
+    return Packed(weight, bias, gemv.product(weight, bias, "panel") if most else None, most)
 
-    def onednn(x: torch.Tensor) -> torch.Tensor:
-        if not made:
-            made.append(torch.ops.mkldnn._reorder_linear_weight(weight, HINT))
-        return torch.ops.mkldnn._linear_pointwise(x, made[0], bias, "none", [], "")
 
-    def forward(x: torch.Tensor) -> torch.Tensor:
+class Packed:
+    """A linear's packed forward (made by packed_forward); `kernel`: whether it runs spec.gemv's kernel."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, small, most: int):
+        self.weight, self.bias, self.small, self.most = weight, bias, small, most
+        self.kernel = small is not None
+        self.reordered: torch.Tensor | None = None
+
+    def onednn(self, x: torch.Tensor) -> torch.Tensor:
+        if self.reordered is None:
+            self.reordered = torch.ops.mkldnn._reorder_linear_weight(self.weight, HINT)
+        return torch.ops.mkldnn._linear_pointwise(x, self.reordered, self.bias, "none", [], "")
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
-        if 0 < rows <= most and (_ALWAYS or torch.get_num_threads() == 1):
-            return small(x)
+        if 0 < rows <= self.most and (_ALWAYS or torch.get_num_threads() == 1):
+            return self.small(x)
         if not 0 < rows < MIN_ROWS:
-            return onednn(x)
+            return self.onednn(x)
         flat = x.reshape(rows, x.shape[-1])
         flat = torch.cat([flat, flat.new_zeros(MIN_ROWS - rows, flat.shape[1])])
-        y = onednn(flat)[:rows]
+        y = self.onednn(flat)[:rows]
         return y.reshape(*x.shape[:-1], y.shape[-1])
-    forward.kernel = small is not None
-    return forward
 
 
 # model -> (the linears' weight versions and the kernel flags, {linear: its packed forward})
@@ -144,8 +152,9 @@ def used(model) -> bool:
 def kernel_used(model) -> bool:
     """Whether the packed linears run spec.gemv's kernel for 1 to KERNEL_ROWS rows (at one thread): the
     model is run packed (`used`), not switched off (SPEC_GEMV=0), the library built and self-tested
-    (spec.gemv.library; else a debug-level reason) with an AVX2+FMA or AVX-512F variant for this CPU, and the kernel's logits within the probe's tolerance
-    of the model's own (spec.probe 'gemv linears', once per model)."""
+    (spec.gemv.library; else a debug-level reason) with an AVX2+FMA or AVX-512F variant for this CPU,
+    and the kernel's logits within the probe's tolerance of the model's own (spec.probe 'gemv linears',
+    once per model)."""
     if os.environ.get("SPEC_GEMV", "1") == "0" or not used(model) or gemv.isa() not in KERNEL_ROWS:
         return False
     from spec import probe
