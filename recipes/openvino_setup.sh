@@ -6,7 +6,8 @@
 #   SPEC_OPENVINO_PYTHON=VENV/bin/python pytest tests/test_openvino.py
 #   SPEC_OPENVINO_PYTHON=VENV/bin/python python recipes/openvino_check.py
 #
-# Measured here (2026-12-05): about 70 s with the PyPI mirror and the CPU torch wheel on disk; 1.6 GB.
+# Measured here (2026-12-05, a loaded 2-core box): 67 to 134 s with the registry mirror and the CPU torch
+# wheel on disk; 1.6 GB.
 set -euo pipefail
 VENV="${1:-/work/ov-venv}"
 PY="${PYTHON:-python3}"
