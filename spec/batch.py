@@ -38,7 +38,7 @@ import torch
 
 from spec import hf
 from spec import probe as probing
-from spec.options import RunnerPath
+from spec.options import Positions, RunnerPath
 from spec.protocols import Need, Pass, Step
 from spec.runner import ModelRunner, retain_tree, score_tree
 from spec.runner import tree_support as runner_tree_support
@@ -411,7 +411,7 @@ def _why_not(model, name: str, positions: str) -> str | None:
                 f"restoring one row's state would restore the whole batch's")
     if not path.has_cache:
         return f"it runs on the {path} path, with no cache rows can share"
-    if positions != "explicit":
+    if Positions(positions) is not Positions.EXPLICIT:
         return (f"its positions are not 0-based ({positions!r}: counted around pad tokens, or inferred by the "
                 f"model), so a left-padded row would be given other positions than alone")
     if not hf.takes_batch_masks(model):

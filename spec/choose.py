@@ -33,7 +33,7 @@ from transformers import PreTrainedModel
 
 from spec import batch, hf, neox, parallel, runner, seq2seq
 from spec.draft import ModelDraft, NoDraft, Pick
-from spec.options import DraftImpl, RunnerPath
+from spec.options import DraftImpl, Positions, RunnerPath
 from spec.protocols import BatchDrafter, BatchRunner, Drafter, Need, Runner
 from spec.validate import as_prompt, check_model, check_pair, model_device
 
@@ -95,12 +95,13 @@ def runs(roles: dict, input_ids=None, *, input_features=None, decoder_input_ids=
         made = {}
         for role, model in models.items():
             path, positions = _path(model, role, draft_impl)
-            if path == "plain":
+            if path is DraftImpl.PLAIN:
                 made[role] = neox.NeoXDraft(model, prompt.numel() + room)
-            elif path == "compiled":
+            elif path is DraftImpl.COMPILED:
                 made[role] = hf.Cached(model, static_len=prompt.numel() + room)
             else:
-                made[role] = runner.RUNNERS["recompute" if path == UNCACHED else path](model, positions)
+                made[role] = runner.RUNNERS[RunnerPath.RECOMPUTE if path == UNCACHED else RunnerPath(path)](model,
+                                                                                                     positions)
     return Chosen(prompt, [made.get(role, obj) for role, obj in roles.items()], models)
 
 
@@ -174,7 +175,8 @@ def _rows(model, role: str, count: int, own: list[str] | None = None):
             why = f"the drafter's trees are verified row by row ({tree_why})"
     if why is None:
         return batch.Rows(model, count)
-    return batch.EachRunner([runner.RUNNERS[can.path](model, can.positions) for _ in range(count)], why)
+    path = RunnerPath.RECOMPUTE if can.path == UNCACHED else RunnerPath(can.path)
+    return batch.EachRunner([runner.RUNNERS[path](model, can.positions) for _ in range(count)], why)
 
 
 @dataclass(frozen=True)
@@ -185,7 +187,7 @@ class Capabilities:
     (None: they can). (Whether it scores a tree in one pass its KVRunner asks: runner.tree_support.)"""
     model: Any
     path: str               # a spec.runner path, "plain", "compiled" or UNCACHED
-    positions: str
+    positions: Positions
 
     @property
     def batches(self) -> str | None:
@@ -216,9 +218,9 @@ def path(model, role: str = "target", draft_impl: str = "auto") -> str:
     return _path(model, role, draft_impl)[0]
 
 
-def _path(model, role: str, impl: str) -> tuple[str, str]:
-    """(how `model` runs in this role, how it counts positions): "plain", "compiled", a
-    spec.runner path, or UNCACHED."""
+def _path(model, role: str, impl: str) -> tuple[str, Positions]:
+    """(how `model` runs in this role, how it counts positions): DraftImpl.PLAIN or .COMPILED (a
+    draft's own way), a spec.runner path (RunnerPath), or UNCACHED."""
     if role != "draft":
         try:
             return runner.verdict(model)
@@ -229,16 +231,16 @@ def _path(model, role: str, impl: str) -> tuple[str, str]:
     parallel.check_draft(model, impl)         # (the name as the caller gave it, for its messages)
     impl = DraftImpl(impl)
     if impl is DraftImpl.PLAIN or (impl is DraftImpl.AUTO and neox.supports(model) and not parallel.is_split(model)):
-        return "plain", "explicit"
+        return DraftImpl.PLAIN, Positions.EXPLICIT
     if impl is DraftImpl.COMPILED:
-        return "compiled", "explicit"
+        return DraftImpl.COMPILED, Positions.EXPLICIT
     if not isinstance(model, PreTrainedModel):   # a wrapper (a synthetic draft): run unprobed
-        return RunnerPath.KV_CACHE, "explicit"
+        return RunnerPath.KV_CACHE, Positions.EXPLICIT
     try:
         return runner.verdict(model)
     except runner.UnsupportedModelError as e:
         if e.runs_uncached:   # a draft cannot change the output, only its speed
-            return UNCACHED, "own"
+            return UNCACHED, Positions.OWN
         raise runner.UnsupportedModelError(f"{role}: {e}", e.runs_uncached) from None
 
 

@@ -28,6 +28,23 @@ class RunnerPath(StrEnum):
         return self is not RunnerPath.RECOMPUTE
 
 
+class Positions(StrEnum):
+    """How a model is told its tokens' positions (spec.positions, chosen by the runner probe)."""
+    EXPLICIT = "explicit"    # 0-based, passed as position_ids
+    COUNTED = "counted"      # counted around pad tokens as the model counts them (RoBERTa's family), passed
+    OWN = "own"              # none passed: the model counts for itself
+
+    @property
+    def passed(self) -> bool:
+        """spec passes position_ids (and may then lay out trees and left-padded rows itself)."""
+        return self is not Positions.OWN
+
+    @property
+    def needs_mask(self) -> bool:
+        """Positions step back at a pad token: a pass needs an all-ones mask (spec.positions.mask_len)."""
+        return self is Positions.COUNTED
+
+
 class DraftImpl(StrEnum):
     """How a draft model runs (speculative_generate's draft_impl); none changes the output."""
     AUTO = "auto"            # PLAIN where it applies, else HF

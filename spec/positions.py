@@ -25,8 +25,9 @@ import weakref
 import torch
 
 from spec import hf
+from spec.options import Positions
 
-MODES = ("explicit", "counted", "own")
+MODES = tuple(Positions)
 
 
 # Where each model's own counting function lives (the dotted name of its submodule, or None for
@@ -70,9 +71,10 @@ def takes_positions(model) -> bool:
 
 def position_ids(mode: str, model, held: torch.Tensor, start: int) -> torch.Tensor | None:
     """The positions ([1, n]) of held[start:], fed on top of held[:start]; None: pass none."""
-    if mode == "explicit":
+    mode = Positions(mode)
+    if mode is Positions.EXPLICIT:
         return torch.arange(start, held.numel(), device=held.device)[None]
-    if mode == "counted":
+    if mode is Positions.COUNTED:
         count, pad = _counter(model)
         return count(held[None], pad)[:, start:]
     return None
@@ -82,7 +84,7 @@ def mask_len(mode: str, length: int) -> int | None:
     """The attention mask length a pass over positions ..length needs: counted positions step
     back at a pad token, which transformers, given positions and no mask, would read as the
     start of another packed sequence (hf.step)."""
-    return length if mode == "counted" else None
+    return length if Positions(mode).needs_mask else None
 
 
 # A second, longer check length: prime, so no chunk length from 2 to 130 divides it, and past twice
@@ -114,16 +116,16 @@ def _reproduces(mode: str, model, ids: torch.Tensor, full: torch.Tensor, close) 
     return close(logits, full)
 
 
-def choose(model, ids: torch.Tensor, full: torch.Tensor, close) -> str:
+def choose(model, ids: torch.Tensor, full: torch.Tensor, close) -> Positions:
     """The first mode whose cache-free forward reproduces the model's forward with no
     position_ids, over `ids` (whose forward is `full`) and over a longer sequence of prime
     length (`cross_length`); "own" where none does (or the forward takes none)."""
     if not takes_positions(model):
-        return "own"
+        return Positions.OWN
     longer = ids.repeat(-(-cross_length(model) // ids.numel()))[:cross_length(model)]
     longer_full = None
-    for mode in ("explicit", "counted"):
-        if mode == "counted" and _counter(model) is None:
+    for mode in (Positions.EXPLICIT, Positions.COUNTED):
+        if mode is Positions.COUNTED and _counter(model) is None:
             continue
         if not _reproduces(mode, model, ids, full, close):
             continue
@@ -136,4 +138,4 @@ def choose(model, ids: torch.Tensor, full: torch.Tensor, close) -> str:
             if not _reproduces(mode, model, longer, longer_full, close):
                 continue
         return mode
-    return "own"
+    return Positions.OWN

@@ -40,7 +40,7 @@ from transformers import PreTrainedModel
 
 from spec import hf, prepack
 from spec import probe as probing
-from spec.options import RunnerPath
+from spec.options import Positions, RunnerPath
 from spec.protocols import Runner
 from spec.tree import Tree, in_place, layout
 from spec.positions import choose as choose_positions, cross_length, mask_len, position_ids
@@ -64,8 +64,8 @@ class ModelRunner:
     layers: tuple[int, ...] | None = None
     hidden: torch.Tensor | None = None
 
-    def __init__(self, model, positions: str = "explicit"):
-        self.model, self.positions = model, positions
+    def __init__(self, model, positions: Positions = Positions.EXPLICIT):
+        self.model, self.positions = model, Positions(positions)
         self.held: torch.Tensor | None = None
         self.packed: dict | None = None        # the packed linears (spec.prepack), decided at the first pass
 
@@ -95,7 +95,7 @@ class KVRunner(ModelRunner):
     """A DynamicCache of full layers (hf.new_cache), cropped to `keep`."""
     path = RunnerPath.KV_CACHE
 
-    def __init__(self, model, positions: str = "explicit"):
+    def __init__(self, model, positions: Positions = Positions.EXPLICIT):
         super().__init__(model, positions)
         self.cache = hf.new_cache(model)
 
@@ -111,7 +111,7 @@ class KVRunner(ModelRunner):
     # Trees (spec.tree): every node in one pass, under a mask that lets a node see only its path.
     @property
     def takes_trees(self) -> bool:
-        return self.positions == "explicit" and tree_support(self.model) is None
+        return self.positions is Positions.EXPLICIT and tree_support(self.model) is None
 
     def feed_tree(self, before: torch.Tensor, tree: Tree) -> torch.Tensor:
         """`before` (the sequence's unseen ids, the root last) then the tree's nodes, in one pass:
@@ -188,7 +188,7 @@ class SnapshotRunner(ModelRunner):
     path = RunnerPath.SNAPSHOT
     stepwise = False
 
-    def __init__(self, model, positions: str = "explicit"):
+    def __init__(self, model, positions: Positions = Positions.EXPLICIT):
         super().__init__(model, positions)  # self.held: every id fed so far, a restore re-feeds from them
         self.cache, self.len = None, 0
         self.saved: tuple[int, Any] | None = None       # (length, cache copy) at the last commit point
@@ -268,7 +268,7 @@ class RecomputeRunner(ModelRunner):
 
 
 # Typed as what they make, so that the type check holds each class to the Runner protocol.
-RUNNERS: dict[str, Callable[[Any, str], Runner]] = {r.path: r for r in (KVRunner, SnapshotRunner,
+RUNNERS: dict[RunnerPath, Callable[[Any, Positions], Runner]] = {r.path: r for r in (KVRunner, SnapshotRunner,
                                                                         StepwiseSnapshotRunner, RecomputeRunner)}
 
 def unprobed_reach(model) -> str | None:
@@ -335,7 +335,7 @@ def _causal_past_chunks(model, ids: torch.Tensor, tol: float) -> str | None:
     return None
 
 
-def verdict(model) -> tuple[str, str]:
+def verdict(model) -> tuple[RunnerPath, Positions]:
     """(runner path, positions mode) that reproduce `model`'s own forward, called as its
     authors call it (spec.positions); raises UnsupportedModelError with each candidate's
     failure when none does. Probed once per model, dtype and device (spec.probe)."""
@@ -347,7 +347,7 @@ def probe(model) -> str:
     return verdict(model)[0]
 
 
-def _probe(model) -> tuple[str, str]:
+def _probe(model) -> tuple[RunnerPath, Positions]:
     tol = probing.tolerance(model)
     if (why := unprobed_reach(model)) is not None:
         raise _refusal(model, why, runs_uncached=True)
