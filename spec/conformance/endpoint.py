@@ -350,10 +350,10 @@ class Endpoint:
                 logprobs: int | None = None, ignore_eos: bool = True, stop_token_ids: list[int] | None = None,
                 min_tokens: int | None = None, options: dict | None = None) -> tuple[str, str, dict]:
         """(dialect, URL, JSON body) of the request `complete` sends for these arguments (a reproduction)."""
-        args = (prompt, max_tokens, temperature, seed, logprobs, ignore_eos, stop_token_ids, min_tokens, options)
+        given = (prompt, max_tokens, temperature, seed, logprobs, ignore_eos, stop_token_ids, min_tokens, options)
         if self.dialect == "llama-server":
-            return self.dialect, f"{self.root}/completion", self._llama_body(*args)
-        return self.dialect, f"{self.url}/completions", self._body(*args)
+            return self.dialect, f"{self.root}/completion", self._llama_body(*given)
+        return self.dialect, f"{self.url}/completions", self._body(*given)
 
     def stream(self, prompt: list[int], max_tokens: int, *, temperature: float = 0.0, seed: int | None = None,
                logprobs: int | None = None, ignore_eos: bool = True, stop_token_ids: list[int] | None = None,
