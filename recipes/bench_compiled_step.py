@@ -47,6 +47,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -356,7 +357,12 @@ def main() -> None:
             print(f"  {c}: {v['self_ms_per_step']:.2f} ms/step, {v['calls_per_step']:.0f} calls/step")
         for row in prof["ops"][:15]:
             print(f"  {row['op'][:60]:60s} {row['calls_per_step']:6.0f}/step {row['self_ms_per_step']:7.2f} ms self")
-    out["versions"] = {"torch": torch.__version__, "transformers": __import__("transformers").__version__,
+    try:    # spec's own kernels are part of (a) and b+pack: which revision ran matters
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).parent).stdout.strip()
+    except OSError:
+        rev = None
+    out["versions"] = {"spec_git": rev, "torch": torch.__version__, "transformers": __import__("transformers").__version__,
                        "python": platform.python_version(), "machine": platform.processor() or platform.machine()}
     for r in out["variants"].values():
         r["compile_s"] = {str(k): s for k, s in r["compile_s"].items()}
