@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from spec import defaults
+from spec.options import GammaMode
 
 # name -> "module:function": `python -m spec NAME ARGS...` calls function(ARGS) for its exit status.
 SUBCOMMANDS: dict[str, str] = {"conform": "spec.conformance.conform:main"}  # python -m spec conform: the conformance kit
@@ -61,8 +62,8 @@ def _positive_int(text: str) -> int:
 
 
 def _gamma(text: str):
-    if text in ("auto", "calibrated"):
-        return text
+    if text in tuple(GammaMode):
+        return GammaMode(text)
     try:
         return _positive_int(text)
     except argparse.ArgumentTypeError:
@@ -168,7 +169,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         if args.real or gguf_draft:
             parser.error(f"argument --tp: not with {'--real' if args.real else '--draft FILE.gguf'} (its draft is "
                          "a draft source beside one small model)")
-        if args.gamma == "auto":
+        if args.gamma is GammaMode.AUTO:
             parser.error("argument --tp: not with --gamma auto: each rank would time its own passes and choose "
                          "its own gamma (use a number or 'calibrated', which rank 0 chooses for all)")
         if args.peer:

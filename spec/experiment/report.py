@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from spec.experiment.records import peer_label
+from spec.options import GammaMode
 
 if TYPE_CHECKING:
     from spec.experiment.records import Calibration, PairInfo, PeerSummary, PromptRecord, Prompts, Results, Summary
@@ -143,9 +144,9 @@ def peer_table(records: list[PromptRecord], name: str | None = None) -> str:
 
 def gamma_label(s: Summary) -> str:
     """gamma as the run chose it: '5', 'calibrated 8', 'auto (online; mostly 7)'."""
-    if s.gamma_option == "calibrated":
+    if s.gamma_option == GammaMode.CALIBRATED:
         return f"{s.gamma} (calibrated)"
-    if s.gamma_option == "auto":
+    if s.gamma_option == GammaMode.AUTO:
         return f"auto (online; mostly {s.theory_gamma})"
     return str(s.gamma)
 
