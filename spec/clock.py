@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import time
 
-import torch
-
 
 def sync(device) -> None:
-    """Wait for queued CUDA work on `device` (a torch.device, a string or None for CPU)."""
+    """Wait for queued CUDA work on `device` (a torch.device, a string or None for CPU). torch is imported
+    only for a device: a served-model conformance run times itself here without it."""
     if device is None:
         return
+    import torch
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -10,11 +10,16 @@ observed-vs-expected table) and writes conformance.json. Exit status: 0 when pro
 none failed, 1 when a property failed, 2 for bad options, 3 when no property ran (a -k that
 matches nothing, a decoder that skips everything), 4 when a served model drafted nothing while a
 property ran (`not speculating`: a plain server, or speculation that fell back): none is a pass.
+
+A served model (`--impl openai:URL`) runs only the served properties (test_endpoint.py is all that is
+collected: the other property modules build Hugging Face models at import), and the run imports neither
+torch nor transformers (tests/test_conform_layout.py checks it in a child process).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import platform
 import sys
@@ -128,9 +133,19 @@ def _usage_error(args) -> str | None:
     return None
 
 
+SERVED = "test_endpoint.py"    # the served properties: all an openai:URL subject runs
+
+
+def _served(args) -> bool:
+    from spec.conformance import endpoint
+    return endpoint.parse_name(args.impl) is not None
+
+
 def _pytest_args(args) -> list[str]:
-    # -c: the kit's own configuration (and rootdir), whatever project this is run from
-    out = [str(KIT), "-c", str(KIT / "kit.ini"), f"--rootdir={KIT}", f"--impl={args.impl}",
+    # -c: the kit's own configuration (and rootdir), whatever project this is run from; a served model
+    # collects only its own properties (the others import torch and transformers to build their models)
+    where = KIT / SERVED if _served(args) else KIT
+    out = [str(where), "-c", str(KIT / "kit.ini"), f"--rootdir={KIT}", f"--impl={args.impl}",
            f"--conform-budget={args.budget}", "-q", "-p", "no:cacheprovider", "--no-header", "-rN"]
     if args.model:
         out.append(f"--conform-model={args.model}")
@@ -143,18 +158,24 @@ def _pytest_args(args) -> list[str]:
     return out
 
 
-def _report(args, collector, wall) -> tuple[list[dict], dict]:
-    import torch
-    import transformers
+def _version(package: str) -> str:
+    """An installed package's version, read without importing it (a served run imports no torch)."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
 
+
+def _report(args, collector, wall) -> tuple[list[dict], dict]:
+    versions = {"transformers": _version("transformers"), "torch": _version("torch")}
     rows = []
     for nodeid, row in collector.rows.items():
         prop, case = _split(nodeid, args.impl)
         rows.append(dict(property=prop, case=case, **row))
     counts = {k: sum(r["outcome"] == k for r in rows)
               for k in ("passed", "failed", "error", "not-speculating", "skipped", "xfail")}
-    print(f"\nconformance of {args.impl!r} (budget {args.budget:g}; transformers {transformers.__version__}, "
-          f"torch {torch.__version__}; {wall:.0f} s)")
+    print(f"\nconformance of {args.impl!r} (budget {args.budget:g}; transformers {versions['transformers']}, "
+          f"torch {versions['torch']}; {wall:.0f} s)")
     print(f"{'property':<22} {'case':<44} {'result':<8} evidence")
     for r in rows:
         result = {"passed": "pass", "failed": "FAIL", "error": "ERROR", "not-speculating": "NO-SPEC"}.get(
@@ -162,7 +183,7 @@ def _report(args, collector, wall) -> tuple[list[dict], dict]:
         print(f"{r['property']:<22} {r['case'][:44]:<44} {result:<8} {_summary(r['evidence'], 160)}")
     print("  ".join(f"{k} {v}" for k, v in counts.items() if v))
     report = {"impl": args.impl, "model": args.model, "reference": args.reference, "budget": args.budget,
-              "transformers": transformers.__version__, "torch": torch.__version__,
+              **versions,
               "python": platform.python_version(), "seconds": round(wall, 1), "counts": counts, "results": rows}
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")

@@ -31,6 +31,10 @@ spec/conformance/llamacpp.py), `spec` (spec.speculative_generate; spec.PromptLoo
 (the same with tree drafts: spec.TreeDraft, or spec.LookupTree when draft is None), `hf-assisted`
 (HF assisted generation with the draft as assistant model), `hf-prompt-lookup` (HF prompt lookup
 decoding, no draft model), and any callable named `module:function` or `path/to/file.py:function`.
+
+torch, transformers and spec's decoders are imported only where a Hugging Face model is driven (the
+adapters' calls, a tensor returned): loading `openai:URL` imports neither, so a served-model run needs
+neither installed.
 """
 
 from __future__ import annotations
@@ -38,16 +42,10 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
-
-import torch
-
-from spec import hfref
-from spec.decode import speculative_generate
-from spec.lookup import PromptLookup
-from spec.treedraft import LookupTree, TreeDraft
 
 DRAFT_KINDS = ("model", "none", "any")
 OPTION_KWARGS = ("repetition_penalty", "no_repeat_ngram_size", "min_p", "min_new_tokens", "sequence_bias",
@@ -78,7 +76,7 @@ class Impl:
 
     def __call__(self, target, draft, input_ids, *, gamma: int, max_new_tokens: int, eos_token_id=None,
                  do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
-                 top_p: float | None = None, generator: torch.Generator | None = None, **processors) -> list[int]:
+                 top_p: float | None = None, generator=None, **processors) -> list[int]:
         if do_sample and not self.sampling:
             raise NotImplementedError(f"{self.name} is greedy-only (conformance_sampling = False)")
         extra = {k: v for k, v in processors.items() if v is not None}
@@ -96,7 +94,8 @@ class Impl:
         return self._tokens(out)
 
     def _tokens(self, out) -> list[int]:
-        if isinstance(out, torch.Tensor):
+        torch = sys.modules.get("torch")     # a tensor exists only once torch is imported
+        if torch is not None and isinstance(out, torch.Tensor):
             out = out.reshape(-1).tolist()
         if not isinstance(out, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in out):
             raise TypeError(f"{self.name} must return the new token ids as a list of ints, got {type(out).__name__}")
@@ -117,6 +116,9 @@ def spec_generate(target, draft, input_ids, *, gamma, max_new_tokens, eos_token_
                   temperature=1.0, top_k=None, top_p=None, generator=None, repetition_penalty=None,
                   no_repeat_ngram_size=None, min_p=None, min_new_tokens=None, sequence_bias=None,
                   bad_words_ids=None) -> list[int]:
+    from spec.decode import speculative_generate
+    from spec.lookup import PromptLookup
+
     draft = PromptLookup() if draft is None else draft  # model-free: spec's own prompt lookup
     out = speculative_generate(target, draft, input_ids, gamma=gamma, max_new_tokens=max_new_tokens,
                                 eos_token_id=eos_token_id, do_sample=do_sample, temperature=temperature,
@@ -135,6 +137,8 @@ def spec_tree_generate(target, draft, input_ids, *, gamma, max_new_tokens, **opt
     """spec with tree drafts (spec.treedraft): the draft model as a TreeDraft (two branches a level,
     up to 2 * gamma nodes, gamma deep), or without one a LookupTree: the reference decoder that
     verifies trees, for the kit's black-box properties (which hold for any engine that uses trees)."""
+    from spec.treedraft import LookupTree, TreeDraft
+
     tree = LookupTree() if draft is None else TreeDraft(draft, branches=2, nodes=2 * gamma)
     return spec_generate(target, tree, input_ids, gamma=gamma, max_new_tokens=max_new_tokens, **options)
 
@@ -159,6 +163,8 @@ def dropping(option: str) -> Impl:
 
 def _assistant(target, draft):
     """hfref.assistant_for, made once per (target, draft): widening the head deep-copies the draft."""
+    from spec import hfref
+
     key = (id(target), id(draft))
     if key not in _assistants or _assistants[key][0] is not draft:
         _assistants[key] = (draft, target, hfref.assistant_for(target, draft))
@@ -180,6 +186,7 @@ def hf_assisted_generate(target, draft, input_ids, *, gamma, max_new_tokens, eos
     the only place HF reads them)."""
     if draft is None:
         raise NotImplementedError("hf-assisted needs a draft model")
+    from spec import hfref
     return hfref.hf_generate(target, input_ids, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
                        do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator,
                        assistant=_assistant(target, draft), gamma=gamma, **_hf_options(options))
@@ -189,6 +196,7 @@ def hf_prompt_lookup_generate(target, draft, input_ids, *, gamma, max_new_tokens
                               do_sample=False, temperature=1.0, top_k=None, top_p=None, generator=None,
                               **options) -> list[int]:
     """HF prompt lookup decoding: gamma = prompt_lookup_num_tokens (n-grams of up to 2 matched)."""
+    from spec import hfref
     return hfref.hf_generate(target, input_ids, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
                        do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator,
                        prompt_lookup_num_tokens=gamma, **_hf_options(options))

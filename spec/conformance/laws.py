@@ -12,9 +12,8 @@ import torch
 
 from spec.conformance.kit import (SMALL_PROMPT, ExactLaw, joint_fit, run, small_pair, small_pair_bf16,
                                   small_pair_gap)
+from spec.conformance.levels import ALPHA, N, sample_size  # noqa: F401 (the laws' names for them)
 
-ALPHA = 1e-3        # level of each chi-square test
-N = 400             # generations per scenario at budget 1 and below
 GAMMA, JOINT = 2, 3
 
 BIAS = dict(sequence_bias={(2,): 1.5, (1, 3): -2.0}, bad_words_ids=[[3, 3]])
@@ -38,12 +37,6 @@ GAP = "draft support misses target mass"     # kit.small_pair_gap: q = 0 where p
 # (classes no option reaches). A sample size is never cut below N, so the cheaper run has fewer scenarios.
 SMALL_BUDGET_SCENARIOS = ("combined", BF16, GAP)
 DRAFT_SCENARIOS = (BF16, GAP)     # what they test is the draft model's: model-free drafters run them at budget >= 1
-
-
-def sample_size(budget: float) -> int:
-    """N x budget, never below N: under N the negative controls (test_sampling_power) lose their
-    power, so a small budget shrinks the hypothesis searches only."""
-    return max(N, round(N * budget))
 
 
 def pair_for(scenario):

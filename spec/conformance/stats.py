@@ -1,6 +1,8 @@
 """The conformance kit's statistics: exact warped distributions, written independently of
-spec.sampling, and Pearson's chi-square with pooled cells (tails from torch.special.gammaincc, so
-no scipy). tests/correctness/stats.py re-exports these for the correctness suite."""
+spec.sampling, and Pearson's chi-square with pooled cells. Tails from a regularized incomplete gamma
+in pure Python (no scipy, and no torch: a served-model run imports neither; only
+reference_probabilities, which takes a model's logits, imports torch). tests/correctness/stats.py
+re-exports these for the correctness suite."""
 
 from __future__ import annotations
 
@@ -8,17 +10,17 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-import torch
-
 IMPOSSIBLE = 1e-12  # a cell with exact probability at most this must never be observed
 
 
-def reference_probabilities(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
-                            top_p: float | None = None, min_p: float | None = None) -> torch.Tensor:
+def reference_probabilities(logits, temperature: float = 1.0, top_k: int | None = None,
+                            top_p: float | None = None, min_p: float | None = None):
     """Temperature, then top-k (ties with the k-th logit kept), then top-p (the smallest
     prefix of the sorted distribution whose mass reaches top_p), then min-p (drop what is less
     likely than min_p times the most likely token), in float64, written independently of
-    spec.sampling.probabilities."""
+    spec.sampling.probabilities. `logits` a tensor; the result a float64 tensor."""
+    import torch
+
     z = [float(v) / temperature for v in logits.double().tolist()]
     order = sorted(range(len(z)), key=lambda i: -z[i])
     kept = [i for i in order if z[i] > -math.inf]
@@ -48,11 +50,49 @@ def reference_probabilities(logits: torch.Tensor, temperature: float = 1.0, top_
 
 
 def chi2_sf(x: float, df: float) -> float:
-    """P(X > x) for X ~ chi-square(df)."""
+    """P(X > x) for X ~ chi-square(df): the regularized upper incomplete gamma Q(df / 2, x / 2)."""
     if df <= 0:
         return 1.0
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
-                                         torch.tensor(max(x, 0.0) / 2, dtype=torch.float64)))
+    return gammaincc(df / 2, max(x, 0.0) / 2)
+
+
+_EPS = 1e-16
+_TINY = 1e-300
+
+
+def gammaincc(a: float, x: float) -> float:
+    """Q(a, x) = Gamma(a, x) / Gamma(a), for a > 0, x >= 0: the series of P(a, x) below x < a + 1 (Q = 1 - P,
+    not small there), Lentz's continued fraction for Q above (relative accuracy down to the smallest doubles,
+    the p-values of a rejected control's 1e-179 included)."""
+    if x <= 0:
+        return 1.0
+    log_front = a * math.log(x) - x - math.lgamma(a)
+    if x < a + 1:
+        term = total = 1.0 / a
+        n = a
+        for _ in range(10000):
+            n += 1
+            term *= x / n
+            total += term
+            if abs(term) < abs(total) * _EPS:
+                break
+        return max(0.0, 1.0 - total * math.exp(log_front))
+    b = x + 1 - a                      # modified Lentz for the continued fraction of Q
+    c, d = 1 / _TINY, 1 / b
+    h = d
+    for i in range(1, 10000):
+        an = -i * (i - a)
+        b += 2
+        d = an * d + b
+        d = _TINY if abs(d) < _TINY else d
+        c = b + an / c
+        c = _TINY if abs(c) < _TINY else c
+        d = 1 / d
+        delta = d * c
+        h *= delta
+        if abs(delta - 1) < _EPS:
+            break
+    return math.exp(log_front) * h
 
 
 def chi2_isf(alpha: float, df: float) -> float:

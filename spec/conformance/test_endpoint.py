@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 
 from spec.conformance import endpoints, repro
 from spec.conformance.hypo import kit_settings
-from spec.conformance.laws import ALPHA, sample_size
+from spec.conformance.levels import ALPHA, sample_size
 
 TOP_LOGPROBS = 20     # what vLLM gives by default (--max-logprobs 20)
 
