@@ -10,7 +10,7 @@ import pytest
 
 from spec import hfref
 from spec.conformance import impls
-from spec.conformance import test_sampling_law as law
+from spec.conformance import laws
 
 
 def hf_assisted_default_top_k(target, draft, input_ids, *, gamma, max_new_tokens, eos_token_id=None,
@@ -25,8 +25,8 @@ def hf_assisted_default_top_k(target, draft, input_ids, *, gamma, max_new_tokens
 def test_an_adapter_that_lets_hf_default_top_k_fails_the_wide_sampling_law():
     broken = impls.Impl("hf-assisted-default-top-k", hf_assisted_default_top_k)
     with pytest.raises(pytest.fail.Exception, match="property sampling_law_wide violated"):
-        law.test_sampling_law_wide(broken, 1.0, lambda *args: None)
+        laws.sampling_law_wide(broken, 1.0, lambda *args: None)
 
 
 def test_the_adapter_passes_the_same_property():
-    law.test_sampling_law_wide(impls.load("hf-assisted"), 1.0, lambda *args: None)
+    laws.sampling_law_wide(impls.load("hf-assisted"), 1.0, lambda *args: None)

@@ -9,7 +9,7 @@ import pytest
 
 import onesided
 from spec.conformance import impls
-from spec.conformance import test_one_sided as one_sided
+from spec.conformance import onesided_laws
 
 
 def _load(name):
@@ -18,10 +18,10 @@ def _load(name):
 
 def test_the_correct_decoder_and_bad_words_on_the_target_only_pass_greedy():
     for name in ("generate", "bad_words_ids_target_only"):
-        one_sided.one_sided_greedy(_load(name), "bad_words_ids")
+        onesided_laws.one_sided_greedy(_load(name), "bad_words_ids")
 
 
 def test_bad_words_on_the_draft_only_fails_greedy():
     with pytest.raises(pytest.fail.Exception, match="property one_sided_greedy violated"):
-        one_sided.one_sided_greedy(_load("bad_words_ids_draft_only"), "bad_words_ids")
+        onesided_laws.one_sided_greedy(_load("bad_words_ids_draft_only"), "bad_words_ids")
 

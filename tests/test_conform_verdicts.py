@@ -18,10 +18,8 @@ from types import SimpleNamespace
 import pytest
 
 import spec.__main__ as cli
-from spec.conformance import endpoints, kit, stats
+from spec.conformance import endpoints, kit, laws, onesided_laws, stats
 from spec.conformance.subject import servers_subject
-from spec.conformance import test_one_sided as one_sided
-from spec.conformance import test_sampling_law as law
 
 # --- endpoint: tie or bug ------------------------------------------------------------------------
 
@@ -159,13 +157,13 @@ def honest_law_sampler(P, Q, prompt, gen, *, bug=None, Q_sampled=None, P_residua
     return REAL_LAW_SAMPLER(P, Q, prompt, gen, **kw)
 
 
-REAL_LAW_SAMPLER = law.law_sampler
+REAL_LAW_SAMPLER = laws.law_sampler
 
 
 @pytest.fixture
 def toothless(monkeypatch):
-    monkeypatch.setattr(law, "law_sampler", honest_law_sampler)
-    monkeypatch.setattr(one_sided, "law_sampler", honest_law_sampler)
+    monkeypatch.setattr(laws, "law_sampler", honest_law_sampler)
+    monkeypatch.setattr(onesided_laws, "law_sampler", honest_law_sampler)
 
 
 def outcome(control) -> str:
@@ -184,22 +182,22 @@ def outcome(control) -> str:
 
 @pytest.mark.parametrize("budget", [0.25, 1.0])
 def test_a_sampling_control_that_stops_rejecting_fails(toothless, budget):
-    assert outcome(lambda: law.test_sampling_power(budget, "resample-from-p", lambda *a: None)) == "failed"
+    assert outcome(lambda: laws.sampling_power(budget, "resample-from-p", lambda *a: None)) == "failed"
     with pytest.raises(AssertionError, match="property sampling_power: the resample-from-p bug not rejected"):
-        law.test_sampling_power(budget, "resample-from-p", lambda *a: None)
+        laws.sampling_power(budget, "resample-from-p", lambda *a: None)
 
 
 @pytest.mark.parametrize("budget", [0.25, 1.0])
 def test_a_one_sided_control_that_stops_rejecting_fails_unless_listed_underpowered(toothless, budget):
     def control(scenario, variant, at=budget):
-        return outcome(lambda: one_sided.test_one_sided_power(at, scenario, variant, lambda *a: None))
+        return outcome(lambda: onesided_laws.one_sided_power(at, scenario, variant, lambda *a: None))
     assert control("min_p=0.3", "residual_raw") == "failed"
-    (scenario, variant), = one_sided.UNDERPOWERED                   # listed at every budget (runs from 1)
+    (scenario, variant), = onesided_laws.UNDERPOWERED                   # listed at every budget (runs from 1)
     assert control(scenario, variant, at=1.0) == "xfail"
-    (scenario, variant), = one_sided.UNDERPOWERED_BELOW_BUDGET_1    # listed below budget 1 only
+    (scenario, variant), = onesided_laws.UNDERPOWERED_BELOW_BUDGET_1    # listed below budget 1 only
     assert control(scenario, variant) == ("xfail" if budget < 1 else "failed")
     with pytest.raises(AssertionError, match="property one_sided_power: residual_raw"):
-        one_sided.test_one_sided_power(budget, "min_p=0.3", "residual_raw", lambda *a: None)
+        onesided_laws.one_sided_power(budget, "min_p=0.3", "residual_raw", lambda *a: None)
 
 
 def test_expect_rejected_fails_and_only_a_listed_control_xfails():

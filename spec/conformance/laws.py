@@ -1,17 +1,22 @@
 """The sampling laws' shared pieces: the scenarios, sample sizes and level, the check of a decoder's
 joint law against the exact one (`check_law`), and Algorithm 1 on exact laws with deliberate bugs
-(`law_sampler`, the negative controls). The properties that use them are test_sampling_law,
-test_one_sided, test_trees, test_engine and test_endpoint; a library module, so that no property module
-imports another.
+(`law_sampler`, the negative controls, and `sampling_power`, the controls sampling_law is shown to reject),
+and the wide-vocabulary law (`sampling_law_wide`). The properties that use them are test_sampling_law,
+test_one_sided, test_trees and test_engine (the served ones take their level from levels.py, without torch);
+a library module, so that no property module imports another, and the suite's own tests
+(tests/test_conform_*.py) call these, never a property module.
 """
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
-from spec.conformance.kit import (SMALL_PROMPT, ExactLaw, joint_fit, run, small_pair, small_pair_bf16,
-                                  small_pair_gap)
+from spec.conformance.kit import (SMALL_PROMPT, ExactLaw, expect_rejected, joint_fit, run, small_pair, small_pair_bf16,
+                                  small_pair_gap, zoo)
+from spec.conformance.stats import goodness_of_fit
 from spec.conformance.levels import ALPHA, N, sample_size  # noqa: F401 (the laws' names for them)
 
 GAMMA, JOINT = 2, 3
@@ -114,3 +119,101 @@ def law_sampler(P, Q, prompt, gen, *, bug=None, Q_sampled=None, P_residual=None,
             last = draw(Q(last_ctx) if bug == "bonus-from-q" and g else (P_bonus or P)(last_ctx, seen(last_ctx)))
         out += drafts[:k] + [last]
     return tuple(out[:max_new_tokens])
+
+
+def _control(name):
+    """(scenario the fit is against, the sampler's P and Q, its Q_sampled, its bug) for one control."""
+    target, draft = small_pair()
+    plain = lambda options: (ExactLaw(target, **options), ExactLaw(draft, **options))  # noqa: E731
+    if name == "q-mismatch":        # the draft samples at T=0.5, the ratio uses q at T=1
+        return "T=1", (ExactLaw(target), ExactLaw(draft)), ExactLaw(draft, temperature=0.5), "q-mismatch"
+    if name == "q-from-raw-logits":  # HF #47932's class: q from the raw logits, tokens from processed ones
+        return "combined", (ExactLaw(target, **COMBINED), ExactLaw(draft)), ExactLaw(draft, **COMBINED), "q-mismatch"
+    if name == "min_p-ignored":      # SGLang #10617's class
+        return "T=1.3,min_p=0.3", plain(dict(temperature=1.3)), None, None
+    if name == "bias-ignored":       # the same class for logit bias / bad words
+        return "sequence_bias,bad_words_ids", plain({}), None, None
+    if name == "penalty-per-round":  # SGLang PR #33643's class: processor state updated once a round
+        options = SCENARIOS["repetition_penalty=1.5,no_repeat_ngram_size=3"]
+        return "repetition_penalty=1.5,no_repeat_ngram_size=3", plain(options), None, "penalty-per-round"
+    if name == "repetition-penalty-per-round":  # the same, repetition penalty alone
+        return "repetition_penalty=3", plain(dict(repetition_penalty=3.0)), None, "penalty-per-round"
+    if name == "bf16-q-in-ratio":    # DeepSpec #31's class: drafted in bf16, the ratio's q in fp32
+        t32, d16 = small_pair_bf16()
+        return (BF16, (ExactLaw(t32, temperature=0.6), ExactLaw(copy.deepcopy(d16).float(), temperature=0.6)),
+                ExactLaw(d16, temperature=0.6), "q-mismatch")
+    if name == "bf16-correct":       # the same pair, q the bf16 one it was drawn from: no false alarm
+        t32, d16 = small_pair_bf16()
+        return BF16, (ExactLaw(t32, temperature=0.6), ExactLaw(d16, temperature=0.6)), None, None
+    if name in ("residual-on-draft-support", "gap-correct"):   # a draft that never proposes kit.GAP_TOKEN
+        target, gap = small_pair_gap()
+        return GAP, (ExactLaw(target), ExactLaw(gap)), None, CONTROLS[name]
+    scenario = "T=1"
+    return scenario, plain({}), None, CONTROLS[name]
+
+
+CONTROLS = {"correct": None, "resample-from-p": "resample-from-p", "bonus-from-q": "bonus-from-q",
+            "q-mismatch": "q-mismatch", "q-from-raw-logits": "q-mismatch", "min_p-ignored": None,
+            "bias-ignored": None, "penalty-per-round": "penalty-per-round",
+            "repetition-penalty-per-round": "penalty-per-round", "bf16-q-in-ratio": "q-mismatch",
+            "bf16-correct": None, "shared-noise": "shared-noise",
+            "residual-on-draft-support": "residual-on-draft-support", "gap-correct": None}
+PASSING = ("correct", "bf16-correct", "gap-correct")
+REFERENCE = dict(SCENARIOS, **{"T=1": {}})
+
+
+def sampling_power(budget, control, record_property):
+    """At the sample size sampling_law uses, the check rejects each bug and passes the correct sampler."""
+    scenario, (P, Q), Q_sampled, bug = _control(control)
+    target = pair_for(scenario)[0]
+    gen = torch.Generator().manual_seed(99)
+    n = sample_size(budget)
+    samples = [law_sampler(P, Q, SMALL_PROMPT, gen, bug=bug, Q_sampled=Q_sampled) for _ in range(n)]
+    fit, table = joint_fit(f"joint law of the first {JOINT} tokens", samples,
+                           ExactLaw(target, **REFERENCE[scenario]).joint(SMALL_PROMPT, JOINT))
+    record_property("evidence", f"p = {fit.pvalue:.3g} (chi2 {fit.stat:.1f}, df {fit.df}, n {fit.n}, level {ALPHA})")
+    if control in PASSING:
+        assert not fit.rejects(ALPHA), f"the correct sampler was rejected (false alarm): {fit}\n{table}"
+    else:
+        expect_rejected("sampling_power", f"the {control} bug", fit, ALPHA, table)
+
+
+# --- a wide vocabulary: where a default top-k of 50 (HF's, filled in for top_k=None) bites ----------
+
+WIDE_ARCH = "llama"                 # kit.zoo: 640-wide logits, about 80% of the mass beyond the top 50
+WIDE_PROMPT = (5, 9, 5, 9, 5, 9, 5)  # repeats, so prompt lookup drafts too
+WIDE_NEW = 3                        # gamma 2: the first token is the first draft's accept or its residual
+WIDE_N = 100                        # samples at budget 1 and below: a cut of 80% of the mass shows at once
+
+
+def wide_sample_size(budget: float) -> int:
+    return max(WIDE_N, round(WIDE_N * budget))
+
+
+def wide_fit(firsts, law):
+    """Chi-square fit of the first new token's law (640 cells, pooled to expected >= 5) and the
+    cells that deviate most."""
+    p = law(WIDE_PROMPT)
+    observed = torch.bincount(torch.tensor(firsts), minlength=len(p)).tolist()
+    fit = goodness_of_fit("first token on a 640-wide vocabulary", {"all": (observed, p.tolist())})
+    n = len(firsts)
+    worst = sorted(range(len(p)), key=lambda t: -abs(observed[t] - n * float(p[t])))[:6]
+    return fit, "    token: observed vs expected  " + ", ".join(f"{t}: {observed[t]} vs {n * float(p[t]):.1f}"
+                                                          for t in worst)
+
+
+def sampling_law_wide(impl, budget, record_property):
+    """The first token on a 640-wide vocabulary at T=1, no top-k, no top-p: a decoder (or an
+    adapter) that truncates the distribution where it was not asked to (HF fills top_k=None with
+    50) never samples beyond the top 50, which hold about 80% of the mass here."""
+    z = zoo(WIDE_ARCH)
+    draft = None if impl.draft == "none" else z["partial"]
+    gen = torch.Generator().manual_seed(4321)
+    runs = [run(impl, z["target"], draft, WIDE_PROMPT, gamma=GAMMA, max_new_tokens=WIDE_NEW, do_sample=True,
+                generator=gen) for _ in range(wide_sample_size(budget))]
+    assert all(runs), f"property sampling_law_wide: {impl.name} returned no token"
+    fit, table = wide_fit([r[0] for r in runs], ExactLaw(z["target"]))
+    record_property("evidence", f"p = {fit.pvalue:.3g} (chi2 {fit.stat:.1f}, df {fit.df}, n {fit.n}, level {ALPHA})")
+    if fit.rejects(ALPHA):
+        pytest.fail(f"property sampling_law_wide violated by {impl.name} (T=1, no top-k or top-p, gamma={GAMMA}, "
+                    f"draft={'model' if draft is not None else 'none'}):\n  {fit}\n{table}", pytrace=False)

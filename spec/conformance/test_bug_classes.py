@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spec.conformance import kit
+from spec.conformance import hypo
 from spec.conformance.kit import ARCHS, DRAFT_KINDS, check_against_hf, greedy, kit_settings, prompts, skip_unless_takes
 from spec.conformance.impls import Impl, dropping
 
@@ -76,7 +76,7 @@ def test_bug_class_power(budget, control, monkeypatch):
     """At the example count the property uses (self draft: every block accepted, so the EOS is
     inside a drafted block), a decoder that ignores the option is rejected (not shrunk: only the
     rejection matters here)."""
-    monkeypatch.setitem(kit.SHRINK, 0, False)
+    monkeypatch.setattr(hypo, "SHRINK", [False])     # hypo.kit_settings reads it (a list: setitem wants a dict)
     check = min_new_tokens_property if control == "min_new_tokens" else logit_bias_property
     broken = dropping("min_new_tokens" if control == "min_new_tokens" else "sequence_bias")
     if control == "logit_bias":

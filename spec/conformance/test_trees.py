@@ -36,7 +36,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from spec import greedy_generate
-from spec.conformance import kit, treedecoders
+from spec.conformance import hypo, kit, treedecoders
 from spec.conformance.impls import Impl
 from spec.conformance.kit import LAYOUT_KINDS, kit_settings, layout_pair, prompts, run
 from spec.conformance.laws import BF16, GAP, SCENARIOS, check_law, pair_for
@@ -99,7 +99,7 @@ def _no_record(*args):
 def test_tree_power_layout(budget, bug, draft_kind, monkeypatch):
     """At the example count tree_layout uses, each layout bug is rejected with the draft that makes it
     matter (not shrunk: only the rejection matters here)."""
-    monkeypatch.setitem(kit.SHRINK, 0, False)
+    monkeypatch.setattr(hypo, "SHRINK", [False])     # hypo.kit_settings reads it (a list: setitem wants a dict)
     with pytest.raises(pytest.fail.Exception, match="property tree_layout violated"):
         tree_layout_property(tree_decoder(bug), budget, draft_kind)
 
