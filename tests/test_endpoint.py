@@ -524,3 +524,40 @@ def test_repro_writes_a_script_that_reproduces_a_proxied_bug_and_none_for_an_hon
         assert "import urllib.request" in source and '"prompt": [' in source and "reference" in source
     finally:
         proxy.stop()
+
+
+@pytest.mark.parametrize("bug, prop", [("sampled-neighbour", "endpoint_mixed_batch"), ("batch-shape", "endpoint_concurrency")])
+def test_repro_replays_requests_that_fail_only_together(endpoint_server, tmp_path, capsys, monkeypatch, bug, prop):
+    """A failure that shows only among requests in flight together (endpoints.Crowd) gets a script that sends
+    them at once, in threads, and exits 1 when a greedy output differs from its output alone (the vLLM
+    mixed-batch finding's shape); the same script against the honest server (--server) exits 0."""
+    import subprocess
+    import sys
+
+    from spec.conformance import conform
+    upstream = endpoint_server(True)
+    proxy = Proxy(upstream.url, bug)
+    at_once = endpoints.concurrently
+
+    def held_together(calls, workers=8):    # the kit's crowd held until all are in flight, however loaded
+        with upstream.held_together(min(len(calls), workers)):
+            return at_once(calls, workers)
+
+    monkeypatch.setattr(endpoints, "concurrently", held_together)
+    try:
+        out, folder = tmp_path / "conformance.json", tmp_path / "repro"
+        argv = ["--impl", f"openai:{proxy.url}", "--reference", f"openai:{endpoint_server(False).url}",
+                "--budget", "0.25", "-k", prop, "--out", str(out), "--repro", str(folder)]
+        assert conform.main(argv) == 1, capsys.readouterr().out[-2000:]
+        scripts = sorted(folder.glob("*.py"))
+        (row,) = json.loads(out.read_text())["results"]
+        assert len(scripts) == 1 and row["repro"] == str(scripts[0]), row
+        source = scripts[0].read_text()
+        assert "import threading" in source and "CROWD = json.loads(" in source
+        again = subprocess.run([sys.executable, "-S", str(scripts[0])], capture_output=True, text=True, timeout=300)
+        assert again.returncode == 1 and "REPRODUCED" in again.stdout, (again.stdout, again.stderr)
+        honest = subprocess.run([sys.executable, "-S", str(scripts[0]), "--server", upstream.url.removesuffix("/v1")],
+                                capture_output=True, text=True, timeout=300)
+        assert honest.returncode == 0 and "not reproduced" in honest.stdout, (honest.stdout, honest.stderr)
+    finally:
+        proxy.stop()

@@ -58,9 +58,21 @@ class Case:
     divergence: str = ""
 
 
+@dataclass
+class Crowd:
+    """Requests of a failed property that show the failure only when sent together (`spec conform --repro`
+    replays them at once): (prompt, max_tokens, Side.complete's keywords) each; `expected` the ids each
+    gave alone (None for a request that is only there to be in flight, e.g. a sampled one), `actual` what
+    each gave in the crowd."""
+    requests: list[tuple[list[int], int, dict]]
+    expected: list[list[int] | None]
+    actual: list[list[int] | None]
+    divergence: str = ""
+
+
 class Violation(AssertionError):
-    """A property failed; `cases` are the single requests that show it (none for a law over samples or a
-    crowd of requests)."""
+    """A property failed; `cases` are the single requests (Case) or the requests sent together (Crowd) that
+    show it (none for a law over samples)."""
 
     def __init__(self, message: str, cases=()):
         super().__init__(message)
@@ -195,18 +207,20 @@ def _stop_ids(subject, prompt: list[int], n: int, full: list[int]) -> str:
     return "stop_token_ids and min_tokens at new tokens 1, 3, n/2"
 
 
-def _crowd_check(subject, prompts: list[list[int]], n: int, noise: float, sampled: bool) -> tuple[int, list, list]:
+def _crowd_check(subject, prompts: list[list[int]], n: int, noise: float, sampled: bool) -> tuple[int, list, list, Crowd]:
     """Each greedy request alone against the same requests sent at once (each prompt twice), with one
-    sampled request per prompt in flight beside them when `sampled`. (ties, bugs) as lines. A subject that
-    takes one request at a time has no crowd to vary: Untested."""
+    sampled request per prompt in flight beside them when `sampled`. (count, ties, bugs as lines, the crowd).
+    A subject that takes one request at a time has no crowd to vary: Untested."""
     spec = subject.test
     if not subject.concurrent:
         raise Untested(f"{subject.name} decodes one request at a time (no requests in flight together)")
     alone = [spec.complete(p, n).ids for p in prompts]
-    greedy = [lambda p=p: spec.complete(p, n).ids for p in prompts + prompts]
-    others = [lambda p=p, k=k: spec.complete(p, n, temperature=1.0, seed=100 + k).ids
-              for k, p in enumerate(prompts)] if sampled else []
-    crowd = concurrently(others + greedy, workers=len(others + greedy))[len(others):]
+    others = [(list(p), n, {"temperature": 1.0, "seed": 100 + k}) for k, p in enumerate(prompts)] if sampled else []
+    greedy = [(list(p), n, {}) for p in prompts + prompts]
+    everything = others + greedy
+    answers = concurrently([lambda r=r: spec.complete(r[0], r[1], **r[2]).ids for r in everything],
+                           workers=len(everything))
+    crowd = answers[len(others):]
     ties, bugs = [], []
     for k, (p, a, c) in enumerate(zip(prompts + prompts, alone + alone, crowd)):
         d = diagnose(subject, p, a, c, noise)
@@ -214,14 +228,15 @@ def _crowd_check(subject, prompts: list[list[int]], n: int, noise: float, sample
             (ties if d.verdict == Verdict.TIE else bugs).append(
                 f"prompt {k % len(prompts)}: alone {a}, among {len(greedy)} greedy"
                 + (f" and {len(others)} sampled" if sampled else "") + f" requests at once {c}: {d}")
-    return len(greedy) + len(others), ties, bugs
+    together = Crowd(everything, [None] * len(others) + alone + alone, answers, "\n".join(bugs))
+    return len(everything), ties, bugs, together
 
 
 def concurrency(subject, prompts: list[list[int]], n: int, noise: float) -> str:
     """Each greedy request alone == the same request among other greedy requests in flight."""
-    total, ties, bugs = _crowd_check(subject, prompts, n, noise, sampled=False)
+    total, ties, bugs, crowd = _crowd_check(subject, prompts, n, noise, sampled=False)
     if bugs:
-        raise Violation("output changes with the requests in flight:\n  " + "\n  ".join(bugs))
+        raise Violation("output changes with the requests in flight:\n  " + "\n  ".join(bugs), [crowd])
     return f"{total} requests at once equal each alone, {len(ties)} ties (noise {noise:.3g})"
 
 
@@ -229,9 +244,10 @@ def mixed_batch(subject, prompts: list[list[int]], n: int, noise: float) -> str:
     """Each greedy request alone == the same request while sampled requests (T = 1, a seed each) are in
     flight: an engine that batches them must not let a sampled row change how a greedy row's drafts are
     judged (vLLM 0.32.0 on CPU does: docs/CONFORMANCE.md)."""
-    total, ties, bugs = _crowd_check(subject, prompts, n, noise, sampled=True)
+    total, ties, bugs, crowd = _crowd_check(subject, prompts, n, noise, sampled=True)
     if bugs:
-        raise Violation("greedy output changes when sampled requests are in flight:\n  " + "\n  ".join(bugs))
+        raise Violation("greedy output changes when sampled requests are in flight:\n  " + "\n  ".join(bugs),
+                        [crowd])
     return (f"{2 * len(prompts)} greedy requests among {len(prompts)} sampled ones equal each alone, "
             f"{len(ties)} ties (noise {noise:.3g})")
 

@@ -6,9 +6,13 @@ server under test gave, the first divergence with the reference's top-2 gap) and
 the last one of a test wins (hypothesis's shrunk counterexample). `write(DIR)` turns each into a Python
 script that needs only the standard library (urllib, json): it sends the same request bodies to the same
 server, prints what came back against what the reference gave, and exits 1 when the failure is still
-there, 0 when the server now gives the reference's ids. `spec conform` runs each once and says whether it
-reproduced. A property whose failure is a law over many samples, or a crowd of requests in flight,
-carries no single request: its report line says so.
+there, 0 when the server now gives the reference's ids. A failure that shows only among requests in flight
+together (endpoints.Crowd: concurrency, mixed_batch) gets a script that sends them at once, in threads, up
+to ATTEMPTS times (a scheduler need not batch them alike every time), and exits 1 when a greedy request
+differs from what it gave alone in any attempt. `spec conform` runs each once and says whether it
+reproduced. A property whose failure is a law over many samples carries no request: its report line says so.
+Every script takes `--server http://HOST:PORT` to send its requests to another address than the kit's run
+(the same engine started again on another port).
 """
 
 from __future__ import annotations
@@ -27,9 +31,15 @@ def record(name: str, impl, subject, violation) -> None:
     """Keep `violation`'s single requests (as bodies for the side under test) for the running test."""
     nodeid = os.environ.get("PYTEST_CURRENT_TEST", name).rsplit(" (", 1)[0]
     side = subject.test
-    requests = []
+    requests, crowd = [], None
     for case in getattr(violation, "cases", ()):
         if not hasattr(side, "request"):   # an engine in process: no HTTP request to replay
+            continue
+        if hasattr(case, "requests"):      # endpoints.Crowd: requests that fail only together
+            crowd = []
+            for (prompt, n, keywords), expected, actual in zip(case.requests, case.expected, case.actual):
+                dialect, url, body = side.request(prompt, n, **keywords)
+                crowd.append(dict(dialect=dialect, url=url, body=body, expected=expected, actual=actual))
             continue
         dialect, url, body = side.request(case.prompt, case.max_tokens, **case.request)
         requests.append(dict(dialect=dialect, url=url, body=body, expected=case.expected, actual=case.actual,
@@ -38,7 +48,7 @@ def record(name: str, impl, subject, violation) -> None:
         identity = subject.identity()
     except Exception as err:   # evidence only
         identity = f"unknown ({type(err).__name__})"
-    RECORDED[nodeid] = dict(property=name, impl=impl.name, identity=identity, requests=requests,
+    RECORDED[nodeid] = dict(property=name, impl=impl.name, identity=identity, requests=requests, crowd=crowd,
                             message=str(violation).splitlines()[0][:300])
 
 
@@ -51,9 +61,55 @@ the reference server (the same model without speculation) gave `expected`, the s
 the reference's (the failure reproduces), 0 when every request now gives the reference's ids."""
 import json
 import sys
+import time
+import urllib.error
+import urllib.parse
 import urllib.request
 
 REQUESTS = json.loads({requests!r})
+{common}
+
+failed = 0
+for number, r in enumerate(REQUESTS):
+    got = send(r)
+    print(f"request {{number}}: POST {{at(r['url'])}} {{json.dumps(r['body'])}}")
+    if r["divergence"]:
+        print(f"  the kit saw: {{r['divergence']}}")
+    print(f"  reference {{r['expected']}}\\n  the kit saw {{r['actual']}}\\n  now        {{got}}")
+    if got != r["expected"]:
+        failed += 1
+print("REPRODUCED: %d of %d requests differ from the reference's ids" % (failed, len(REQUESTS)) if failed
+      else "not reproduced: every request gave the reference's ids")
+sys.exit(1 if failed else 0)
+'''
+
+COMMON = '''
+SERVER = sys.argv[sys.argv.index("--server") + 1] if "--server" in sys.argv else None
+
+
+def at(url):
+    """The recorded URL, at --server's scheme, host and port when given."""
+    if not SERVER:
+        return url
+    new, old = urllib.parse.urlsplit(SERVER), urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit((new.scheme, new.netloc, old.path, old.query, old.fragment))
+
+
+def send(r, tries=4):
+    """The new ids the server gives for request r. A connection refused or reset before an answer (a busy
+    listen queue) is retried, as the kit retries it; an answered request never is."""
+    request = urllib.request.Request(at(r["url"]), data=json.dumps(r["body"]).encode(),
+                                     headers={"Content-Type": "application/json"})
+    for attempt in range(tries):
+        try:
+            with urllib.request.urlopen(request, timeout=600) as response:
+                return new_ids(r["dialect"], json.load(response))
+        except (ConnectionError, urllib.error.URLError) as err:
+            reason = getattr(err, "reason", err)
+            if isinstance(err, urllib.error.HTTPError) or not isinstance(reason, ConnectionError) \
+                    or attempt == tries - 1:
+                raise
+            time.sleep(0.5 * (attempt + 1))
 
 
 def new_ids(dialect, answer):
@@ -63,23 +119,60 @@ def new_ids(dialect, answer):
     if isinstance(choice.get("token_ids"), list):
         return choice["token_ids"]
     return [int(t.split(":", 1)[1]) for t in choice["logprobs"]["tokens"]]
+'''
 
+ATTEMPTS = 5     # a crowd is sent at most this many times: whether an engine batches it alike varies
 
-failed = 0
-for number, r in enumerate(REQUESTS):
-    request = urllib.request.Request(r["url"], data=json.dumps(r["body"]).encode(),
-                                     headers={{"Content-Type": "application/json"}})
-    with urllib.request.urlopen(request, timeout=300) as response:
-        got = new_ids(r["dialect"], json.load(response))
-    print(f"request {{number}}: POST {{r['url']}} {{json.dumps(r['body'])}}")
-    if r["divergence"]:
-        print(f"  the kit saw: {{r['divergence']}}")
-    print(f"  reference {{r['expected']}}\\n  the kit saw {{r['actual']}}\\n  now        {{got}}")
-    if got != r["expected"]:
-        failed += 1
-print("REPRODUCED: %d of %d requests differ from the reference's ids" % (failed, len(REQUESTS)) if failed
-      else "not reproduced: every request gave the reference's ids")
-sys.exit(1 if failed else 0)
+CROWD_SCRIPT = '''"""Reproduces a failure the spec conformance kit saw: property {property} of {impl}.
+Server: {identity}
+{message}
+The requests below are sent to the server under test at once (one thread each), as the kit sent them (the
+prompts as token ids); each greedy request (`expected` not null) gave `expected` when sent alone and must give
+it again among the others. Up to {attempts} attempts. Needs only the Python standard library. Exit status: 1
+when a greedy request differs from its output alone in some attempt (the failure reproduces), 0 when none does.
+Options: --server http://HOST:PORT sends the requests there instead (the same engine on another port)."""
+import json
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+CROWD = json.loads({crowd!r})
+{common}
+
+for attempt in range(1, {attempts} + 1):
+    got, errors = [None] * len(CROWD), []
+
+    def run(k):
+        try:
+            got[k] = send(CROWD[k])
+        except Exception as err:   # no answer: not a reproduction either way
+            errors.append(f"request {{k}}: {{type(err).__name__}}: {{err}}")
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(len(CROWD))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        print("no verdict: requests failed\\n  " + "\\n  ".join(errors))
+        sys.exit(2)
+    differ = [k for k, r in enumerate(CROWD) if r["expected"] is not None and got[k] != r["expected"]]
+    print(f"attempt {{attempt}}: {{len(CROWD)}} requests at once to {{at(CROWD[0]['url'])}}, "
+          f"{{len(differ)}} greedy outputs differ from their output alone")
+    for k in differ:
+        r = CROWD[k]
+        first = next((i for i, (a, b) in enumerate(zip(r["expected"], got[k])) if a != b),
+                     min(len(r["expected"]), len(got[k])))
+        print(f"  request {{k}} {{json.dumps(r['body'])}}\\n    alone    {{r['expected']}}\\n    together {{got[k]}}"
+              f"\\n    first difference at new token {{first}}")
+    if differ:
+        print("REPRODUCED: %d of %d greedy requests differ from their output alone (attempt %d)"
+              % (len(differ), sum(r["expected"] is not None for r in CROWD), attempt))
+        sys.exit(1)
+print("not reproduced: every greedy request gave its output alone in %d attempts" % {attempts})
+sys.exit(0)
 '''
 
 
@@ -95,14 +188,15 @@ def write(folder: Path, failed_nodeids) -> dict[str, tuple[Path | None, str]]:
     out = {}
     for nodeid in failed_nodeids:
         seen = RECORDED.get(nodeid)
-        if seen is None or not seen["requests"]:
-            out[nodeid] = (None, "no reproduction script: the failure is not one request (a law over samples, "
-                                 "requests in flight together, or an engine in process)")
+        if seen is None or not (seen["requests"] or seen.get("crowd")):
+            out[nodeid] = (None, "no reproduction script: the failure is no request that can be replayed (a law "
+                                 "over samples, or an engine in process)")
             continue
         script = folder / _file_name(nodeid)
-        script.write_text(SCRIPT.format(property=seen["property"], impl=seen["impl"], identity=seen["identity"],
-                                        message=seen["message"].replace('"""', "'''"),
-                                        requests=json.dumps(seen["requests"])))
+        said = dict(property=seen["property"], impl=seen["impl"], identity=seen["identity"], common=COMMON,
+                    message=seen["message"].replace('"""', "'''"))
+        script.write_text(SCRIPT.format(requests=json.dumps(seen["requests"]), **said) if seen["requests"] else
+                          CROWD_SCRIPT.format(crowd=json.dumps(seen["crowd"]), attempts=ATTEMPTS, **said))
         out[nodeid] = (script, rerun(script))
     return out
 
