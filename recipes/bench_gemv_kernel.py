@@ -10,28 +10,34 @@ order rotated repeat by repeat, so load from other processes falls on all of the
     rows      spec.gemv.product(layout="rows"): W read in place, one row at a time against up to 8 rows
               of x (the best ISA this CPU has, no software prefetch)
     panel     spec.gemv.product(layout="panel"), what spec.prepack runs: W reordered once into panels of 16
-              rows interleaved k by k, up to 12 rows of x a turn, no horizontal sums; the kernel's own
-              choice of code (AVX-512 CPU: the AVX2+FMA code for 1-2 rows, AVX-512F with a prefetch 1024
-              floats ahead from 3)
+              rows interleaved k by k (on transparent huge pages), up to 12 rows of x a turn, no horizontal
+              sums; the kernel's own choice of code (AVX-512 CPU: the AVX2+FMA code for 1-2 rows, AVX-512F
+              from 3 with a prefetch into L1 1024 floats ahead, from 7 rows 512 ahead into L1 and 8192
+              ahead into L2)
     ...-avx512, ...-avx2   that ISA's code alone, no software prefetch (panel-avx2: what a CPU without
               AVX-512 runs)
-    ...-pfD   with a software prefetch D floats ahead in W's stream (e.g. panel-avx512-pf1024)
+    ...-pfD   with a software prefetch into L1 D floats ahead in W's stream (e.g. panel-avx512-pf1024)
+    ...-farD  with a software prefetch into L2 D floats ahead (e.g. panel-avx512-pf512-far8192)
+    ...-4k    the panels in torch's memory (4 KB pages) instead of huge pages
+    panel-prev  the kernel as of 63683c8: no far prefetch (far=0), torch's memory (panel-far0-4k)
 
 Per path and M: the median and the best over repeats of the 211 products' total (ms), the weights' bytes
 over the best (GB/s), and the median of the paired ratios path / prepack (same repeat). Numerics: max |y - F.linear|
 over all 211 products relative to max |F.linear|, and max |y - fp64| relative to max |fp64| (F.linear's
 own figure beside it is the scale of fp32 rounding).
 
---model: spec's whole one-token step and a 9-token verify pass on SmolLM2 (spec.choose.runs, after a
-64-token prefix, every position's logits kept as recipes/bench_cpu_limit.py's verify_lines does), the
-linears on spec.gemv against oneDNN (SPEC_GEMV=0), and llama.cpp's batch eval of the same tokens on the f32
-GGUF (logits_all, one thread, the cache cut back to the prefix between), interleaved pass by pass in a rotated
-order, paired ratios to oneDNN; and spec
+--model: spec's whole one-token step and verify passes of --passes tokens on SmolLM2 (spec.choose.runs, after
+a 64-token prefix, every position's logits kept as recipes/bench_cpu_limit.py's verify_lines does), one
+runner whose linears run spec.gemv (`gemv`, what spec runs), the kernel as of 63683c8 (`gemv-prev`: no far
+prefetch, 4 KB pages) or oneDNN (`oneDNN`, as with SPEC_GEMV=0), swapped pass by pass, and llama.cpp's batch
+eval of the same tokens on the f32 GGUF (logits_all, one thread, the cache cut back to the prefix between),
+interleaved in a rotated order; paired ratios to oneDNN and each path's pass / its one-token step (the
+median of the per-repeat ratios, and best over best); and spec
 greedy == spec speculative (PromptLookup, gamma 8) on the 5 seed prompts x --check-tokens (96) with the gemv path
 on (in 32 tokens none of lookup's proposals is accepted on them, on any path).
 
     python recipes/bench_gemv_kernel.py [--repeats 15] [--rows 1,2,3,4,8,9] [--paths ...] [--model]
-                                        [--model-repeats 30] [--check-tokens 96]
+                                        [--model-repeats 30] [--passes 1,9] [--check-tokens 96]
 """
 
 from __future__ import annotations
@@ -63,16 +69,23 @@ def prepare(path: str, lin: torch.nn.Linear):
         bn = None if b is None else b.numpy()
         return (lambda x: torch.from_numpy(x.numpy() @ wt)) if bn is None else \
             (lambda x: torch.from_numpy(x.numpy() @ wt + bn))
+    if path == "panel-prev":
+        path = "panel-far0-4k"
     for layout in ("rows", "panel"):
         if path.startswith(layout):
             rest = path[len(layout):]
-            if rest == "":
-                return gemv.product(w, b, layout)
-            variant = {"-avx2": 1, "-avx512": 2}.get(rest[:rest.find("-pf")] if "-pf" in rest else rest, -1)
+            huge = not rest.endswith("-4k")
+            rest = rest.removesuffix("-4k")
+            variant = {"-avx2": 1, "-avx512": 2}.get(rest.split("-pf")[0].split("-far")[0], -1)
             rest = rest.removeprefix("-avx2").removeprefix("-avx512")
-            if rest == "" or rest.startswith("-pf"):
-                return gemv.product(w, b, layout, prefetch=int(rest[3:]) if rest else (-1 if variant < 0 else 0),
-                                    variant=variant)
+            pf, far = (-1, -1) if variant < 0 else (0, 0)
+            if rest.startswith("-pf"):
+                pf, _, rest = rest[3:].partition("-")
+                pf, rest = int(pf), "-" + rest if rest else ""
+            if rest.startswith("-far"):
+                far, rest = int(rest[4:]), ""
+            if rest == "":
+                return gemv.product(w, b, layout, prefetch=pf, variant=variant, far=far, huge=huge)
     raise ValueError(f"--paths: unknown path {path!r}")
 
 
@@ -125,57 +138,73 @@ def micro(model, repeats: int, rows: list[int], paths: list[str]) -> None:
         print(f"{M:<4}" + "".join(f"{c:>28}" for c in cells))
 
 
-def whole_model(model, tok, repeats: int, check_tokens: int) -> None:
-    """The one-token step and the 9-token verify pass, gemv against oneDNN (SPEC_GEMV=0), paired."""
-    from spec import choose, probe
+def whole_model(model, tok, repeats: int, check_tokens: int, passes: list[int]) -> None:
+    """The one-token step and verify passes of `passes` tokens on one runner, its linears on gemv, gemv-prev
+    or oneDNN (swapped pass by pass), and llama.cpp f32, interleaved; paired."""
+    from spec import choose
     from spec.models import encode_prompt
     from spec.prompts import SEED_PROMPTS
     from spec import greedy_generate, speculative_generate, PromptLookup
+    passes = sorted(set([1] + passes))
     prompt = encode_prompt(tok, SEED_PROMPTS[0])
-    cont = greedy_generate(model, prompt, max_new_tokens=64 + 9 - len(prompt) if len(prompt) < 64 else 9).tokens
-    ids = torch.tensor((list(prompt) + list(cont))[:64 + 9])
-    P = 64
-    runs = {}
-    for name, on in (("gemv", True), ("oneDNN", False)):
-        set_gemv(model, on)
-        chosen = choose.runs({"target": model}, ids[:P])
-        run = chosen.runs[0]
-        with torch.inference_mode():
-            run(chosen.prompt, keep=1)
-        packed = run.packed or {}
-        kernel = sum(bool(getattr(f, "kernel", False)) for f in packed.values())
-        runs[name] = run
-        print(f"{name}: prepack.used {prepack.used(model)}, kernel_used {prepack.kernel_used(model)}; "
-              f"{len(packed)} packed linears, {kernel} with the kernel")
+    P, most = 64, max(passes)
+    cont = greedy_generate(model, prompt, max_new_tokens=P + most - len(prompt) if len(prompt) < P else most).tokens
+    ids = torch.tensor((list(prompt) + list(cont))[:P + most])
+    set_gemv(model, True)
+    chosen = choose.runs({"target": model}, ids[:P])
+    run = chosen.runs[0]
+    with torch.inference_mode():
+        run(chosen.prompt, keep=1)
+    packed = run.packed or {}
+    kernel = sum(bool(getattr(f, "kernel", False)) for f in packed.values())
+    print(f"prepack.used {prepack.used(model)}, kernel_used {prepack.kernel_used(model)}; {len(packed)} packed "
+          f"linears, {kernel} with the kernel")
+    if not kernel:
+        raise SystemExit("the runner does not run spec.gemv's kernel here")
+
+    def other(small):
+        out = {}
+        for m, f in packed.items():
+            out[m] = prepack.Packed(f.weight, f.bias, small(f.weight, f.bias) if small else None, f.most if small else 0)
+        return out
+    packs = {"gemv": packed,
+             "gemv-prev": other(lambda w, b: gemv.product(w, b, "panel", far=0, huge=False)),
+             "oneDNN": other(None)}
+    names = list(packs)
     llm = f32_llama(P, [int(t) for t in ids[:P]])
     if llm is not None:
-        runs["llama.cpp f32"] = llm
-    times = {(s, n): [] for s in runs for n in (1, 9)}
+        names.append("llama.cpp f32")
+    times = {(s, n): [] for s in names for n in passes}
+    print(f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     with torch.inference_mode():
         for r in range(-2, repeats):
-            names = list(runs)
             for name in names[r % len(names):] + names[:r % len(names)]:
-                run = runs[name]
-                for n in ((1, 9) if r % 2 == 0 else (9, 1)):
+                for n in (passes if r % 2 == 0 else passes[::-1]):
                     if name == "llama.cpp f32":
-                        run.n_tokens = P          # eval() cuts the cache back to n_tokens first
+                        llm.n_tokens = P          # eval() cuts the cache back to n_tokens first
                         t0 = time.perf_counter()
-                        run.eval([int(t) for t in ids[P:P + n]])
+                        llm.eval([int(t) for t in ids[P:P + n]])
                         t = time.perf_counter() - t0
                     else:
+                        run.packed = packs[name]
                         t0 = time.perf_counter()
                         run(ids[P:P + n], keep=n)
                         t = time.perf_counter() - t0
                         run.crop(P)
                     if r >= 0:
                         times[name, n].append(t)
-    for n in (1, 9):
-        d = times["oneDNN", n]
-        for name in runs:
-            g = times[name, n]
-            print(f"{n}-token pass: {name} {1e3 * statistics.median(g):.1f} ms (min {1e3 * min(g):.1f}); paired ratio "
-                  f"to oneDNN {statistics.median(a / b for a, b in zip(g, d)):.3f} "
-                  f"(min {min(a / b for a, b in zip(g, d)):.3f}, max {max(a / b for a, b in zip(g, d)):.3f})")
+    run.packed = packed
+    print(f"load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    print("ms median / best; [pass / its step: paired median, best / best]; (paired ratio to oneDNN)")
+    print("n   " + "".join(f"{name:>36}" for name in names))
+    for n in passes:
+        cells = []
+        for name in names:
+            g, d, one = times[name, n], times["oneDNN", n], times[name, 1]
+            cells.append(f"{1e3 * statistics.median(g):5.1f}/{1e3 * min(g):5.1f} "
+                         f"[{statistics.median(a / b for a, b in zip(g, one)):.2f},{min(g) / min(one):.2f}] "
+                         f"({statistics.median(a / b for a, b in zip(g, d)):.3f})")
+        print(f"{n:<4}" + "".join(f"{c:>36}" for c in cells))
     set_gemv(model, True)
     for text in SEED_PROMPTS:         # all five; in 32 tokens lookup has none of its proposals accepted here
         p = encode_prompt(tok, text)
@@ -222,9 +251,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--rows", default="1,2,3,4,8,9")
-    ap.add_argument("--paths", default="linear,prepack,numpy,rows,panel,panel-avx512,panel-avx512-pf1024,panel-avx2")
+    ap.add_argument("--paths", default="linear,prepack,numpy,panel,panel-prev,panel-4k,panel-avx512-pf1024,"
+                                       "panel-avx512-pf512-far8192,panel-avx2")
     ap.add_argument("--model", action="store_true")
     ap.add_argument("--model-repeats", type=int, default=30)
+    ap.add_argument("--passes", default="1,9", help="tokens per pass, for --model (1 always)")
     ap.add_argument("--check-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--skip-micro", action="store_true")
@@ -238,7 +269,7 @@ def main() -> None:
     if not args.skip_micro:
         micro(model, args.repeats, [int(r) for r in args.rows.split(",")], args.paths.split(","))
     if args.model:
-        whole_model(model, tok, args.model_repeats, args.check_tokens)
+        whole_model(model, tok, args.model_repeats, args.check_tokens, [int(n) for n in args.passes.split(",")])
 
 
 if __name__ == "__main__":

@@ -1,11 +1,14 @@
 """A hand-written fp32 few-row product, y[M, N] = x[M, K] W[N, K]^T (+ b), for CPU linears (issue 43).
 
-W is nn.Linear's own weight, row-major [out, in], read in place (no copy). Each block of R rows of W is
-streamed once with R x MB independent accumulators, the MB rows of x beside it in L1 (MB <= 4; more rows
-of x take another turn over the block while it is still in L1), K in steps of 16 with a masked tail. The
-C source below is plain C (no torch headers) with function-level target attributes: an AVX-512F variant,
-an AVX2+FMA one and a plain-C fallback, chosen at run time by __builtin_cpu_supports, so the library
-built here (no -march) runs on any x86-64; elsewhere only the plain-C one is compiled.
+Two layouts (see SOURCE): "rows", nn.Linear's own weight read in place; "panel", what spec.prepack runs, a
+copy reordered once into panels of 16 rows interleaved k by k, each 64-byte line one zmm of 16 outputs
+FMA'd against up to 12 rows of x broadcast from L1, the accumulators in registers, the panel streamed
+once. The panel copies live on transparent huge pages where Linux gives them (`buffer`), and the kernel
+prefetches the stream into L1 and, from 7 rows on where the FMAs bound the pass, far ahead into L2
+(spec_gemv_panel). The C source below is plain C (no torch headers) with function-level target
+attributes: an AVX-512F variant, an AVX2+FMA one and a plain-C fallback, chosen at run time by
+__builtin_cpu_supports, so the library built here (no -march) runs on any x86-64; elsewhere only the
+plain-C one is compiled.
 
 `library()` compiles it once with the system C compiler ($CC, else cc) into $SPEC_CACHE (default
 ~/.cache/spec)/gemv/<source hash>.so and self-tests it in a SUBPROCESS (ctypes only, no torch: a crash
@@ -19,10 +22,12 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import logging
+import mmap
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import torch
@@ -134,9 +139,10 @@ static void (*const rows256[5])(const float *, const float *, float *, int64_t, 
     {0, rows256_1, rows256_2, rows256_3, rows256_4};
 
 /* panel, AVX-512: a panel's 16 rows are one zmm per k; MB rows of x, U chains of k per row so that at
-   least 4 FMAs are in flight; the x values broadcast from L1 */
+   least 4 FMAs are in flight; the x values broadcast from L1. Software prefetch: PF floats ahead into L1
+   (one line per U lines), FAR floats ahead into L2 (every line); 0 none. */
 INL T512 void panel512_blk(const float *x, const float *p, float *out, int64_t N, int64_t K, int64_t w,
-                           const int MB, const int U, int64_t PF) {
+                           const int MB, const int U, int64_t PF, int64_t FAR) {
     __m512 acc[12][4];
 #pragma GCC unroll 12
     for (int m = 0; m < MB; m++)
@@ -147,6 +153,7 @@ INL T512 void panel512_blk(const float *x, const float *p, float *out, int64_t N
         if (PF) _mm_prefetch((const char *)(p + k * 16 + PF), _MM_HINT_T0);
 #pragma GCC unroll 4
         for (int u = 0; u < U; u++) {
+            if (FAR) _mm_prefetch((const char *)(p + (k + u) * 16 + FAR), _MM_HINT_T1);
             __m512 wv = _mm512_loadu_ps(p + (k + u) * 16);
 #pragma GCC unroll 12
             for (int m = 0; m < MB; m++) acc[m][u] = _mm512_fmadd_ps(wv, _mm512_set1_ps(x[m * K + k + u]), acc[m][u]);
@@ -167,22 +174,23 @@ INL T512 void panel512_blk(const float *x, const float *p, float *out, int64_t N
 }
 
 #define PANEL512(MB, U) static T512 void panel512_##MB(const float *x, const float *wp, float *y, int64_t N, \
-                                                       int64_t K, int64_t PF) {                            \
-    for (int64_t n = 0; n < N; n += 16) panel512_blk(x, wp + n * K, y + n, N, K, N - n, MB, U, PF); }
+                                                       int64_t K, int64_t PF, int64_t FAR) {               \
+    for (int64_t n = 0; n < N; n += 16) panel512_blk(x, wp + n * K, y + n, N, K, N - n, MB, U, PF, FAR); }
 PANEL512(1, 4) PANEL512(2, 2) PANEL512(3, 2) PANEL512(4, 1) PANEL512(5, 1) PANEL512(6, 1) PANEL512(7, 1)
 PANEL512(8, 1) PANEL512(9, 1) PANEL512(10, 1) PANEL512(11, 1) PANEL512(12, 1)
-static void (*const panel512[13])(const float *, const float *, float *, int64_t, int64_t, int64_t) =
+static void (*const panel512[13])(const float *, const float *, float *, int64_t, int64_t, int64_t, int64_t) =
     {0, panel512_1, panel512_2, panel512_3, panel512_4, panel512_5, panel512_6, panel512_7, panel512_8,
      panel512_9, panel512_10, panel512_11, panel512_12};
 
-/* panel, AVX2: two ymm per k */
+/* panel, AVX2: two ymm per k (one line); PF, FAR as for AVX-512 */
 INL T256 void panel256_blk(const float *x, const float *p, float *out, int64_t N, int64_t K, int64_t w,
-                           const int MB, int64_t PF) {
+                           const int MB, int64_t PF, int64_t FAR) {
     __m256 lo[6], hi[6];
 #pragma GCC unroll 6
     for (int m = 0; m < MB; m++) lo[m] = hi[m] = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; k++) {
-        if (PF && !(k & 3)) _mm_prefetch((const char *)(p + k * 16 + PF), _MM_HINT_T0);
+        if (PF) _mm_prefetch((const char *)(p + k * 16 + PF), _MM_HINT_T0);
+        if (FAR) _mm_prefetch((const char *)(p + k * 16 + FAR), _MM_HINT_T1);
         __m256 a = _mm256_loadu_ps(p + k * 16), c = _mm256_loadu_ps(p + k * 16 + 8);
 #pragma GCC unroll 6
         for (int m = 0; m < MB; m++) {
@@ -206,10 +214,10 @@ INL T256 void panel256_blk(const float *x, const float *p, float *out, int64_t N
 }
 
 #define PANEL256(MB) static T256 void panel256_##MB(const float *x, const float *wp, float *y, int64_t N, \
-                                                    int64_t K, int64_t PF) {                            \
-    for (int64_t n = 0; n < N; n += 16) panel256_blk(x, wp + n * K, y + n, N, K, N - n, MB, PF); }
+                                                    int64_t K, int64_t PF, int64_t FAR) {               \
+    for (int64_t n = 0; n < N; n += 16) panel256_blk(x, wp + n * K, y + n, N, K, N - n, MB, PF, FAR); }
 PANEL256(1) PANEL256(2) PANEL256(3) PANEL256(4) PANEL256(5) PANEL256(6)
-static void (*const panel256[7])(const float *, const float *, float *, int64_t, int64_t, int64_t) =
+static void (*const panel256[7])(const float *, const float *, float *, int64_t, int64_t, int64_t, int64_t) =
     {0, panel256_1, panel256_2, panel256_3, panel256_4, panel256_5, panel256_6};
 #endif
 
@@ -232,9 +240,11 @@ static void add_bias(float *y, const float *b, int64_t M, int64_t N) {
         for (int64_t n = 0; n < N; n++) y[m * N + n] += b[n];
 }
 
-/* w [N][K] in place. Returns the isa used. */
+/* w [N][K] in place; PF floats ahead into L1 (< 0: none); FAR unused (the panel entry's signature).
+   Returns the isa used. */
 int spec_gemv_rows(const float *x, const float *w, const float *b, float *y, int64_t M, int64_t N, int64_t K,
-                   int64_t PF, int isa) {
+                   int64_t PF, int64_t FAR, int isa) {
+    (void)FAR;
     isa = pick(isa);
     if (PF < 0) PF = 0;
 #ifdef HAVE_X86
@@ -254,20 +264,26 @@ int spec_gemv_rows(const float *x, const float *w, const float *b, float *y, int
 }
 
 /* wp [ceil(N/16)][K][16]. isa -1 (auto): on an AVX-512F CPU, 1 or 2 rows run the AVX2+FMA code (measured
-   faster there on Zen 4) and more the AVX-512F code; PF < 0: a prefetch 1024 floats ahead for the AVX-512F
-   code (measured faster from 3 rows on), none for the AVX2 code. Returns the isa used. */
+   faster there on Zen 4) and more the AVX-512F code. PF (floats ahead into L1), FAR (into L2) < 0: the
+   kernel's choice, measured on Zen 4: none for the AVX2 code; for the AVX-512F code FAR 8192 (about one
+   panel of K = 576 ahead) from FAR_ROWS rows on, where the FMAs bound the pass and the core's own window
+   runs too few lines ahead of them, none below (the stream bounds it there, and the far prefetch cost
+   0.1-0.3 more); PF 512 with a far prefetch, 1024 without. FAR 0 and PF -1: the kernel before the far
+   prefetch. Returns the isa used. */
+#define FAR_ROWS 7
 int spec_gemv_panel(const float *x, const float *wp, const float *b, float *y, int64_t M, int64_t N, int64_t K,
-                    int64_t PF, int isa) {
+                    int64_t PF, int64_t FAR, int isa) {
     int automatic = isa < 0;
     isa = pick(isa);
 #ifdef HAVE_X86
     if (automatic && isa == 2 && M <= 2) isa = 1;
-    if (PF < 0) PF = isa == 2 ? 1024 : 0;
+    if (FAR < 0) FAR = isa == 2 && M >= FAR_ROWS ? 8192 : 0;
+    if (PF < 0) PF = isa == 2 ? (FAR ? 512 : 1024) : 0;
     if (isa > 0) {
         int most = isa == 2 ? 12 : 6;
         for (int64_t m = 0; m < M; ) {
             int64_t mb = M - m < most ? M - m : most;
-            (isa == 2 ? panel512 : panel256)[mb](x + m * K, wp, y + m * N, N, K, m == 0 ? PF : 0);
+            (isa == 2 ? panel512 : panel256)[mb](x + m * K, wp, y + m * N, N, K, m == 0 ? PF : 0, m == 0 ? FAR : 0);
             m += mb;
         }
         if (b) add_bias(y, b, M, N);
@@ -318,7 +334,7 @@ for isa in [-1] + list(range(lib.spec_gemv_isa() + 1)):        # -1: the automat
             y = (F * (M * N))()
             got = getattr(lib, "spec_gemv_" + name)(x, wl, b, y, ctypes.c_int64(M), ctypes.c_int64(N),
                                                     ctypes.c_int64(K), ctypes.c_int64(64 if isa >= 0 else -1),
-                                                    ctypes.c_int(isa))
+                                                    ctypes.c_int64(512 if isa >= 0 else -1), ctypes.c_int(isa))
             if got != isa and not (isa < 0 and 0 <= got <= lib.spec_gemv_isa()):
                 sys.exit(f"{name}: isa {isa} asked, {got} ran")
             for i in range(M * N):
@@ -328,7 +344,8 @@ for isa in [-1] + list(range(lib.spec_gemv_isa() + 1)):        # -1: the automat
 print("ok", lib.spec_gemv_isa())
 """
 
-PREFETCH = -1  # floats ahead in w's stream to prefetch; -1: the kernel's own choice (see spec_gemv_panel)
+PREFETCH = -1  # floats ahead in w's stream to prefetch into L1; -1: the kernel's own choice (see spec_gemv_panel)
+FAR = -1       # floats ahead to prefetch into L2 (the panel layout); -1: the kernel's own choice
 
 _STATE: dict = {}
 
@@ -391,7 +408,7 @@ def library():
                 lib = ctypes.CDLL(str(path))
                 for fn in (lib.spec_gemv_rows, lib.spec_gemv_panel):
                     fn.restype = ctypes.c_int
-                    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_int]
+                    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5 + [ctypes.c_int]
                 lib.spec_gemv_isa.restype = ctypes.c_int
         except (RuntimeError, OSError) as e:
             why = str(e)
@@ -417,24 +434,78 @@ def isa() -> int:
     return -1 if lib is None else lib.spec_gemv_isa()
 
 
-def panels(weight: torch.Tensor) -> torch.Tensor:
+# The panel copies live in anonymous memory asked for transparent huge pages (madvise(MADV_HUGEPAGE);
+# Linux's default THP mode "madvise" gives them only where asked, torch's allocator does not ask). On the
+# measured Zen 4 the 211 products over SmolLM2's 538 MB took 0.65-0.75 of the time on 4 KB pages at 1 row
+# and 0.75-0.8 at 9 (docs/BENCHMARKS.md, "A hand-written few-row kernel"): a TLB miss per 4 KB and
+# hardware prefetchers that stop at each 4 KB page. Copies up to ARENA_CHUNK / 2 share 2 MB-aligned chunks
+# of ARENA_CHUNK bytes (a chunk is unmapped when the last tensor in it goes), larger ones get their own
+# mapping. Where there is no madvise or no MADV_HUGEPAGE (not Linux), or the mapping fails: torch's memory.
+HUGE_PAGE = 2 << 20
+ARENA_CHUNK = 64 << 20
+_ARENA: dict = {"map": None, "base": 0, "used": 0, "size": 0}
+_ARENA_LOCK = threading.Lock()
+
+
+def _mapping(nbytes: int):
+    """(an anonymous private mapping of at least nbytes from a 2 MB boundary, asked for huge pages, the
+    boundary's offset in it)."""
+    mm = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    mm.madvise(mmap.MADV_HUGEPAGE)
+    anchor = ctypes.c_char.from_buffer(mm)
+    address = ctypes.addressof(anchor)
+    del anchor                                     # (an exported buffer would keep the map from closing)
+    return mm, (-address) % HUGE_PAGE
+
+
+def buffer(numel: int, huge: bool = True) -> torch.Tensor:
+    """An fp32 tensor of `numel` elements, contents unspecified: with `huge`, 4 KB-aligned in memory asked
+    for transparent huge pages (see HUGE_PAGE above), else (or where that is not possible) torch's."""
+    nbytes = -(-numel * 4 // 4096) * 4096
+    if not huge or not nbytes or not hasattr(mmap, "MADV_HUGEPAGE") or not hasattr(mmap, "MAP_ANONYMOUS"):
+        return torch.empty(numel, dtype=torch.float32)
+    try:
+        with _ARENA_LOCK:
+            if nbytes > ARENA_CHUNK // 2:
+                mm, offset = _mapping(nbytes)
+            else:
+                if _ARENA["map"] is None or _ARENA["used"] + nbytes > _ARENA["size"]:
+                    mm, base = _mapping(ARENA_CHUNK)
+                    _ARENA.update(map=mm, base=base, used=0, size=ARENA_CHUNK)
+                mm, offset = _ARENA["map"], _ARENA["base"] + _ARENA["used"]
+                _ARENA["used"] += nbytes
+            return torch.frombuffer(mm, dtype=torch.float32, count=numel, offset=offset)
+    except (OSError, ValueError) as e:
+        log.debug("spec.gemv: no huge-page mapping (%s); torch's memory", e)
+        return torch.empty(numel, dtype=torch.float32)
+
+
+def panels(weight: torch.Tensor, huge: bool = True) -> torch.Tensor:
     """W [N, K] reordered for the panel layout: [ceil(N/16), K, 16], panel p holding rows 16p..16p+15
-    interleaved k by k (the last panel's missing rows zero)."""
+    interleaved k by k (the last panel's missing rows zero); in `buffer`'s memory (`huge`: huge pages)."""
     N, K = weight.shape
     P = -(-N // 16)
-    padded = weight.detach().new_zeros(P * 16, K)
-    padded[:N] = weight.detach()
-    return padded.view(P, 16, K).transpose(1, 2).contiguous()
+    out = buffer(P * K * 16, huge).view(P, K, 16)
+    full = N // 16
+    w = weight.detach()
+    if full:
+        out[:full].copy_(w[:full * 16].view(full, 16, K).transpose(1, 2))
+    if full < P:
+        tail = w.new_zeros(16, K)
+        tail[:N - full * 16] = w[full * 16:]
+        out[full].copy_(tail.t())
+    return out
 
 
 def product(weight: torch.Tensor, bias: torch.Tensor | None = None, layout: str = "panel",
-            prefetch: int | None = None, variant: int = -1):
+            prefetch: int | None = None, variant: int = -1, far: int | None = None, huge: bool = True):
     """x -> x W^T + b on the library (which must be there: see `library()`), W [N, K] fp32 contiguous
     on CPU as nn.Linear stores it; x [..., K] fp32 on CPU. layout "rows": W read in place; "panel": a
-    reordered copy made here once (`panels`). `variant`: the ISA to use at most (-1: chosen by the
-    kernel per call, see spec_gemv_panel; 2 AVX-512F, 1 AVX2+FMA, 0 plain C). `prefetch`: floats ahead
-    in the weight's stream (None: PREFETCH, -1: the kernel's choice; 0 none). The Product keeps the
-    tensors it reads alive (`keep`)."""
+    reordered copy made here once (`panels`; `huge`: on huge pages). `variant`: the ISA to use at most
+    (-1: chosen by the kernel per call, see spec_gemv_panel; 2 AVX-512F, 1 AVX2+FMA, 0 plain C).
+    `prefetch`, `far`: floats ahead in the weight's stream prefetched into L1 and into L2 (None: PREFETCH,
+    FAR; -1: the kernel's choice; 0 none; `far` only in the panel layout). The Product keeps the tensors
+    it reads alive (`keep`)."""
     lib = library()
     if lib is None:
         raise RuntimeError(f"spec.gemv's library is not available: {reason()}")
@@ -451,14 +522,16 @@ def product(weight: torch.Tensor, bias: torch.Tensor | None = None, layout: str 
                          f"{None if b is None else tuple(b.shape)}")
     N, K = w.shape
     return Product(lib.spec_gemv_panel if layout == "panel" else lib.spec_gemv_rows,
-                   panels(w) if layout == "panel" else w, b, N, K, PREFETCH if prefetch is None else prefetch, variant)
+                   panels(w, huge) if layout == "panel" else w, b, N, K, PREFETCH if prefetch is None else prefetch,
+                   FAR if far is None else far, variant)
 
 
 class Product:
     """x -> x W^T + b through one of the library's entries (made by `product`)."""
 
-    def __init__(self, call, w: torch.Tensor, b: torch.Tensor | None, N: int, K: int, prefetch: int, variant: int):
-        self.call, self.N, self.K, self.prefetch, self.variant = call, N, K, prefetch, variant
+    def __init__(self, call, w: torch.Tensor, b: torch.Tensor | None, N: int, K: int, prefetch: int, far: int,
+                 variant: int):
+        self.call, self.N, self.K, self.prefetch, self.far, self.variant = call, N, K, prefetch, far, variant
         self.keep = (w, b)        # the tensors whose memory the library reads
         self.wp, self.bp = w.data_ptr(), (None if b is None else b.data_ptr())
 
@@ -470,5 +543,6 @@ class Product:
         M = x.numel() // K
         y = torch.empty(*x.shape[:-1], self.N, dtype=torch.float32)
         if M:
-            self.call(x.data_ptr(), self.wp, self.bp, y.data_ptr(), M, self.N, K, self.prefetch, self.variant)
+            self.call(x.data_ptr(), self.wp, self.bp, y.data_ptr(), M, self.N, K, self.prefetch, self.far,
+                      self.variant)
         return y

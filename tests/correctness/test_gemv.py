@@ -57,19 +57,69 @@ def check(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor |
     assert worst <= 1e-5, f"{what}: off the fp64 product by {worst:.3g} of sum |x w|"
 
 
+@pytest.mark.parametrize("prefetch,far,huge", [(None, None, True), (64, 512, True), (0, 0, False)])
 @pytest.mark.parametrize("layout", ["panel", "rows"])
 @pytest.mark.parametrize("N,K", [(96, 64), (17, 71), (33, 16), (1, 1), (16, 15), (40, 600)])
-def test_the_kernel_is_the_linear(lib, layout, N, K):
+def test_the_kernel_is_the_linear(lib, layout, N, K, prefetch, far, huge):
     """Every row count 1-13 (every block of both layouts and a second turn), N and K off the 16 of the
-    blocks (K's masked tail, the last panel's padding), with and without bias, on every ISA."""
+    blocks (K's masked tail, the last panel's padding), with and without bias, on every ISA; with the
+    kernel's own prefetches, explicit ones (near and far, past the weight's end too) and none, the panels
+    on huge pages or torch's memory."""
     g = torch.Generator().manual_seed(N * 1000 + K)
     w, b = torch.randn(N, K, generator=g), torch.randn(N, generator=g)
     for variant in [-1] + list(range(gemv.isa() + 1)):     # -1: the kernel's own choice per call
         for bias in (b, None):
-            f = gemv.product(w, bias, layout, variant=variant)
+            f = gemv.product(w, bias, layout, variant=variant, prefetch=prefetch, far=far, huge=huge)
             for M in range(1, 14):
                 x = torch.randn(M, K, generator=g)
-                check(f(x), x, w, bias, f"{layout} isa {variant} M={M} N={N} K={K} bias={bias is not None}")
+                check(f(x), x, w, bias, f"{layout} isa {variant} M={M} N={N} K={K} bias={bias is not None} "
+                                        f"prefetch={prefetch} far={far} huge={huge}")
+
+
+@pytest.mark.parametrize("N,K", [(96, 64), (17, 71), (1, 1), (2000, 600)])
+def test_panels_are_the_reordered_weight_on_huge_pages(lib, N, K):
+    """The panel copy is W padded to 16 rows and interleaved k by k, the same on huge pages and in
+    torch's memory; copies share the arena without overlapping, 4 KB-aligned (torch's: 64 bytes); where Linux has
+    MADV_HUGEPAGE, a copy's mapping is marked for huge pages (VmFlags 'hg')."""
+    w = torch.randn(N, K)
+    P = -(-N // 16)
+    padded = torch.cat([w, w.new_zeros(P * 16 - N, K)])
+    want = padded.view(P, 16, K).transpose(1, 2)
+    copies = [gemv.panels(w), gemv.panels(w), gemv.panels(w, huge=False)]
+    for c in copies:
+        assert torch.equal(c, want) and c.data_ptr() % 64 == 0
+    assert copies[0].data_ptr() % 4096 == 0 == copies[1].data_ptr() % 4096 or not hasattr(gemv.mmap, "MADV_HUGEPAGE")
+    spans = sorted((c.data_ptr(), c.data_ptr() + c.numel() * 4) for c in copies)
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
+    import mmap
+    if not hasattr(mmap, "MADV_HUGEPAGE"):
+        return
+    at, flags = copies[0].data_ptr(), None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(v, 16) for v in head.split("-"))
+                inside = lo <= at < hi
+            elif head == "VmFlags:" and inside:
+                flags = line.split()[1:]
+    assert flags is not None and "hg" in flags, flags
+
+
+def test_no_huge_pages_falls_back_to_torch_memory(lib, monkeypatch):
+    """A mapping that fails (or a platform without MADV_HUGEPAGE) leaves the panels in torch's memory."""
+    w = torch.randn(40, 24)
+    want = gemv.panels(w, huge=False)
+
+    def fails(nbytes):
+        raise OSError("no mapping")
+    monkeypatch.setattr(gemv, "_mapping", fails)
+    monkeypatch.setitem(gemv._ARENA, "map", None)
+    assert torch.equal(gemv.panels(w), want)
+    monkeypatch.delattr(gemv.mmap, "MADV_HUGEPAGE", raising=False)
+    assert torch.equal(gemv.panels(w), want)
+    x = torch.randn(3, 24)
+    check(gemv.product(w)(x), x, w, None, "torch's memory")
 
 
 def test_batched_empty_and_strided_inputs(lib):
