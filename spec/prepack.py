@@ -10,7 +10,7 @@ exactness checks as the runner probe does. The packed copies add the linears' we
 is open and puts the model's own back on exit; a model that is not fp32 on CPU is left as it is. The
 packed copies are made once per model and kept while its weights are unchanged (keyed weakly).
 `used(model)`: whether spec's runners run `model` packed: fp32 on CPU with oneDNN, not switched off
-(SPEC_PREPACK=0), linears of at least MIN_BYTES, and the packed forward agreeing with the model's own within the probe's tolerance
+(SPEC_PREPACK=0), linears of at least MIN_BYTES whose copies fit in half the memory available (`fits`), and the packed forward agreeing with the model's own within the probe's tolerance
 (spec.probe, once per model); spec.runner's passes then run inside `swapped(forwards(model))`.
 
 Few rows at one thread: spec.gemv's hand-written kernel (a panel-reordered copy of each weight,
@@ -44,6 +44,26 @@ MIN_ROWS = 3  # 1 and 2 rows are padded to 3: oneDNN's 3-row product is faster t
 # one turn over the weight (AVX-512F 12, AVX2+FMA 6); more go to oneDNN. The plain-C variant is there for
 # correctness only: not used here (docs/BENCHMARKS.md, "A hand-written few-row kernel").
 KERNEL_ROWS = {2: 12, 1: 6}
+
+
+def memory_available() -> int | None:
+    """Bytes of memory the system says it can give now (Linux MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def fits(size: int) -> bool:
+    """Whether the packed copies of `size` bytes of linears (the kernel's panels and oneDNN's reordered
+    weights: up to twice `size` more) fit in half the memory available now; where that is unknown,
+    they are assumed to. A model too large for its copies runs its own linears, slower and whole."""
+    free = memory_available()
+    return free is None or 2 * size <= free // 2
 
 
 def available(model) -> bool:
@@ -179,7 +199,7 @@ def _agrees(model) -> bool:
     first id alone (one row, padded)."""
     from spec import hf, probe
     size = sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if type(m) is torch.nn.Linear)
-    if size < MIN_BYTES:
+    if size < MIN_BYTES or not fits(size):
         return False
     ids = probe.ids(model, probe.probe_length(model), next(model.parameters()).device)
     want = [hf.authors_forward(model, ids), hf.authors_forward(model, ids[:1])]

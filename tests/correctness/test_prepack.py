@@ -100,3 +100,18 @@ def test_packing_is_off_when_asked_or_when_the_packed_forward_disagrees(monkeypa
     assert runner.verdict(model)[0] == "kv-cache"
     probe.forget(model)
     prepack._PACKED.pop(model, None)
+
+
+def test_a_model_whose_copies_do_not_fit_in_memory_runs_its_own_linears(monkeypatch):
+    """Packing costs up to twice the linears' bytes more (the kernel's panels and oneDNN's copy): a model
+    whose copies would take more than half the memory available runs unpacked; unknown memory packs."""
+    from spec import probe
+    model = llama()
+    size = sum(m.weight.numel() * 4 for m in model.modules() if type(m) is torch.nn.Linear)
+    monkeypatch.setattr(prepack, "MIN_BYTES", 0)
+    for free, packs in ((4 * size - 1, False), (4 * size, True), (None, True)):
+        monkeypatch.setattr(prepack, "memory_available", lambda free=free: free)
+        probe.forget(model)
+        assert prepack.used(model) is packs, (free, size)
+    probe.forget(model)
+    assert prepack.memory_available() is None or prepack.memory_available() > 0
