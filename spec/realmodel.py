@@ -118,6 +118,22 @@ def convert(say=print) -> Path:
     return out
 
 
+def export_folder(fp32: Path, dst: Path) -> Path:
+    """A folder other engines load (vLLM, optimum-intel's export): the fp32 weights linked, and the config
+    naming its architecture and without the GGUF quantization_config transformers wrote when it
+    dequantized them (with it, optimum's tracer fails: "'dict' object has no attribute 'quant_method'")."""
+    import json
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in fp32.iterdir():
+        if f.name != "config.json" and not (dst / f.name).exists():
+            (dst / f.name).symlink_to(f.resolve())
+    config = json.loads((fp32 / "config.json").read_text())
+    config.pop("quantization_config", None)
+    config["architectures"] = ["LlamaForCausalLM"]
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    return dst
+
+
 def load(say=print, dtype: torch.dtype = torch.float32, device: str = "cpu"):
     """SmolLM2-135M-Instruct and its tokenizer, fetched and converted on first use."""
     from spec.models import load_model

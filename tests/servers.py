@@ -35,17 +35,9 @@ def vllm_python() -> tuple[str | None, str | None]:
 
 
 def model_folder(fp32: Path, dst: Path) -> Path:
-    """A folder vLLM loads: spec.realmodel's fp32 weights (linked), the config naming its architecture
-    and without the GGUF quantization_config transformers wrote when it dequantized them."""
-    dst.mkdir(parents=True, exist_ok=True)
-    for f in fp32.iterdir():
-        if f.name != "config.json" and not (dst / f.name).exists():
-            (dst / f.name).symlink_to(f.resolve())
-    config = json.loads((fp32 / "config.json").read_text())
-    config.pop("quantization_config", None)
-    config["architectures"] = ["LlamaForCausalLM"]
-    (dst / "config.json").write_text(json.dumps(config, indent=2))
-    return dst
+    """A folder vLLM loads (spec.realmodel.export_folder)."""
+    from spec.realmodel import export_folder
+    return export_folder(fp32, dst)
 
 
 def free_port() -> int:

@@ -92,21 +92,6 @@ def python() -> tuple[str | None, str | None]:
     return path, None
 
 
-def source_folder(fp32: Path, dst: Path) -> Path:
-    """A folder optimum-intel exports: spec.realmodel's fp32 weights (linked) and its config without the
-    GGUF quantization_config transformers wrote when it dequantized them (with it, the export's tracer
-    fails: "'dict' object has no attribute 'quant_method'")."""
-    dst.mkdir(parents=True, exist_ok=True)
-    for f in fp32.iterdir():
-        if f.name != "config.json" and not (dst / f.name).exists():
-            (dst / f.name).symlink_to(f.resolve())
-    config = json.loads((fp32 / "config.json").read_text())
-    config.pop("quantization_config", None)
-    config["architectures"] = ["LlamaForCausalLM"]
-    (dst / "config.json").write_text(json.dumps(config, indent=2))
-    return dst
-
-
 def export(python: str, src: Path, out: Path, weight_format: str = "fp32") -> Path:
     """`optimum-cli export openvino` of the transformers folder `src` into `out` (kept if already there).
     int4 is group-wise with group size 64: the default 128 does not divide SmolLM2's 576-wide hidden size
@@ -185,7 +170,7 @@ def models(python: str, draft_format: str = "int8", say=print) -> tuple[Path, Pa
     beside it: (the fp32 target, a `draft_format` weight-compressed copy as the draft)."""
     from spec import realmodel
     root = realmodel.fp32_dir().parent / "openvino"
-    src = source_folder(realmodel.fp32_dir(), root / "src")
+    src = realmodel.export_folder(realmodel.fp32_dir(), root / "src")
     out = []
     for fmt in ("fp32", draft_format):
         if not (root / fmt / "openvino_model.xml").exists():
