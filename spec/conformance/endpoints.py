@@ -207,7 +207,8 @@ def _stop_ids(subject, prompt: list[int], n: int, full: list[int]) -> str:
     return "stop_token_ids and min_tokens at new tokens 1, 3, n/2"
 
 
-def _crowd_check(subject, prompts: list[list[int]], n: int, noise: float, sampled: bool) -> tuple[int, list, list, Crowd]:
+def _crowd_check(subject, prompts: list[list[int]], n: int, noise: float,
+                 sampled: bool) -> tuple[int, list, list, Crowd]:
     """Each greedy request alone against the same requests sent at once (each prompt twice), with one
     sampled request per prompt in flight beside them when `sampled`. (count, ties, bugs as lines, the crowd).
     A subject that takes one request at a time has no crowd to vary: Untested."""

@@ -12,7 +12,7 @@ to ATTEMPTS times (a scheduler need not batch them alike every time), and exits 
 differs from what it gave alone in any attempt. `spec conform` runs each once and says whether it
 reproduced. A property whose failure is a law over many samples carries no request: its report line says so.
 Every script takes `--server http://HOST:PORT` to send its requests to another address than the kit's run
-(the same engine started again on another port).
+(the same engine started again on another port) and `--model NAME` for the served model's name there.
 """
 
 from __future__ import annotations
@@ -85,6 +85,7 @@ sys.exit(1 if failed else 0)
 
 COMMON = '''
 SERVER = sys.argv[sys.argv.index("--server") + 1] if "--server" in sys.argv else None
+MODEL = sys.argv[sys.argv.index("--model") + 1] if "--model" in sys.argv else None
 
 
 def at(url):
@@ -98,7 +99,8 @@ def at(url):
 def send(r, tries=4):
     """The new ids the server gives for request r. A connection refused or reset before an answer (a busy
     listen queue) is retried, as the kit retries it; an answered request never is."""
-    request = urllib.request.Request(at(r["url"]), data=json.dumps(r["body"]).encode(),
+    body = dict(r["body"], model=MODEL) if MODEL and "model" in r["body"] else r["body"]
+    request = urllib.request.Request(at(r["url"]), data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
     for attempt in range(tries):
         try:
@@ -130,7 +132,8 @@ The requests below are sent to the server under test at once (one thread each), 
 prompts as token ids); each greedy request (`expected` not null) gave `expected` when sent alone and must give
 it again among the others. Up to {attempts} attempts. Needs only the Python standard library. Exit status: 1
 when a greedy request differs from its output alone in some attempt (the failure reproduces), 0 when none does.
-Options: --server http://HOST:PORT sends the requests there instead (the same engine on another port)."""
+Options: --server http://HOST:PORT sends the requests there instead (the same engine on another port), and
+--model NAME names the model there (the "model" field of each body)."""
 import json
 import sys
 import threading
