@@ -170,7 +170,7 @@ def _rows(model, role: str, count: int, own: list[str] | None = None):
     if why is None and Need.HIDDEN.value in own:
         why = f"the drafter's rows run one by one ({Need.HIDDEN.value}: each row's own states)"
     if why is None and Need.TREES.value in own and count > 1:
-        tree_why = batch.tree_support(model)
+        tree_why = can.batched_trees
         if tree_why is not None:
             why = f"the drafter's trees are verified row by row ({tree_why})"
     if why is None:
@@ -184,14 +184,19 @@ class Capabilities:
     """What spec's probes found about a model in a role (spec.probe), read as one record: the
     path it runs on and how it counts positions (decided when the record is made), and, asked
     only when read (the probe runs once per model), why its rows cannot share a left-padded cache
-    (None: they can). (Whether it scores a tree in one pass its KVRunner asks: runner.tree_support.)"""
+    and why their trees cannot share one pass (None: they can). (Whether it scores a tree in one pass
+    its KVRunner asks: runner.tree_support.)"""
     model: Any
-    path: str               # a spec.runner path, "plain", "compiled" or UNCACHED
+    path: str               # a spec.runner path, DraftImpl.PLAIN / .COMPILED, or UNCACHED
     positions: Positions
 
     @property
     def batches(self) -> str | None:
         return batch.unbatched(self.model, self.path, self.positions)
+
+    @property
+    def batched_trees(self) -> str | None:
+        return batch.tree_support(self.model)
 
 
 def capabilities(model, role: str = "target", draft_impl: str = "auto") -> Capabilities:
