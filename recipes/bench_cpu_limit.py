@@ -33,6 +33,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -124,7 +125,10 @@ class VLLM:
     def __init__(self, python: str, threads: int):
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), VLLM_CPU_OMP_THREADS_BIND="0" if threads == 1
                    else f"0-{threads - 1}", VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
-        self.proc = subprocess.Popen([python, "-c", VLLM_WORKER, str(realmodel.fp32_dir()), str(threads)],
+        # vLLM refuses the fp32 folder's config (the GGUF quantization_config transformers wrote): the
+        # export folder without it
+        folder = realmodel.export_folder(realmodel.fp32_dir(), Path(tempfile.mkdtemp()) / "model")
+        self.proc = subprocess.Popen([python, "-c", VLLM_WORKER, str(folder), str(threads)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self._read()
 
