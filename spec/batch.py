@@ -114,7 +114,9 @@ class Rows:
         self.held = [torch.empty(0, dtype=torch.long, device=self.device) for _ in range(batch)]
 
     def __call__(self, feeds: list[torch.Tensor], keep: int, trees: list | None = None) -> Pass:
-        if trees is not None and not all(tree.is_chain for tree in trees) and not self.takes_trees:
+        if trees is not None and all(tree.is_chain for tree in trees):     # chains: a plain causal pass
+            feeds, trees = [torch.cat([f, tree.tokens]) for f, tree in zip(feeds, trees)], None
+        if trees is not None and not self.takes_trees:
             raise ValueError(f"draft: a tree came from a drafter whose trees this model cannot verify in a shared "
                              f"batch ({tree_support(self.model)}); add Need.TREES to its `needs`, so that a batch "
                              f"gives each row a runner of its own")
@@ -126,8 +128,7 @@ class Rows:
         return tree_support(self.model) is None
 
     def _logits(self, feeds: list[torch.Tensor], keep: int, trees: list | None = None) -> torch.Tensor:
-        if trees is not None and all(tree.is_chain for tree in trees):
-            feeds, trees = [torch.cat([f, tree.tokens]) for f, tree in zip(feeds, trees)], None
+        """The pass (`trees`: each row's tree, under a 4-D mask; None: feeds alone, causal)."""
         fed = feeds if trees is None else [torch.cat([f, tree.tokens]) for f, tree in zip(feeds, trees)]
         M = max(f.numel() for f in fed)
         short = [i for i, (f, n) in enumerate(zip(fed, self.lengths)) if n + f.numel() < M]

@@ -123,8 +123,7 @@ def rows(roles: dict, input_ids, attention_mask=None, *, input_features=None, de
         _refuse_batch(models, draft_impl, input_features=input_features, decoder_input_ids=decoder_input_ids,
                       share_encoder=share_encoder)
         prompts = batch.prompts(input_ids, attention_mask, model_device(next(iter(models.values()))), models)
-        own = sorted(need.value for need in needs_of(roles.get("draft")))
-        made = {role: _rows(model, role, len(prompts), own) for role, model in models.items()}
+        made = {role: _rows(model, role, len(prompts), needs_of(roles.get("draft"))) for role, model in models.items()}
     drafter: BatchDrafter
     if "draft" in made:
         drafter = ModelDraft(made["draft"], picks or [Pick()] * len(prompts), [p.numel() for p in prompts],
@@ -158,18 +157,17 @@ def _refuse_batch(models: dict, draft_impl: str, *, share_encoder: bool, **encod
                          f"left-padded cache; use draft_impl='hf' or 'auto'")
 
 
-def _rows(model, role: str, count: int, own: list[str] | None = None):
+def _rows(model, role: str, count: int, own: frozenset[Need] = frozenset()):
     """spec.batch.Rows where the model's solo path can share a left-padded cache across `count`
     rows, else one solo Runner per row (spec.batch.EachRunner, with the reason). A drafter that
     makes trees (`own`: its needs) shares the batch where the model passed the batched-tree probe
     (spec.batch.tree_support: each row's tree under its own 4-D mask); one that reads hidden states
     gets a runner a row (a row's states are the row's own, not a left-padded batch's)."""
     can = capabilities(model, role, "hf")
-    own = own or []
     why = can.batches
-    if why is None and Need.HIDDEN.value in own:
+    if why is None and Need.HIDDEN in own:
         why = f"the drafter's rows run one by one ({Need.HIDDEN.value}: each row's own states)"
-    if why is None and Need.TREES.value in own and count > 1:
+    if why is None and Need.TREES in own and count > 1:
         tree_why = can.batched_trees
         if tree_why is not None:
             why = f"the drafter's trees are verified row by row ({tree_why})"
