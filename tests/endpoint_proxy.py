@@ -33,6 +33,8 @@ BUGS = {
     "batch-shape": ("changes the last token when other requests are in flight", "endpoint_concurrency"),
     "sampled-neighbour": ("changes a greedy request's last token while a sampled request is in flight (vLLM 0.32.0 "
                           "CPU with ngram does worse: docs/CONFORMANCE.md)", "endpoint_mixed_batch"),
+    "penalised-neighbour": ("changes a greedy request's last token while a penalised request (repetition, presence or "
+                            "frequency penalty) is in flight, and only then", "endpoint_companions[penalised]"),
     "logprobs-shifted": ("reports each token's logprob at the next position", "endpoint_logprobs"),
     "logprobs-processed": ("reports logprobs after temperature (logprob / T)", "endpoint_sampled_logprobs"),
     "finish-length": ("says finish_reason 'length' whatever stopped it", "endpoint_fields"),
@@ -69,7 +71,10 @@ def _request(bug: str, body: dict) -> dict:
     return body
 
 
-def _choice(bug: str, choice: dict, body: dict, crowded: bool, sampled: bool = False) -> None:
+PENALTIES = ("repetition_penalty", "presence_penalty", "frequency_penalty")
+
+
+def _choice(bug: str, choice: dict, body: dict, crowded: bool, sampled: bool = False, penalised: bool = False) -> None:
     ids = choice.get("token_ids")
     lp = choice.get("logprobs") or None
     if bug == "drop-last-token" and ids and len(ids) == body.get("max_tokens"):
@@ -82,7 +87,8 @@ def _choice(bug: str, choice: dict, body: dict, crowded: bool, sampled: bool = F
         ids[4] = next((t for t in prompt + [0, 1] if t != ids[4]))
         if lp:
             lp["tokens"][4] = f"token_id:{ids[4]}"
-    elif (bug == "batch-shape" and crowded or bug == "sampled-neighbour" and sampled
+    elif (bug == "batch-shape" and crowded or (bug == "sampled-neighbour" and sampled or
+                                               bug == "penalised-neighbour" and penalised)
           and not body.get("temperature")) and ids:
         ids[-1] = next((t for t in body["prompt"] + [0, 1] if t != ids[-1]))
     elif bug == "logprobs-shifted" and lp and lp.get("token_logprobs"):
@@ -118,15 +124,15 @@ class Proxy:
 
     def completions(self, body: dict, company: dict):
         """(status, JSON answer) or (200, the list of stream events). `company`: whether another request,
-        and whether a sampled one, was in flight at any moment while this one was (set on arrival, by
-        this one's and by later ones': not read off the clock, so a control does not depend on timing)."""
+        whether a sampled one and whether a penalised one, was in flight at any moment while this one was (set
+        on arrival, by this one's and by later ones': not read off the clock, so a control does not depend on timing)."""
         sent = _request(self.bug, body)
         if not body.get("stream"):
             response = self.client.post(f"{self.upstream}/completions", json=sent)
             answer = response.json()
             if response.status_code == 200:
                 for choice in answer.get("choices") or []:
-                    _choice(self.bug, choice, body, company["crowded"], company["sampled"])
+                    _choice(self.bug, choice, body, company["crowded"], company["sampled"], company["penalised"])
                 if self.bug == "usage-drafted" and isinstance(answer.get("usage"), dict):
                     answer["usage"]["completion_tokens"] += 2
             return response.status_code, answer
@@ -175,12 +181,15 @@ def _handler(proxy: Proxy):
                 self._send(response.status_code, response.json())
                 return
             sampling = bool(body.get("temperature"))
+            penalising = any(body.get(k) for k in PENALTIES)
             with proxy.lock:
                 company = {"crowded": bool(proxy.in_flight), "sampled": any(c["sampling"] for c in proxy.in_flight),
-                           "sampling": sampling}
+                           "penalised": any(c["penalising"] for c in proxy.in_flight),
+                           "sampling": sampling, "penalising": penalising}
                 for other in proxy.in_flight:
                     other["crowded"] = True
                     other["sampled"] = other["sampled"] or sampling
+                    other["penalised"] = other["penalised"] or penalising
                 proxy.in_flight.append(company)
             try:
                 status, answer = proxy.completions(body, company)

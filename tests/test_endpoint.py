@@ -306,6 +306,8 @@ def proxy_checks(noise):
         "endpoint_seeded": lambda s: endpoints.seeded(s, PROMPTS[:2], 8),
         "endpoint_concurrency": lambda s: endpoints.concurrency(s, PROMPTS, N, noise),
         "endpoint_mixed_batch": lambda s: endpoints.mixed_batch(s, PROMPTS, N, noise),
+        **{f"endpoint_companions[{kind}]": lambda s, kind=kind: endpoints.companions(s, PROMPTS, N, noise, kind)
+           for kind in endpoints.COMPANIONS if kind != "sampled"},
         "endpoint_logprobs": lambda s: endpoints.logprobs(s, PROMPTS, N, noise),
         "endpoint_sampled_logprobs": lambda s: endpoints.sampled_logprobs(s, PROMPTS[:2], 8, noise, 20),
         "endpoint_fields": lambda s: endpoints.fields(s, PROMPTS, N),
@@ -341,15 +343,64 @@ def test_a_proxy_without_a_bug_changes_nothing(endpoint_server, noise):
     try:
         subject = servers_subject(Endpoint(proxy.url), Endpoint(endpoint_server(False).url))
         for prop in ("endpoint_greedy_exact", "endpoint_stops", "endpoint_streaming", "endpoint_fields",
-                     "endpoint_concurrency", "endpoint_mixed_batch", "endpoint_greedy_options"):
+                     "endpoint_concurrency", "endpoint_mixed_batch", "endpoint_greedy_options",
+                     "endpoint_companions[top_k]", "endpoint_companions[seeded]", "endpoint_companions[penalised]"):
             proxy_checks(noise)[prop](subject)
     finally:
         proxy.stop()
 
 
+def held(upstream, monkeypatch):
+    """The requests a property sends at once (endpoints.concurrently) held by `upstream` until all are in flight
+    (Server.held_together), so a crowd bug shows however loaded the machine is."""
+    at_once = endpoints.concurrently
+
+    def held_together(calls, workers=8):
+        with upstream.held_together(min(len(calls), workers)):
+            return at_once(calls, workers)
+    monkeypatch.setattr(endpoints, "concurrently", held_together)
+
+
+def test_each_companion_kind_sees_its_own_neighbour(endpoint_server, noise, monkeypatch):
+    """A proxy that corrupts a greedy row only while a penalised request is in flight: endpoint_companions
+    [penalised] rejects it; sampled (endpoint_mixed_batch), top_k and seeded companions, and greedy ones alone
+    (endpoint_concurrency), do not see it. The in-process server refuses presence/frequency penalties (400):
+    those companions are left out and named, the repetition-penalty ones still run."""
+    upstream = endpoint_server(True)
+    held(upstream, monkeypatch)
+    proxy = Proxy(upstream.url, "penalised-neighbour")
+    try:
+        subject = servers_subject(Endpoint(proxy.url), Endpoint(endpoint_server(False).url))
+        with pytest.raises(endpoints.Violation, match="when penalised requests are in flight") as caught:
+            endpoints.companions(subject, PROMPTS, N, noise, "penalised")
+        (crowd,) = caught.value.cases
+        assert sum(e is None for e in crowd.expected) == 2           # the repetition-penalty companions only
+        assert all("repetition_penalty" in r[2]["options"] for r, e in zip(crowd.requests, crowd.expected) if e is None)
+        for kind in ("sampled", "top_k", "seeded"):
+            assert "equal each alone" in endpoints.companions(subject, PROMPTS, N, noise, kind)
+        assert "equal each alone" in endpoints.concurrency(subject, PROMPTS, N, noise)
+        assert "untested companions: {'presence_penalty': 0.8, 'frequency_penalty': 0.6} (the speculative server " \
+               "refuses it: 400" in endpoints.companions(servers_subject(Endpoint(upstream.url),
+                                                                         Endpoint(endpoint_server(False).url)),
+                                                         PROMPTS, N, noise, "penalised")
+    finally:
+        proxy.stop()
+
+
+def test_a_companion_kind_the_server_refuses_is_untested(good, noise, monkeypatch):
+    """min_p is refused by the in-process speculative server (as vLLM refuses it under speculation): a kind whose
+    every companion is refused is untested, naming why, never a pass."""
+    monkeypatch.setitem(endpoints.COMPANIONS, "min_p", lambda k: {"temperature": 1.0, "seed": k,
+                                                                  "options": {"min_p": 0.2}})
+    with pytest.raises(endpoints.Untested, match=r"every min_p companion refused: \{'min_p': 0.2\} \(the "
+                                                 r"speculative server refuses it: 400"):
+        endpoints.companions(good, PROMPTS, N, noise, "min_p")
+
+
 def test_a_known_crash_is_not_sent_again(endpoint_server, tmp_path, capsys):
     """A server that says it is vLLM 0.32.0 (owned_by and GET /version) gets no top_k sampling request (it
-    killed that engine): the case is an expected failure naming the finding, and the run passes."""
+    killed that engine), neither as a sampling option nor as a companion of greedy requests: each case is an
+    expected failure naming the finding, and the run passes."""
     from spec.conformance import conform
     posing = endpoint_server(True, None, "small")
     posing.owner, posing.version = "vllm", "0.32.0"
@@ -357,10 +408,12 @@ def test_a_known_crash_is_not_sent_again(endpoint_server, tmp_path, capsys):
         assert Endpoint(posing.url).identity() == "vllm 0.32.0"
         out = tmp_path / "conformance.json"
         argv = ["--impl", f"openai:{posing.url}", "--reference", f"openai:{endpoint_server(False, None, 'small').url}",
-                "--budget", "0.25", "-k", "sampling_options and top_k", "--out", str(out)]
+                "--budget", "0.25", "-k", "(sampling_options or companions) and top_k", "--out", str(out)]
         assert conform.main(argv) == 0, capsys.readouterr().out[-2000:]
         rows = json.loads(out.read_text())["results"]
-        assert [r["outcome"] for r in rows] == ["xfail"] and "EngineCore" in rows[0]["evidence"]
+        assert [(r["property"], r["outcome"]) for r in rows] == [("endpoint_companions", "xfail"),
+                                                                 ("endpoint_sampling_options", "xfail")], rows
+        assert all("EngineCore" in r["evidence"] for r in rows)
     finally:
         posing.owner, posing.version = "spec", None
 

@@ -12,6 +12,7 @@ is named a tie and anything else is a bug.
                  (inside an accepted block or not), ignore_eos, min_tokens
   concurrency    each request's output alone == its output among concurrent requests with other prompts
   mixed_batch    ... and among sampled requests in flight
+  companions     ... and among top-k, seeded or penalised requests in flight (COMPANIONS)
   logprobs       the logprob reported for each emitted token == the reference's for the same prefix,
                  within the measured noise (not the draft's, not a processed one)
   sampling_law   the law of the first new token at T > 0 with per-request seeds (speculation running
@@ -207,18 +208,58 @@ def _stop_ids(subject, prompt: list[int], n: int, full: list[int]) -> str:
     return "stop_token_ids and min_tokens at new tokens 1, 3, n/2"
 
 
+# Companions: the requests sent beside the greedy ones (each prompt's greedy request twice) in a mixed batch.
+# kind -> the keywords (Side.complete's) of prompt k's companion. `sampled` is endpoint_mixed_batch (T = 1, a
+# seed each); the others are endpoint_companions[kind]: `top_k` (T = 0.9, top-k 2, a seed each), `seeded` (T = 1,
+# one fixed seed for all, the seed endpoint_seeded sends first), `penalised` (T = 1, a seed each, a repetition
+# penalty and presence + frequency penalties on alternate prompts). The field's reports: a greedy row changed by
+# a sampled, filtered, seeded or penalised neighbour in the same step (vLLM 0.32.0 CPU: docs/CONFORMANCE.md).
+COMPANIONS = {
+    "sampled": lambda k: {"temperature": 1.0, "seed": 100 + k},
+    "top_k": lambda k: {"temperature": 0.9, "seed": 200 + k, "options": {"top_k": 2}},
+    "seeded": lambda k: {"temperature": 1.0, "seed": 11},
+    "penalised": lambda k: {"temperature": 1.0, "seed": 300 + k,
+                            "options": [{"repetition_penalty": 1.3},
+                                        {"presence_penalty": 0.8, "frequency_penalty": 0.6}][k % 2]},
+}
+
+
+def companion_options(kind: str) -> set[str]:
+    """The sampling options a companion kind sends (known crashes are keyed on them)."""
+    return {o for k in range(2) for o in COMPANIONS[kind](k).get("options", {})}
+
+
+def _companions(subject, kind: str, prompts: list[list[int]], n: int) -> tuple[list, list[str]]:
+    """Prompt k's companion of `kind` for each prompt, as (prompt, n, keywords); and the option sets the server
+    under test refuses (each tried once alone, 2 tokens: a 4xx or an option its API lacks), which are left out."""
+    spec = subject.test
+    kept, refused, verdict = [], [], {}
+    for k, p in enumerate(prompts):
+        keywords = COMPANIONS[kind](k)
+        key = repr(keywords.get("options"))
+        if key not in verdict:
+            try:
+                _refusable("the speculative server", lambda: spec.complete(list(p), 2, **keywords))
+                verdict[key] = None
+            except Untested as why:
+                verdict[key] = f"{keywords.get('options')} ({why})"
+                refused.append(verdict[key])
+        if verdict[key] is None:
+            kept.append((list(p), n, keywords))
+    return kept, refused
+
+
 def _crowd_check(subject, prompts: list[list[int]], n: int, noise: float,
-                 sampled: bool) -> tuple[int, list, list, Crowd]:
-    """Each greedy request alone against the same requests sent at once (each prompt twice), with one
-    sampled request per prompt in flight beside them when `sampled`. (count, ties, bugs as lines, the crowd).
+                 others: list, label: str = "") -> tuple[int, list, list, Crowd]:
+    """Each greedy request alone against the same requests sent at once (each prompt twice), with `others`
+    ((prompt, n, keywords) each: the companions) in flight beside them. (count, ties, bugs as lines, the crowd).
     A subject that takes one request at a time has no crowd to vary: Untested."""
     spec = subject.test
     if not subject.concurrent:
         raise Untested(f"{subject.name} decodes one request at a time (no requests in flight together)")
     alone = [spec.complete(p, n).ids for p in prompts]
-    others = [(list(p), n, {"temperature": 1.0, "seed": 100 + k}) for k, p in enumerate(prompts)] if sampled else []
     greedy = [(list(p), n, {}) for p in prompts + prompts]
-    everything = others + greedy
+    everything = list(others) + greedy
     answers = concurrently([lambda r=r: spec.complete(r[0], r[1], **r[2]).ids for r in everything],
                            workers=len(everything))
     crowd = answers[len(others):]
@@ -228,29 +269,44 @@ def _crowd_check(subject, prompts: list[list[int]], n: int, noise: float,
         if d is not None:
             (ties if d.verdict == Verdict.TIE else bugs).append(
                 f"prompt {k % len(prompts)}: alone {a}, among {len(greedy)} greedy"
-                + (f" and {len(others)} sampled" if sampled else "") + f" requests at once {c}: {d}")
+                + (f" and {len(others)} {label}" if others else "") + f" requests at once {c}: {d}")
     together = Crowd(everything, [None] * len(others) + alone + alone, answers, "\n".join(bugs))
     return len(everything), ties, bugs, together
 
 
 def concurrency(subject, prompts: list[list[int]], n: int, noise: float) -> str:
     """Each greedy request alone == the same request among other greedy requests in flight."""
-    total, ties, bugs, crowd = _crowd_check(subject, prompts, n, noise, sampled=False)
+    total, ties, bugs, crowd = _crowd_check(subject, prompts, n, noise, [])
     if bugs:
         raise Violation("output changes with the requests in flight:\n  " + "\n  ".join(bugs), [crowd])
     return f"{total} requests at once equal each alone, {len(ties)} ties (noise {noise:.3g})"
 
 
+def companions(subject, prompts: list[list[int]], n: int, noise: float, kind: str = "sampled") -> str:
+    """Each greedy request alone == the same request while companions of `kind` (COMPANIONS) are in flight:
+    an engine that batches them must not let a sampled, filtered, seeded or penalised row change how a greedy
+    row's drafts are judged. Companion option sets the server refuses are left out and named; a kind refused
+    entirely is untested, never a pass."""
+    if kind not in COMPANIONS:
+        raise ValueError(f"kind must be one of {sorted(COMPANIONS)}, got {kind!r}")
+    if not subject.concurrent:
+        raise Untested(f"{subject.name} decodes one request at a time (no requests in flight together)")
+    others, refused = _companions(subject, kind, prompts, n)
+    if not others:
+        raise Untested(f"every {kind} companion refused: {'; '.join(refused)}")
+    total, ties, bugs, crowd = _crowd_check(subject, prompts, n, noise, others, kind)
+    if bugs:
+        raise Violation(f"greedy output changes when {kind} requests are in flight:\n  " + "\n  ".join(bugs),
+                        [crowd])
+    return (f"{2 * len(prompts)} greedy requests among {len(others)} {kind} ones equal each alone, "
+            f"{len(ties)} ties (noise {noise:.3g})" + (f"; untested companions: {'; '.join(refused)}" if refused else ""))
+
+
 def mixed_batch(subject, prompts: list[list[int]], n: int, noise: float) -> str:
     """Each greedy request alone == the same request while sampled requests (T = 1, a seed each) are in
-    flight: an engine that batches them must not let a sampled row change how a greedy row's drafts are
-    judged (vLLM 0.32.0 on CPU does: docs/CONFORMANCE.md)."""
-    total, ties, bugs, crowd = _crowd_check(subject, prompts, n, noise, sampled=True)
-    if bugs:
-        raise Violation("greedy output changes when sampled requests are in flight:\n  " + "\n  ".join(bugs),
-                        [crowd])
-    return (f"{2 * len(prompts)} greedy requests among {len(prompts)} sampled ones equal each alone, "
-            f"{len(ties)} ties (noise {noise:.3g})")
+    flight (companions of kind `sampled`): an engine that batches them must not let a sampled row change how
+    a greedy row's drafts are judged (vLLM 0.32.0 on CPU does: docs/CONFORMANCE.md)."""
+    return companions(subject, prompts, n, noise, "sampled")
 
 
 def logprobs(subject, prompts: list[list[int]], n: int, noise: float) -> str:
