@@ -30,6 +30,8 @@ BUGS = {
     "filters-ignored": ("drops top_k/top_p/min_p", "endpoint_sampling_options"),
     "temperature-off": ("samples at 1.5x the requested temperature", "endpoint_sampling_law"),
     "seed-ignored": ("draws a fresh seed for every request", "endpoint_seeded"),
+    "seed-position": ("adds the request's position in the batch (the requests in flight when it arrived) to its "
+                      "seed", "endpoint_seeded_batch"),
     "batch-shape": ("changes the last token when other requests are in flight", "endpoint_concurrency"),
     "sampled-neighbour": ("changes a greedy request's last token while a sampled request is in flight (vLLM 0.32.0 "
                           "CPU with ngram does worse: docs/CONFORMANCE.md)", "endpoint_mixed_batch"),
@@ -127,6 +129,8 @@ class Proxy:
         whether a sampled one and whether a penalised one, was in flight at any moment while this one was (set
         on arrival, by this one's and by later ones': not read off the clock, so a control does not depend on timing)."""
         sent = _request(self.bug, body)
+        if self.bug == "seed-position" and "seed" in sent:
+            sent["seed"] += company["position"]
         if not body.get("stream"):
             response = self.client.post(f"{self.upstream}/completions", json=sent)
             answer = response.json()
@@ -185,7 +189,7 @@ def _handler(proxy: Proxy):
             with proxy.lock:
                 company = {"crowded": bool(proxy.in_flight), "sampled": any(c["sampling"] for c in proxy.in_flight),
                            "penalised": any(c["penalising"] for c in proxy.in_flight),
-                           "sampling": sampling, "penalising": penalising}
+                           "sampling": sampling, "penalising": penalising, "position": len(proxy.in_flight)}
                 for other in proxy.in_flight:
                     other["crowded"] = True
                     other["sampled"] = other["sampled"] or sampling

@@ -304,6 +304,7 @@ def proxy_checks(noise):
         "endpoint_sampling_options": lambda s: endpoints.sampling_options(s, small, {"top_k": 2}, SAMPLES, 1e-3),
         "endpoint_sampling_law": lambda s: endpoints.sampling_law(s, small, 1.0, SAMPLES, kit.SMALL_VOCAB, 1e-3),
         "endpoint_seeded": lambda s: endpoints.seeded(s, PROMPTS[:2], 8),
+        "endpoint_seeded_batch": lambda s: endpoints.seeded_batch(s, PROMPTS[:2], 8),
         "endpoint_concurrency": lambda s: endpoints.concurrency(s, PROMPTS, N, noise),
         "endpoint_mixed_batch": lambda s: endpoints.mixed_batch(s, PROMPTS, N, noise),
         **{f"endpoint_companions[{kind}]": lambda s, kind=kind: endpoints.companions(s, PROMPTS, N, noise, kind)
@@ -344,7 +345,8 @@ def test_a_proxy_without_a_bug_changes_nothing(endpoint_server, noise):
         subject = servers_subject(Endpoint(proxy.url), Endpoint(endpoint_server(False).url))
         for prop in ("endpoint_greedy_exact", "endpoint_stops", "endpoint_streaming", "endpoint_fields",
                      "endpoint_concurrency", "endpoint_mixed_batch", "endpoint_greedy_options",
-                     "endpoint_companions[top_k]", "endpoint_companions[seeded]", "endpoint_companions[penalised]"):
+                     "endpoint_companions[top_k]", "endpoint_companions[seeded]", "endpoint_companions[penalised]",
+                     "endpoint_seeded_batch"):
             proxy_checks(noise)[prop](subject)
     finally:
         proxy.stop()
@@ -395,6 +397,36 @@ def test_a_companion_kind_the_server_refuses_is_untested(good, noise, monkeypatc
     with pytest.raises(endpoints.Untested, match=r"every min_p companion refused: \{'min_p': 0.2\} \(the "
                                                  r"speculative server refuses it: 400"):
         endpoints.companions(good, PROMPTS, N, noise, "min_p")
+
+
+def test_seeded_samples_alone_batched_and_reordered(endpoint_server, good, monkeypatch):
+    """endpoint_seeded_batch: the honest server gives each seeded request its sample alone, at once and in
+    reversed order; a proxy that adds a request's position in the batch to its seed fails it, though each
+    request alone repeats its sample (endpoint_seeded passes); the crowd it fails on is what --repro replays;
+    and where the reference itself mixes seeds with positions the property is untested, not passed."""
+    upstream = endpoint_server(True)
+    held(upstream, monkeypatch)
+    assert "6 seeded requests give their samples alone, at once and at once in reversed order" in \
+        endpoints.seeded_batch(good, PROMPTS[:3], 8, seeds=(21, 22))
+    proxy = Proxy(upstream.url, "seed-position")
+    try:
+        broken = servers_subject(Endpoint(proxy.url), Endpoint(endpoint_server(False).url))
+        assert "repeat their samples" in endpoints.seeded(broken, PROMPTS[:2], 8)
+        with pytest.raises(endpoints.Violation, match=r"seeded samples change when sent at once \(\d+ of 6") as caught:
+            endpoints.seeded_batch(broken, PROMPTS[:3], 8, seeds=(21, 22))
+        (crowd,) = caught.value.cases
+        assert all(e is not None for e in crowd.expected) and crowd.expected != crowd.actual
+        assert [r[2]["seed"] for r in crowd.requests] == [21, 22] * 3
+    finally:
+        proxy.stop()
+    plain = endpoint_server(False)
+    held(plain, monkeypatch)
+    mixed = Proxy(plain.url, "seed-position")
+    try:
+        out = endpoints.seeded_batch(servers_subject(Endpoint(upstream.url), Endpoint(mixed.url)), PROMPTS[:3], 8)
+        assert out.startswith("untested: the reference itself does not repeat its seeded sample batched"), out
+    finally:
+        mixed.stop()
 
 
 def test_a_known_crash_is_not_sent_again(endpoint_server, tmp_path, capsys):

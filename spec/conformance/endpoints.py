@@ -13,6 +13,7 @@ is named a tie and anything else is a bug.
   concurrency    each request's output alone == its output among concurrent requests with other prompts
   mixed_batch    ... and among sampled requests in flight
   companions     ... and among top-k, seeded or penalised requests in flight (COMPANIONS)
+  seeded_batch   a seeded sampled request's ids alone == at once with others == at once in reversed order
   logprobs       the logprob reported for each emitted token == the reference's for the same prefix,
                  within the measured noise (not the draft's, not a processed one)
   sampling_law   the law of the first new token at T > 0 with per-request seeds (speculation running
@@ -542,6 +543,44 @@ def seeded(subject, prompts: list[list[int]], n: int, seeds=(11, 12, 13), temper
             raise Violation(f"prompt {k}, seeds {sorted(by_seed)}, T={temperature}: every seed gave {list(ours.pop())} "
                             f"(the reference's samples differ with the seed)")
     return f"{len(prompts) * len(seeds)} seeded requests repeat their samples"
+
+
+def seeded_batch(subject, prompts: list[list[int]], n: int, seeds=(21, 22, 23), temperature: float = 1.0) -> str:
+    """Seeded sampled requests (each prompt with each seed) sent alone, then all at once, then all at once in
+    reversed order: each one's ids are the same all three ways (a seed is the request's, not its position in a
+    batch or its neighbours'). Untested where the reference itself does not repeat its seeded samples batched."""
+    spec, ref = subject.test, subject.reference
+    if not subject.concurrent:
+        raise Untested(f"{subject.name} decodes one request at a time (no requests in flight together)")
+    requests = [(list(p), n, {"temperature": temperature, "seed": s}) for p in prompts for s in seeds]
+
+    def three_ways(side):
+        alone = [side.complete(p, m, **kw).ids for p, m, kw in requests]
+        together = concurrently([lambda r=r: side.complete(r[0], r[1], **r[2]).ids for r in requests],
+                                workers=len(requests))
+        backwards = concurrently([lambda r=r: side.complete(r[0], r[1], **r[2]).ids for r in requests[::-1]],
+                                 workers=len(requests))[::-1]
+        return alone, together, backwards
+
+    r_alone, r_together, r_backwards = three_ways(ref)
+    if r_alone != r_together or r_alone != r_backwards:
+        k = next(i for i in range(len(requests)) if not r_alone[i] == r_together[i] == r_backwards[i])
+        return (f"untested: the reference itself does not repeat its seeded sample batched (seed "
+                f"{requests[k][2]['seed']}: alone {r_alone[k]}, together {r_together[k]}, reversed {r_backwards[k]})")
+    alone, together, backwards = three_ways(spec)
+    for order, got in (("at once", together), ("at once in reversed order", backwards)):
+        differ = [k for k in range(len(requests)) if got[k] != alone[k]]
+        if differ:
+            sent = requests if order == "at once" else requests[::-1]
+            crowd = Crowd(sent, alone if order == "at once" else alone[::-1],
+                          got if order == "at once" else got[::-1])
+            lines = [f"prompt {k // len(seeds)}, seed {requests[k][2]['seed']}, T={temperature}: alone {alone[k]}, "
+                     f"{len(requests)} {order} {got[k]}" for k in differ]
+            crowd.divergence = "\n".join(lines)
+            raise Violation(f"seeded samples change when sent {order} ({len(differ)} of {len(requests)}; the "
+                            f"reference repeats its own):\n  " + "\n  ".join(lines), [crowd])
+    return (f"{len(requests)} seeded requests give their samples alone, at once and at once in reversed order, "
+            f"as the reference's do")
 
 
 def sampled_logprobs(subject, prompts: list[list[int]], n: int, noise: float, k: int,

@@ -24,6 +24,8 @@ acceptance by draft position and the alpha fitted to it.
   endpoint_fields                  finish_reason, text and usage agree with the reference's where ids do
   endpoint_streaming               streamed == unstreamed (ids, text, finish_reason, usage)
   endpoint_seeded                  a seeded request repeats its sample, as the reference's does
+  endpoint_seeded_batch            seeded requests alone == all at once == at once in reversed order
+                                   (untested where the reference's do not)
   endpoint_sampled_logprobs        sampled tokens' logprobs == the reference's raw ones for that prefix
   endpoint_sampling_options        the law of the first 2 new tokens with top-k, top-p, min-p, a logit bias,
                                    penalties: the speculative server's samples against the reference's
@@ -230,6 +232,10 @@ def test_endpoint_streaming(impl, subject, seed_ids, budget, record_property):
 
 def test_endpoint_seeded(impl, subject, seed_ids, record_property):
     _check("endpoint_seeded", impl, record_property, endpoints.seeded, subject, seed_ids[:2], 8)
+
+
+def test_endpoint_seeded_batch(impl, subject, seed_ids, record_property):
+    _check("endpoint_seeded_batch", impl, record_property, endpoints.seeded_batch, subject, seed_ids[:2], 8)
 
 
 def test_endpoint_sampled_logprobs(impl, subject, seed_ids, noise, record_property):
