@@ -52,6 +52,23 @@ def test_load_needs_a_reference_and_refuses_one_elsewhere():
                                                                     "http://127.0.0.1:2/v1", "m")
 
 
+def test_control_is_taken_only_as_a_served_url(capsys):
+    """--control names a server (openai:URL) for an openai:URL decoder only: anything else is a usage error that
+    names the argument (exit 2)."""
+    from spec.conformance import conform
+    with pytest.raises(ValueError, match="--control must be openai:URL"):
+        impls.load("openai:http://127.0.0.1:1/v1", reference="openai:http://127.0.0.1:2/v1",
+                   control="http://127.0.0.1:3/v1")
+    with pytest.raises(ValueError, match="--control: only an openai:URL decoder"):
+        impls.load("spec", control="openai:http://127.0.0.1:3/v1")
+    impl = impls.load("openai:http://127.0.0.1:1/v1", reference="openai:http://127.0.0.1:2/v1",
+                      control="openai:http://127.0.0.1:3/v1/")
+    assert impl.control == "http://127.0.0.1:3/v1"
+    assert conform.main(["--impl", "openai:http://127.0.0.1:1/v1", "--reference", "openai:http://127.0.0.1:2/v1",
+                         "--control", "127.0.0.1:3"]) == 2
+    assert "--control must be openai:URL" in capsys.readouterr().err
+
+
 def test_a_server_that_is_down_is_a_clear_error():
     with pytest.raises(EndpointError, match="cannot connect"):
         Endpoint("http://127.0.0.1:9/v1", retries=1, pause=0.01)
@@ -427,6 +444,53 @@ def test_seeded_samples_alone_batched_and_reordered(endpoint_server, good, monke
         assert out.startswith("untested: the reference itself does not repeat its seeded sample batched"), out
     finally:
         mixed.stop()
+
+
+@pytest.mark.parametrize("control", ["none", "honest", "same-bug"])
+def test_a_failed_crowd_is_replayed_on_the_control(endpoint_server, noise, monkeypatch, control):
+    """A proxy whose bug shows only among requests in flight (batch-shape) fails endpoint_concurrency whatever the
+    control says; the label is what changes: its crowd replayed on a control that is the honest engine (as a
+    batch-invariant mode would be) vanishes, "batch-shape effect"; on a control with the same bug it survives,
+    "bug"; with none, "no control given"."""
+    upstream = endpoint_server(True)
+    held(upstream, monkeypatch)
+    proxies = [Proxy(upstream.url, "batch-shape")]
+    try:
+        if control == "same-bug":
+            proxies.append(Proxy(upstream.url, "batch-shape"))
+        side = {"none": None, "honest": Endpoint(upstream.url), "same-bug": Endpoint(proxies[-1].url)}[control]
+        subject = servers_subject(Endpoint(proxies[0].url), Endpoint(endpoint_server(False).url), control=side)
+        label = {"none": endpoints.NO_CONTROL, "honest": endpoints.VANISHES, "same-bug": endpoints.SURVIVES}[control]
+        with pytest.raises(endpoints.Violation) as caught:
+            endpoints.concurrency(subject, PROMPTS, N, noise)
+        lines = str(caught.value).splitlines()
+        assert lines[0] == "output changes with the requests in flight:" and lines[1].strip().startswith(label), lines
+        for other in {endpoints.NO_CONTROL, endpoints.VANISHES, endpoints.SURVIVES} - {label}:
+            assert other not in str(caught.value)
+    finally:
+        for proxy in proxies:
+            proxy.stop()
+
+
+def test_conform_cli_labels_a_crowd_failure_by_its_control(endpoint_server, tmp_path, capsys, monkeypatch):
+    """`spec conform --control openai:URL`: the control server is probed and a failed crowd property's evidence says
+    what the control made of it (the property still fails: exit 1)."""
+    from spec.conformance import conform
+    upstream = endpoint_server(True)
+    held(upstream, monkeypatch)
+    proxy = Proxy(upstream.url, "sampled-neighbour")
+    try:
+        out = tmp_path / "conformance.json"
+        argv = ["--impl", f"openai:{proxy.url}", "--reference", f"openai:{endpoint_server(False).url}",
+                "--control", f"openai:{upstream.url}", "--budget", "0.25", "-k", "endpoint_mixed_batch",
+                "--out", str(out)]
+        assert conform.main(argv) == 1, capsys.readouterr().out[-2000:]
+        report = json.loads(out.read_text())
+        (row,) = report["results"]
+        assert report["control"] == f"openai:{upstream.url}"
+        assert row["outcome"] == "failed" and endpoints.VANISHES in row["evidence"], row
+    finally:
+        proxy.stop()
 
 
 def test_a_known_crash_is_not_sent_again(endpoint_server, tmp_path, capsys):

@@ -111,6 +111,11 @@ def parse_args(argv):
                         "(Python standard library only) to DIR and rerun it once to confirm it reproduces")
     p.add_argument("--reference", default=None,
                    help="for --impl openai:URL: openai:URL of the same model served without speculation")
+    p.add_argument("--control", default=None,
+                   help="for --impl openai:URL: openai:URL of the same speculative engine started in its "
+                        "deterministic / batch-invariant mode (vLLM: VLLM_BATCH_INVARIANT=1); a crowd property "
+                        "that fails replays its crowd there: 'survives the control: bug' or 'vanishes under the "
+                        "control: batch-shape effect'")
     return p.parse_args(argv)
 
 
@@ -127,7 +132,7 @@ def _usage_error(args) -> str | None:
         return f"the conformance kit needs pytest and hypothesis ({err}): pip install 'spec[conform]'"
     from spec.conformance import impls
     try:
-        impls.load(args.impl, model=args.model, reference=args.reference)
+        impls.load(args.impl, model=args.model, reference=args.reference, control=args.control)
     except Exception as err:
         return f"--impl {args.impl!r}: {err}"
     return None
@@ -151,6 +156,8 @@ def _pytest_args(args) -> list[str]:
         out.append(f"--conform-model={args.model}")
     if args.reference:
         out.append(f"--conform-reference={args.reference}")
+    if args.control:
+        out.append(f"--conform-control={args.control}")
     if args.keyword:
         out += ["-k", args.keyword]
     if args.no_shrink:
@@ -182,7 +189,8 @@ def _report(args, collector, wall) -> tuple[list[dict], dict]:
             r["outcome"], r["outcome"])
         print(f"{r['property']:<22} {r['case'][:44]:<44} {result:<8} {_summary(r['evidence'], 160)}")
     print("  ".join(f"{k} {v}" for k, v in counts.items() if v))
-    report = {"impl": args.impl, "model": args.model, "reference": args.reference, "budget": args.budget,
+    report = {"impl": args.impl, "model": args.model, "reference": args.reference, "control": args.control,
+              "budget": args.budget,
               **versions,
               "python": platform.python_version(), "seconds": round(wall, 1), "counts": counts, "results": rows}
     args.out.write_text(json.dumps(report, indent=2) + "\n")

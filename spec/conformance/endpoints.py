@@ -275,11 +275,49 @@ def _crowd_check(subject, prompts: list[list[int]], n: int, noise: float,
     return len(everything), ties, bugs, together
 
 
+NO_CONTROL = "no control given"
+SURVIVES = "survives the control: bug"
+VANISHES = "vanishes under the control: batch-shape effect"
+
+
+def control_verdict(subject, crowd: Crowd) -> str:
+    """What the failed `crowd` does on the subject's control (the same speculative engine in its deterministic /
+    batch-invariant mode, `--control openai:URL`): each request with an `expected` output sent alone there, then
+    the crowd at once, as the kit sent it. A difference that survives there is a bug; one that vanishes is the
+    batch shape's numerics. The property fails either way: this is its label."""
+    control = getattr(subject, "control", None)
+    if control is None:
+        return (f"{NO_CONTROL} (--control openai:URL, the same engine in its batch-invariant mode, would tell a bug "
+                f"from a batch-shape effect)")
+    try:
+        alone: dict = {}
+        for (p, m, kw), e in zip(crowd.requests, crowd.expected):
+            key = repr((p, m, sorted(kw.items())))
+            if e is not None and key not in alone:
+                alone[key] = control.complete(p, m, **kw).ids
+        together = concurrently([lambda r=r: control.complete(r[0], r[1], **r[2]).ids for r in crowd.requests],
+                                workers=len(crowd.requests))
+    except EndpointError as err:
+        return f"control: no verdict, the control failed ({str(err)[:200]})"
+    judged = [(k, alone[repr((p, m, sorted(kw.items())))], got) for k, ((p, m, kw), e, got)
+              in enumerate(zip(crowd.requests, crowd.expected, together)) if e is not None]
+    differ = [k for k, a, got in judged if a != got]
+    if differ:
+        return (f"{SURVIVES} (on the control {len(differ)} of {len(judged)} requests differ from their output "
+                f"alone there: requests {differ[:8]})")
+    return f"{VANISHES} (on the control each of the {len(judged)} requests gave its output alone)"
+
+
+def crowd_violation(subject, message: str, lines: list[str], crowd: Crowd) -> Violation:
+    """A crowd property's failure: `message`, the control's verdict on the crowd (control_verdict), the lines."""
+    return Violation(f"{message}\n  {control_verdict(subject, crowd)}\n  " + "\n  ".join(lines), [crowd])
+
+
 def concurrency(subject, prompts: list[list[int]], n: int, noise: float) -> str:
     """Each greedy request alone == the same request among other greedy requests in flight."""
     total, ties, bugs, crowd = _crowd_check(subject, prompts, n, noise, [])
     if bugs:
-        raise Violation("output changes with the requests in flight:\n  " + "\n  ".join(bugs), [crowd])
+        raise crowd_violation(subject, "output changes with the requests in flight:", bugs, crowd)
     return f"{total} requests at once equal each alone, {len(ties)} ties (noise {noise:.3g})"
 
 
@@ -297,8 +335,7 @@ def companions(subject, prompts: list[list[int]], n: int, noise: float, kind: st
         raise Untested(f"every {kind} companion refused: {'; '.join(refused)}")
     total, ties, bugs, crowd = _crowd_check(subject, prompts, n, noise, others, kind)
     if bugs:
-        raise Violation(f"greedy output changes when {kind} requests are in flight:\n  " + "\n  ".join(bugs),
-                        [crowd])
+        raise crowd_violation(subject, f"greedy output changes when {kind} requests are in flight:", bugs, crowd)
     return (f"{2 * len(prompts)} greedy requests among {len(others)} {kind} ones equal each alone, "
             f"{len(ties)} ties (noise {noise:.3g})" + (f"; untested companions: {'; '.join(refused)}" if refused else ""))
 
@@ -577,8 +614,8 @@ def seeded_batch(subject, prompts: list[list[int]], n: int, seeds=(21, 22, 23), 
             lines = [f"prompt {k // len(seeds)}, seed {requests[k][2]['seed']}, T={temperature}: alone {alone[k]}, "
                      f"{len(requests)} {order} {got[k]}" for k in differ]
             crowd.divergence = "\n".join(lines)
-            raise Violation(f"seeded samples change when sent {order} ({len(differ)} of {len(requests)}; the "
-                            f"reference repeats its own):\n  " + "\n  ".join(lines), [crowd])
+            raise crowd_violation(subject, f"seeded samples change when sent {order} ({len(differ)} of "
+                                           f"{len(requests)}; the reference repeats its own):", lines, crowd)
     return (f"{len(requests)} seeded requests give their samples alone, at once and at once in reversed order, "
             f"as the reference's do")
 

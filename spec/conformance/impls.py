@@ -65,6 +65,7 @@ class Impl:
     batch: bool = False            # takes a list of prompts (conformance_batch)
     url: str | None = None         # openai:URL: the server under test (spec/conformance/endpoint.py)
     reference: str | None = None   # openai:URL: the same model served without speculation
+    control: str | None = None     # openai:URL: the same speculative engine in its batch-invariant mode
 
     def takes_draft(self, draft) -> str | None:
         """None if this decoder can run with `draft` (a model or None), else why not."""
@@ -263,11 +264,13 @@ def _options_taken(fn) -> frozenset:
     return frozenset(k for k in OPTION_KWARGS if k in params)
 
 
-def load(name: str, model: str | None = None, reference: str | None = None) -> Impl:
+def load(name: str, model: str | None = None, reference: str | None = None, control: str | None = None) -> Impl:
     """The decoder under test named `name`: a built-in adapter, openai:URL (a served model, compared
     with the server at `reference`, openai:URL; `model` the served model's name, default the one the
     server lists) or module:function / file.py:function.
-    `model`: a model file for the engine adapters that take one (llama-cpp); refused for the others."""
+    `model`: a model file for the engine adapters that take one (llama-cpp); refused for the others.
+    `control` (openai:URL only): the same speculative engine started in its deterministic / batch-invariant
+    mode, which a failed crowd property replays its crowd against (bug, or batch-shape effect)."""
     from spec.conformance import endpoint
     url = endpoint.parse_name(name)
     if url is not None:
@@ -276,10 +279,18 @@ def load(name: str, model: str | None = None, reference: str | None = None) -> I
         ref = endpoint.parse_name(reference)
         if ref is None:
             raise ValueError(f"--reference must be openai:URL, got {reference!r}")
+        ctl = None
+        if control is not None:
+            ctl = endpoint.parse_name(control)
+            if ctl is None:
+                raise ValueError(f"--control must be openai:URL (the same speculative engine in its deterministic / "
+                                 f"batch-invariant mode), got {control!r}")
         return Impl(name=name, generate=endpoint_generate, draft="any", engine="openai", model=model, url=url,
-                    reference=ref)
+                    reference=ref, control=ctl)
     if reference is not None:
         raise ValueError(f"--reference: only an openai:URL decoder takes a reference server, not {name}")
+    if control is not None:
+        raise ValueError(f"--control: only an openai:URL decoder takes a control server, not {name}")
     fn = BUILTIN.get(name) or _load_callable(name)
     engine = getattr(fn, "conformance_engine", None)
     if model is not None and engine is None:

@@ -53,6 +53,9 @@ def pytest_addoption(parser):
     kit.addoption("--conform-reference", default=os.environ.get("SPEC_REFERENCE"),
                   help="for --impl openai:URL: openai:URL of the same model served without speculation "
                        "(env SPEC_REFERENCE)")
+    kit.addoption("--conform-control", default=os.environ.get("SPEC_CONTROL"),
+                  help="for --impl openai:URL: openai:URL of the same speculative engine in its deterministic / "
+                       "batch-invariant mode; a failed crowd property replays its crowd there (env SPEC_CONTROL)")
 
 
 def impl_names(config) -> list[str]:
@@ -69,7 +72,8 @@ def loaded(config, name: str):
         from spec.conformance import impls
         try:
             cache[name] = impls.load(name, model=config.getoption("--conform-model"),
-                                     reference=config.getoption("--conform-reference"))
+                                     reference=config.getoption("--conform-reference"),
+                                     control=config.getoption("--conform-control"))
         except Exception as err:  # a bad --impl is a usage error, not 60 failing tests
             raise pytest.UsageError(f"--impl {name!r}: {type(err).__name__}: {err}") from None
     return cache[name]

@@ -24,6 +24,9 @@ scores. So a Subject is two Sides and what the verdict needs:
   subject.counters()                           drafted / accepted / per position since the start (endpoint.
                                                Counters), None where the engine counts nothing
   subject.seed_prompts                         the seed prompts as the subject's token ids
+  subject.control                              a Side: the same speculative engine in its deterministic /
+                                               batch-invariant mode (--control), or None; a failed crowd
+                                               property replays its crowd there (endpoints.control_verdict)
 
 Adapters: `endpoint_subject(impl)` (a server under test and its reference, both dialects of
 spec/conformance/endpoint.py) and `engine_subject(engine, ...)` (llama.cpp in process,
@@ -83,6 +86,7 @@ class Subject:
     concurrent: bool = True              # requests may be in flight together (a server); False: one at a time
     kind: str = "server"                 # "server" or "engine", for the reasons a property gives
     closers: list = field(default_factory=list, repr=False)
+    control: Side | None = None          # the same speculative engine in its batch-invariant mode (--control)
 
     def generate(self, prompt: list[int], n: int, **kwargs) -> list[int]:
         return self.test.complete(list(prompt), n, **kwargs).ids
@@ -123,16 +127,22 @@ def endpoint_subject(impl) -> Subject:
     from spec.prompts import SEED_PROMPTS
 
     spec, ref = endpoint.pair(impl)
+    control = None
+    if getattr(impl, "control", None):
+        control = endpoint.Endpoint(impl.control, spec.model)
+        control.probe()
     ids = [ref.tokenize(text) for text in SEED_PROMPTS]
     return Subject(impl.name, spec, ref, lambda prompts, n: endpoints.measure_noise(ref, prompts, n),
-                   seed_prompts=ids if all(ids) else None, closers=[spec.close, ref.close])
+                   seed_prompts=ids if all(ids) else None,
+                   closers=[spec.close, ref.close] + ([control.close] if control else []), control=control)
 
 
-def servers_subject(spec, ref, name: str = "server") -> Subject:
-    """Two Endpoints (or anything with their `complete`) as a Subject: `spec` under test, `ref` the reference;
-    the noise measured on the reference (no seed prompts: the caller gives prompts)."""
+def servers_subject(spec, ref, name: str = "server", control=None) -> Subject:
+    """Two Endpoints (or anything with their `complete`) as a Subject: `spec` under test, `ref` the reference,
+    `control` the same engine in its batch-invariant mode or None; the noise measured on the reference (no seed
+    prompts: the caller gives prompts)."""
     from spec.conformance import endpoints
-    return Subject(name, spec, ref, lambda prompts, n: endpoints.measure_noise(ref, prompts, n))
+    return Subject(name, spec, ref, lambda prompts, n: endpoints.measure_noise(ref, prompts, n), control=control)
 
 
 class EngineSide:
