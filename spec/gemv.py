@@ -361,17 +361,24 @@ def compiler() -> str:
 def build() -> Path:
     """The library compiled from SOURCE (cached by the source's and the compiler's hash); raises
     RuntimeError naming the compiler and its output when it cannot be built."""
+    return compiled(SOURCE, cache_dir())
+
+
+def compiled(source: str, folder: Path, flags: tuple[str, ...] = ()) -> Path:
+    """`source` (C) compiled with the system compiler ($CC, else cc), -O3 and `flags` into a shared
+    library in `folder`, named by the hash of the three (a rerun finds it); RuntimeError naming the
+    compiler and its output when it cannot be built."""
     cc = compiler()
-    key = hashlib.sha256((SOURCE + "\0" + cc).encode()).hexdigest()[:16]
-    out = cache_dir() / f"{key}.so"
+    key = hashlib.sha256((source + "\0" + cc + "\0" + " ".join(flags)).encode()).hexdigest()[:16]
+    out = Path(folder) / f"{key}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        src, lib = Path(tmp) / "gemv.c", Path(tmp) / "gemv.so"
-        src.write_text(SOURCE)
+        src, lib = Path(tmp) / "lib.c", Path(tmp) / "lib.so"
+        src.write_text(source)
         try:
-            done = subprocess.run([cc, "-O3", "-fPIC", "-shared", "-o", str(lib), str(src)],
+            done = subprocess.run([cc, "-O3", *flags, "-fPIC", "-shared", "-o", str(lib), str(src), "-lm"],
                                   capture_output=True, text=True, timeout=120)
         except (OSError, subprocess.SubprocessError) as e:
             raise RuntimeError(f"C compiler {cc!r} could not run: {e}") from e

@@ -1,14 +1,16 @@
-"""A GGUF file run by llama.cpp (llama-cpp-python, the `llama` extra) as the draft for a PyTorch
-target: the target's own weights quantized (SmolLM2's Q4_1 GGUF drafting for its fp32 model) run
-several times faster than the target, and the acceptance rule keeps the output exactly the
-target's whatever the draft's engine, precision or kernels.
+"""A GGUF file as the draft for a PyTorch target, run by spec's own quantized kernel (spec.qdraft)
+where it can, else by llama.cpp (llama-cpp-python, the `llama` extra): the target's own weights
+quantized (SmolLM2's Q4_1 GGUF drafting for its fp32 model) run several times faster than the
+target, and the acceptance rule keeps the output exactly the target's whatever the draft's engine,
+precision or kernels.
 
 - `LlamaRun`: one llama.cpp context as a Runner (spec.protocols): `run(ids)` feeds ids after the
   positions its KV cache holds and returns the last position's logits; `crop(keep)` removes every
   position from `keep` on from llama.cpp's KV cache, so a round after a rejection feeds only what
   the cache has not seen (nothing is re-evaluated from scratch).
-- `GGUFDraft(path, target, tokenizer)`: a Drafter driving a spec.draft.ModelDraft over a LlamaRun
-  (one row), so it proposes
+- `GGUFDraft(path, target, tokenizer, engine=...)`: a Drafter driving a spec.draft.ModelDraft over
+  one row of a LlamaRun or a spec.qdraft.QuantRun ("auto": the latter where `spec.qdraft.unsupported`
+  says nothing against it: a Llama of Q4_1/Q8_0 matrices on a CPU with AVX-512 VNNI), so it proposes
   exactly as a PyTorch draft model does: greedy, its argmax; sampling, a draw from its own
   softmax by `pick` (spec.draft.Pick: temperature / top-k / top-p / min-p and spec.processors,
   with pick's torch generator), q over the target's vocabulary. A GGUF whose vocabulary is not
@@ -71,6 +73,10 @@ class LlamaRun:
         row = np.ctypeslib.as_array(self.llm._ctx.get_logits_ith(-1), shape=(self.vocab,))
         return torch.from_numpy(row.copy())[None]
 
+    def held(self) -> torch.Tensor:
+        """The ids its cache holds."""
+        return torch.from_numpy(self.llm.input_ids[:len(self)].astype(np.int64))
+
     def crop(self, keep: int) -> None:
         if keep < self.llm.n_tokens:
             # the positions themselves leave llama.cpp's KV cache; n_tokens is where the next eval writes
@@ -84,22 +90,47 @@ class LlamaRun:
         self.llm.close()
 
 
+ENGINES = ("auto", "native", "llama.cpp")
+
+
 class GGUFDraft(ModelSource):
     """A GGUF file as the draft for `target` (a Hugging Face causal LM with the same vocabulary).
     tokenizer: the target's, to check the GGUF's tokens against (without one only the sizes are
-    compared). pick: how the draft picks (spec.draft.Pick; greedy by default). threads, n_ctx,
-    n_batch: llama.cpp's. Refuses a GGUF whose vocabulary does not match with a ValueError.
+    compared). pick: how the draft picks (spec.draft.Pick; greedy by default). engine: "native"
+    (spec.qdraft's kernel; ValueError naming why where it cannot run this file here), "llama.cpp", or
+    "auto" (native where it can, else llama.cpp). threads, n_batch: llama.cpp's; n_ctx: the positions
+    a draft holds. Refuses a GGUF whose vocabulary does not match with a ValueError.
     A Drafter (spec.protocols) for one sequence; the loop serves it each row through
-    spec.batch.EachRow (a llama.cpp context cannot be copied, so a batch of prompts refuses it)."""
+    spec.batch.EachRow (neither engine's cache can be copied, so a batch of prompts refuses it)."""
 
-    def __init__(self, path, target, tokenizer=None, *, pick: Pick = Pick(), threads: int = 1, n_ctx: int = N_CTX,
-                 n_batch: int = N_BATCH):
+    def __init__(self, path, target, tokenizer=None, *, pick: Pick = Pick(), engine: str = "auto", threads: int = 1,
+                 n_ctx: int = N_CTX, n_batch: int = N_BATCH):
+        from spec import qdraft
+
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"draft: no GGUF file at {str(path)!r}")
-        run = LlamaRun(path, threads=threads, n_ctx=n_ctx, n_batch=n_batch)
+        if engine not in ENGINES:
+            raise ValueError(f"engine: one of {', '.join(map(repr, ENGINES))} expected, got {engine!r}")
+        run: qdraft.QuantRun | LlamaRun | None = None
+        why: str | None = "llama.cpp asked for"
+        if engine != "llama.cpp":
+            try:
+                run, why = qdraft.QuantRun(path, n_ctx=n_ctx), None
+            except qdraft.Unsupported as e:
+                if engine == "native":
+                    raise ValueError(f"engine='native': {path.name}: {e}") from None
+                why = str(e)
+        # native, or why not (spec.qdraft.unsupported's reason)
+        self.engine_name: str = "native" if why is None else "llama.cpp"
+        self.why_not_native: str | None = why
+        if run is None:
+            run = LlamaRun(path, threads=threads, n_ctx=n_ctx, n_batch=n_batch)
         try:
-            check_vocab(run.llm, target, tokenizer, path)
+            if isinstance(run, qdraft.QuantRun):
+                check_pieces(run.pieces, run.bos, run.eos, target, tokenizer, path)
+            else:
+                check_vocab(run.llm, target, tokenizer, path)
         except ValueError:
             run.close()
             raise
@@ -111,10 +142,10 @@ class GGUFDraft(ModelSource):
     needs: frozenset = frozenset()
 
     def _held(self, run) -> torch.Tensor:
-        return torch.from_numpy(run.llm.input_ids[:len(run)].astype(np.int64))
+        return run.held()
 
     def __repr__(self) -> str:
-        return f"GGUFDraft({self.run.path.name}, llama.cpp)"
+        return f"GGUFDraft({self.run.path.name}, {self.engine_name})"
 
     def close(self) -> None:
         self.run.close()
@@ -131,6 +162,30 @@ def _pieces(tokenizer, llm, ids) -> list[tuple[int, str, str]]:
         if ours != theirs:
             bad.append((i, ours, theirs))
     return bad
+
+
+def check_pieces(pieces: list[str], bos: int | None, eos: int | None, target, tokenizer, path: Path) -> None:
+    """check_vocab for a GGUF read without llama.cpp: its token strings (`pieces`, as the GGUF stores
+    them, which is how the tokenizer's convert_ids_to_tokens writes them) and BOS/EOS ids against the
+    target's: every piece is compared, so no probe text is needed. Raises ValueError naming what differs."""
+    n, width = len(pieces), hf.logit_width(target)
+    where = f"draft {path.name}"
+    if n != width:
+        raise ValueError(f"{where}: its vocabulary has {n} tokens but the target's logits are {width} wide; a GGUF "
+                         f"draft must use the target's tokenizer (e.g. a quantized copy of the target)")
+    if tokenizer is None:
+        return
+    for name, theirs in (("bos", bos), ("eos", eos)):
+        ours = getattr(tokenizer, f"{name}_token_id", None)
+        if ours is not None and theirs is not None and theirs >= 0 and ours != theirs:
+            raise ValueError(f"{where}: its {name.upper()} token is id {theirs}, the target tokenizer's is {ours}: "
+                             f"not the target's vocabulary")
+    ours = tokenizer.convert_ids_to_tokens(list(range(min(n, len(tokenizer)))))
+    bad = [i for i, (a, b) in enumerate(zip(ours, pieces)) if a is not None and a != b]
+    if bad:
+        i = bad[0]
+        raise ValueError(f"{where}: token {i} is {pieces[i]!r} in the GGUF but {ours[i]!r} in the target's tokenizer "
+                         f"({len(bad)} of {len(ours)} ids differ): not the target's vocabulary")
 
 
 def check_vocab(llm, target, tokenizer, path: Path) -> None:

@@ -157,7 +157,7 @@ def test_the_protocols_exist_and_every_runner_and_drafter_keeps_them():
 
     import torch
 
-    from spec import batch, choose, draft, gguf_draft, hf, lookup, neox, protocols, runner, seq2seq
+    from spec import batch, choose, draft, gguf_draft, hf, lookup, neox, protocols, qdraft, runner, seq2seq
     for proto, methods in ((protocols.Runner, RUNNER_METHODS), (protocols.Drafter, DRAFTER_METHODS)):
         assert typing.Protocol in proto.__mro__ and proto.__doc__ and len(proto.__doc__) > 200
         assert methods <= set(vars(proto))
@@ -165,7 +165,7 @@ def test_the_protocols_exist_and_every_runner_and_drafter_keeps_them():
     assert {"KVRunner", "SnapshotRunner", "StepwiseSnapshotRunner", "RecomputeRunner", "NeoXDraft", "Cached",
             "Decoder"} <= set(runners)
     modules = dict(runner=runner, neox=neox, hf=hf, seq2seq=seq2seq, draft=draft, lookup=lookup, choose=choose,
-                   batch=batch, gguf_draft=gguf_draft)
+                   batch=batch, gguf_draft=gguf_draft, qdraft=qdraft)
     for name, module in runners.items():
         assert RUNNER_METHODS <= set(dir(getattr(modules[module], name))), name
     # keep means one thing: every runner's keep defaults to 0 (every row fed)

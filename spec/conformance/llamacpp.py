@@ -727,10 +727,19 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def llama_gguf(model, dst: Path) -> Path:
-    """Write a Hugging Face LlamaForCausalLM (e.g. a tiny seeded one) as an f32 GGUF llama.cpp runs.
-    Its vocabulary is a stand-in (token i is the string "<i>", no merges): the kit feeds token ids."""
+def llama_gguf(model, dst: Path, quantized: bool = False) -> Path:
+    """Write a Hugging Face LlamaForCausalLM (e.g. a tiny seeded one) as an f32 GGUF llama.cpp runs,
+    or with `quantized` as llama.cpp's Q4_1 export lays one out (the layers' matrices Q4_1, the
+    embedding and output Q8_0, the norms f32). Its vocabulary is a stand-in (token i is the string
+    "<i>", no merges): the kit feeds token ids."""
     import gguf
+
+    def matrix(name: str, a: np.ndarray, kind=gguf.GGMLQuantizationType.Q4_1) -> None:
+        if not quantized:
+            w.add_tensor(name, a)
+            return
+        data = gguf.quants.quantize(np.ascontiguousarray(a, dtype=np.float32), kind)
+        w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=kind)
 
     cfg = model.config
     vocab = cfg.vocab_size
@@ -747,7 +756,7 @@ def llama_gguf(model, dst: Path) -> Path:
     w.add_rope_freq_base(float(getattr(cfg, "rope_theta", None) or cfg.rope_parameters["rope_theta"]))
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(vocab)
-    w.add_file_type(int(gguf.LlamaFileType.ALL_F32))
+    w.add_file_type(int(gguf.LlamaFileType.MOSTLY_Q4_1 if quantized else gguf.LlamaFileType.ALL_F32))
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
     w.add_token_list([f"<{i}>" for i in range(vocab)])
@@ -756,17 +765,18 @@ def llama_gguf(model, dst: Path) -> Path:
     w.add_bos_token_id(0)
     w.add_eos_token_id(0)
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+    matrix("token_embd.weight", sd["model.embed_tokens.weight"], gguf.GGMLQuantizationType.Q8_0)
     for i in range(cfg.num_hidden_layers):
         pre = f"model.layers.{i}."
-        for ours, theirs in (("attn_norm", "input_layernorm"), ("ffn_norm", "post_attention_layernorm"),
-                             ("attn_v", "self_attn.v_proj"), ("attn_output", "self_attn.o_proj"),
-                             ("ffn_gate", "mlp.gate_proj"), ("ffn_up", "mlp.up_proj"), ("ffn_down", "mlp.down_proj")):
+        for ours, theirs in (("attn_norm", "input_layernorm"), ("ffn_norm", "post_attention_layernorm")):
             w.add_tensor(f"blk.{i}.{ours}.weight", sd[pre + theirs + ".weight"])
-        w.add_tensor(f"blk.{i}.attn_q.weight", _permute(sd[pre + "self_attn.q_proj.weight"], heads))
-        w.add_tensor(f"blk.{i}.attn_k.weight", _permute(sd[pre + "self_attn.k_proj.weight"], kv_heads))
+        for ours, theirs in (("attn_v", "self_attn.v_proj"), ("attn_output", "self_attn.o_proj"),
+                             ("ffn_gate", "mlp.gate_proj"), ("ffn_up", "mlp.up_proj"), ("ffn_down", "mlp.down_proj")):
+            matrix(f"blk.{i}.{ours}.weight", sd[pre + theirs + ".weight"])
+        matrix(f"blk.{i}.attn_q.weight", _permute(sd[pre + "self_attn.q_proj.weight"], heads))
+        matrix(f"blk.{i}.attn_k.weight", _permute(sd[pre + "self_attn.k_proj.weight"], kv_heads))
     w.add_tensor("output_norm.weight", sd["model.norm.weight"])
-    w.add_tensor("output.weight", sd["lm_head.weight"])
+    matrix("output.weight", sd["lm_head.weight"], gguf.GGMLQuantizationType.Q8_0)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

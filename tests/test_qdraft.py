@@ -1,0 +1,312 @@
+"""spec.qdraft: a GGUF Llama (Q4_1 matrices, Q8_0 embedding and output) drafting on spec's own
+block-quantized kernel. On a tiny seeded Llama written by spec.conformance.llamacpp.llama_gguf:
+the forward against a NumPy forward of the same arithmetic (weights dequantized by the gguf package,
+not by spec's record packing; activations quantized per block of 32 as the kernel does), prefill in
+blocks and one at a time, the cache cut back and fed again; greedy speculative decoding with it
+equals greedy and rejects some proposals; its sampled law is the target's; the refusals and the
+self-test. Skipped with the reason where the kernel cannot run (no AVX-512 VNNI, no compiler)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from spec import greedy_generate, qdraft, speculative_generate
+from spec.conformance import kit, llamacpp
+from spec.conformance.stats import goodness_of_fit, reference_probabilities
+from spec.draft import Pick
+from spec.models import perturbed_copy
+from spec.protocols import DraftSource
+from spec.tree import Tree
+
+pytestmark = pytest.mark.skipif(qdraft.library() is None, reason=f"spec.qdraft unavailable: {qdraft.reason()}")
+
+PROMPTS = [[5, 9, 5, 9, 300, 12, 7, 7, 100], [3, 141, 59, 26, 53, 58, 97], [11, 400, 22]]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return kit.zoo("llama")["target"]   # fp64, 64 wide, 4 heads over 2 KV heads, vocabulary 640
+
+
+@pytest.fixture(scope="module")
+def q4_gguf(target, tmp_path_factory):
+    """The target plus 10% weight noise, quantized as llama.cpp's Q4_1 export: many proposals
+    accepted, some rejected."""
+    pytest.importorskip("gguf")
+    draft = perturbed_copy(target, noise=0.1, seed=3, dtype=torch.float32)
+    return llamacpp.llama_gguf(draft, tmp_path_factory.mktemp("qgguf") / "partial.q4_1.gguf", quantized=True)
+
+
+# ----------------------------------------------------------------------------- the NumPy forward
+
+def _quantized(x: np.ndarray) -> np.ndarray:
+    """x [R, K] float32 as the kernel sees it: per block of 32, amax / 127 times rint(x * 127 / amax)."""
+    b = x.reshape(x.shape[0], -1, 32)
+    amax = np.abs(b).max(-1, keepdims=True)
+    iscale = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    q = np.clip(np.rint(b * iscale), -127, 127)
+    return (q.astype(np.float64) * (amax / np.float32(127)).astype(np.float64)).reshape(x.shape)
+
+
+def reference_logits(path, ids: list[int]) -> np.ndarray:
+    """Every position's logits [len(ids), vocab] from the GGUF at `path`, in NumPy."""
+    import gguf
+
+    r = gguf.GGUFReader(str(path))
+    t = {x.name: x for x in r.tensors}
+    f = {k: v.contents() for k, v in r.fields.items() if k.startswith("llama.")}
+    W = lambda n: gguf.quants.dequantize(t[n].data, t[n].tensor_type).astype(np.float64)
+    V = lambda n: np.asarray(t[n].data, dtype=np.float32)
+    D, H, KV = f["llama.embedding_length"], f["llama.attention.head_count"], f["llama.attention.head_count_kv"]
+    hd, eps, theta = D // H, np.float32(f["llama.attention.layer_norm_rms_epsilon"]), f["llama.rope.freq_base"]
+    lin = lambda w, x: (_quantized(x.astype(np.float32)) @ w.T).astype(np.float32)
+    norm = lambda x, w: (x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + eps)).astype(np.float32) * w
+    T = len(ids)
+    pos = np.arange(T)[:, None] * theta ** (-2 * np.arange(hd // 2) / hd)
+    cos, sin = np.cos(pos), np.sin(pos)
+
+    def rope(v, heads):                                    # adjacent pairs, llama.cpp's layout
+        v = v.reshape(T, heads, hd // 2, 2)
+        a, b = v[..., 0], v[..., 1]
+        c, s = cos[:, None], sin[:, None]
+        return np.stack([a * c - b * s, a * s + b * c], -1).reshape(T, heads * hd)
+
+    x = W("token_embd.weight")[ids].astype(np.float32)
+    for i in range(f["llama.block_count"]):
+        p = f"blk.{i}."
+        h = norm(x, V(p + "attn_norm.weight"))
+        q, k, v = (lin(W(p + n + ".weight"), h) for n in ("attn_q", "attn_k", "attn_v"))
+        q, k = rope(q, H), rope(k, KV)
+        out = np.zeros((T, D), np.float32)
+        for hh in range(H):
+            kh = hh // (H // KV)
+            s = q[:, hh * hd:(hh + 1) * hd] @ k[:, kh * hd:(kh + 1) * hd].T / np.sqrt(hd)
+            s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
+            a = np.exp(s - s.max(-1, keepdims=True))
+            out[:, hh * hd:(hh + 1) * hd] = (a / a.sum(-1, keepdims=True)) @ v[:, kh * hd:(kh + 1) * hd]
+        x = x + lin(W(p + "attn_output.weight"), out)
+        h = norm(x, V(p + "ffn_norm.weight"))
+        g, u = lin(W(p + "ffn_gate.weight"), h), lin(W(p + "ffn_up.weight"), h)
+        x = x + lin(W(p + "ffn_down.weight"), g / (1 + np.exp(-g)) * u)
+    out = "output.weight" if "output.weight" in t else "token_embd.weight"
+    return lin(W(out), norm(x, V("output_norm.weight")))
+
+
+def assert_close(got: torch.Tensor, want: np.ndarray, where: str) -> None:
+    """Within 1e-3 of the logits' scale: float32 sums in another order, and where that moves an activation
+    across a rounding boundary of its int8 block, one step of 1/127 of the block's largest value."""
+    err = float(np.abs(got.numpy().astype(np.float64) - want).max())
+    scale = float(np.abs(want).max())
+    assert err <= 1e-3 * scale, f"{where}: largest difference {err:.3g} against logits up to {scale:.3g}"
+
+
+def test_the_forward_is_the_arithmetic_it_claims(q4_gguf):
+    """Prefill (blocks of 4 rows and a remainder), one token at a time, and a cache cut back and fed
+    again all give the NumPy forward's logits at every position."""
+    ids = PROMPTS[0] + PROMPTS[1]
+    want = reference_logits(q4_gguf, ids)
+    run = qdraft.QuantRun(q4_gguf, n_ctx=64)
+    assert_close(run(torch.tensor(ids[:9]), keep=1)[0], want[8], "prefill of 9")
+    for i in range(9, len(ids)):
+        assert_close(run(torch.tensor(ids[i:i + 1]))[0], want[i], f"position {i}")
+    run.crop(5)
+    assert len(run) == 5 and run.held().tolist() == ids[:5]
+    assert_close(run(torch.tensor(ids[5:12]), keep=1)[0], want[11], "fed again from 5")
+    with pytest.raises(ValueError, match="context holds 64"):
+        run(torch.tensor(ids * 4), keep=1)
+    with pytest.raises(ValueError, match=r"ids: token ids in \[0, 640\)"):
+        run(torch.tensor([640]))
+
+
+def test_greedy_is_exact_and_proposals_are_rejected(target, q4_gguf):
+    from spec.gguf_draft import GGUFDraft
+    drafter = GGUFDraft(q4_gguf, target, engine="native")
+    assert repr(drafter).endswith("native)") and drafter.why_not_native is None
+    rejected = 0
+    for ids in PROMPTS:
+        for gamma in (2, 5):
+            out = speculative_generate(target, drafter, ids, gamma=gamma, max_new_tokens=24, trace=True)
+            assert out.tokens == greedy_generate(target, ids, max_new_tokens=24).tokens
+            rejected += sum(r.accepted < r.drafted for r in out.trace)
+            assert len(drafter.run) <= len(ids) + 24
+    assert rejected > 0, "no round rejected anything: the cache's cut went untested"
+
+
+def fresh_greedy(path, prefix: list[int], g: int) -> list[int]:
+    """g greedy proposals of a fresh QuantRun fed `prefix` (nothing cached before)."""
+    run = qdraft.QuantRun(path, n_ctx=128)
+    out, feed = [], torch.tensor(prefix)
+    for _ in range(g):
+        out.append(int(run(feed, keep=1)[0].argmax()))
+        feed = torch.tensor(out[-1:])
+    return out
+
+
+def check_proposals(target, drafter, path, monkeypatch) -> None:
+    """Exact against greedy, and every round's proposals equal a fresh run's greedy continuation of that
+    round's final prefix: the cache was cut back to what the sequence shares."""
+    rounds = []
+    inner = drafter.draft
+
+    def draft(seq, n, g):
+        chain = inner(seq, n, g)
+        rounds.append((seq[:n].tolist(), chain.tokens.tolist()))
+        return chain
+    monkeypatch.setattr(drafter, "draft", draft)
+    for ids in PROMPTS:
+        out = speculative_generate(target, drafter, ids, gamma=4, max_new_tokens=24)
+        assert out.tokens == greedy_generate(target, ids, max_new_tokens=24).tokens
+    for prefix, proposed in rounds:
+        assert proposed == fresh_greedy(path, prefix, len(proposed)), f"proposals after {prefix} from another context"
+
+
+def test_proposals_follow_the_final_sequence(target, q4_gguf, monkeypatch):
+    from spec.gguf_draft import GGUFDraft
+    check_proposals(target, GGUFDraft(q4_gguf, target, engine="native"), q4_gguf, monkeypatch)
+
+
+def _crop_one_short(run, keep):
+    run.n = min(run.n, keep + 1)
+
+
+def _crop_nothing(run, keep):
+    pass
+
+
+@pytest.mark.parametrize("fault", [_crop_one_short, _crop_nothing], ids=["crop-keeps-one-stale", "crop-nothing"])
+def test_a_cache_not_cut_back_is_caught(target, q4_gguf, monkeypatch, fault):
+    """Negative controls: a cache that keeps rejected positions is caught by the check above (stale
+    proposals, or nothing left to feed)."""
+    from spec.gguf_draft import GGUFDraft
+    monkeypatch.setattr(qdraft.QuantRun, "crop", fault)
+    drafter = GGUFDraft(q4_gguf, target, engine="native")
+    with pytest.raises((AssertionError, ValueError)):
+        check_proposals(target, drafter, q4_gguf, monkeypatch)
+
+
+V, LAW_PROMPT, TEMPERATURE = 16, [1, 2, 3, 1], 0.8
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """A 16-token one-layer Llama target (fp64, a sharp head) and, as a Q4_1 GGUF, the target with 100%
+    weight noise (the smallest shape the kernel takes: 32 wide, 16 rows)."""
+    pytest.importorskip("gguf")
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(7)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                                         bos_token_id=0, eos_token_id=0, tie_word_embeddings=False))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20.0)
+    model = model.double().eval()
+    draft = perturbed_copy(model, noise=1.0, seed=5, dtype=torch.float32)
+    return model, llamacpp.llama_gguf(draft, tmp_path_factory.mktemp("qgguf") / "small.q4_1.gguf", quantized=True)
+
+
+def two_token_law(model) -> list[float]:
+    def p(ctx):
+        with torch.inference_mode():
+            return reference_probabilities(model(torch.tensor([ctx])).logits[0, -1], TEMPERATURE)
+    first = p(LAW_PROMPT)
+    return [float(first[a]) * float(p(LAW_PROMPT + [a])[b]) for a in range(V) for b in range(V)]
+
+
+class SkewedQ(DraftSource):
+    """Broken: draws as the wrapped draft does but reports q at four times its temperature."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    needs = frozenset()
+
+    def begin(self, prompt):
+        self.inner.begin(prompt)
+
+    def draft(self, seq, n, g):
+        chain = self.inner.draft(seq, n, g)
+        if chain.q is None:
+            return chain
+        flat = chain.q.clamp_min(1e-30).log().div(4).softmax(-1) * (chain.q > 0)
+        return Tree.chain(chain.tokens, flat / flat.sum(-1, keepdim=True))
+
+    def observe(self, n, accepted):
+        self.inner.observe(n, accepted)
+
+    def __len__(self):
+        return len(self.inner)
+
+
+@pytest.mark.parametrize("broken", [False, True], ids=["exact", "q-not-what-it-drew"])
+def test_sampling_follows_the_targets_law(small, broken):
+    """The joint law of the first two tokens (gamma 2: acceptance, residual and bonus all take part)
+    against the target's exact law, chi-square at 0.001, 1500 draws; a q that is not what the draft drew
+    from is rejected."""
+    from spec.gguf_draft import GGUFDraft
+    model, path = small
+    gen = torch.Generator().manual_seed(11)
+    drafter = GGUFDraft(path, model, engine="native", pick=Pick(do_sample=True, temperature=TEMPERATURE, generator=gen))
+    counts = [0] * V * V
+    for _ in range(1500):
+        out = speculative_generate(model, SkewedQ(drafter) if broken else drafter, LAW_PROMPT, gamma=2,
+                                   max_new_tokens=2, do_sample=True, temperature=TEMPERATURE, generator=gen).tokens
+        counts[out[0] * V + out[1]] += 1
+    fit = goodness_of_fit("joint law of the first 2 tokens, native Q4_1 draft", {"all": (counts, two_token_law(model))})
+    assert fit.rejects(0.001) == broken, str(fit)
+
+
+def test_what_it_cannot_run_is_refused_by_name(target, tmp_path):
+    from spec.gguf_draft import GGUFDraft
+    f32 = llamacpp.llama_gguf(perturbed_copy(target, noise=0.1, seed=3, dtype=torch.float32), tmp_path / "f32.gguf")
+    assert "token_embd.weight is F32" in qdraft.unsupported(f32)
+    with pytest.raises(ValueError, match="engine='native': f32.gguf: token_embd.weight is F32"):
+        GGUFDraft(f32, target, engine="native")
+    with pytest.raises(ValueError, match="engine: one of 'auto', 'native', 'llama.cpp' expected, got 'fast'"):
+        GGUFDraft(f32, target, engine="fast")
+    (tmp_path / "not.gguf").write_bytes(b"GGML" + bytes(64))
+    assert "no GGUF magic" in qdraft.unsupported(tmp_path / "not.gguf")
+
+
+def test_without_the_kernel_auto_runs_llama_cpp_and_says_why(target, q4_gguf, monkeypatch):
+    if llamacpp.available() is not None:
+        pytest.skip(str(llamacpp.available()))
+    from spec.gguf_draft import GGUFDraft
+    monkeypatch.setenv("SPEC_QDRAFT", "0")
+    qdraft.forget()
+    try:
+        d = GGUFDraft(q4_gguf, target)
+        assert repr(d).endswith("llama.cpp)") and "SPEC_QDRAFT=0" in d.why_not_native
+        out = speculative_generate(target, d, PROMPTS[1], gamma=3, max_new_tokens=16)
+        assert out.tokens == greedy_generate(target, PROMPTS[1], max_new_tokens=16).tokens
+    finally:
+        monkeypatch.delenv("SPEC_QDRAFT")
+        qdraft.forget()
+    assert qdraft.library() is not None
+
+
+@pytest.mark.parametrize("fault, says", [
+    ("s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(xb[g]));", "largest error"),
+    ("static void qmv_c(const uint8_t *W", "return code"),
+], ids=["vnni-sum-drops-half", "crash"])
+def test_a_broken_kernel_is_caught_by_the_self_test(monkeypatch, tmp_path, fault, says):
+    """The self-test runs each build in a subprocess: a wrong sum or a segfault becomes a reason, and
+    library() None (spec.gguf_draft then runs llama.cpp)."""
+    if fault.startswith("s0"):
+        source = qdraft.SOURCE.replace(fault, "s0 = _mm512_setzero_si512();")
+    else:
+        source = qdraft.SOURCE.replace("    qmv_c(W, (int)kind, N, K, xq, xd, xs, R, y);\n}",
+                                       "    qmv_c(W, (int)kind, N, K, xq, xd, xs, R, y);\n"
+                                       "    if (R == 3) *(volatile int *)0 = 1;\n}")
+    assert source != qdraft.SOURCE, "the fault was not planted"
+    monkeypatch.setattr(qdraft, "SOURCE", source)
+    monkeypatch.setenv("SPEC_CACHE", str(tmp_path))
+    qdraft.forget()
+    try:
+        assert qdraft.library() is None
+        assert "self-test failed" in qdraft.reason() and says in qdraft.reason()
+    finally:
+        monkeypatch.undo()
+        qdraft.forget()
+    assert qdraft.library() is not None
