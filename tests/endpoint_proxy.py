@@ -42,6 +42,8 @@ BUGS = {
     "finish-length": ("says finish_reason 'length' whatever stopped it", "endpoint_fields"),
     "usage-drafted": ("counts drafted tokens in usage.completion_tokens", "endpoint_fields"),
     "text-last-piece": ("leaves the last token's text out of `text`", "endpoint_fields"),
+    "top-k-kills": ("a request with top_k at T > 0 kills the engine: answered 500, and so is every later completion "
+                    "request (vLLM 0.32.0 CPU under speculation: docs/CONFORMANCE.md)", "endpoint_sampling_options"),
     "stream-drops-blocks": ("streams only the last token of a multi-token step", "endpoint_streaming"),
 }
 
@@ -114,6 +116,7 @@ class Proxy:
         self.client = httpx2.Client(timeout=httpx2.Timeout(300.0, connect=5.0), trust_env=False)
         self.lock = threading.Lock()
         self.in_flight: list[dict] = []          # the completion requests in flight: each one's company
+        self.dead = False                        # top-k-kills: the engine died; every completion answers 500
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.httpd.daemon_threads = True
         threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
@@ -128,6 +131,10 @@ class Proxy:
         """(status, JSON answer) or (200, the list of stream events). `company`: whether another request,
         whether a sampled one and whether a penalised one, was in flight at any moment while this one was (set
         on arrival, by this one's and by later ones': not read off the clock, so a control does not depend on timing)."""
+        if self.bug == "top-k-kills" and body.get("top_k") and body.get("temperature"):
+            self.dead = True
+        if self.dead:
+            return 500, {"error": {"message": "EngineCore encountered an issue (the engine is dead)", "code": 500}}
         sent = _request(self.bug, body)
         if self.bug == "seed-position" and "seed" in sent:
             sent["seed"] += company["position"]

@@ -348,8 +348,8 @@ def test_each_proxied_bug_is_rejected_by_its_property(endpoint_server, noise, bu
             return at_once(calls, workers)
 
     monkeypatch.setattr(endpoints, "concurrently", held_together)
-    try:
-        with pytest.raises(endpoints.Violation):
+    try:   # a server killed by a request answers 500: an error, which the kit's tests turn into a failure
+        with pytest.raises(EndpointError if bug == "top-k-kills" else endpoints.Violation):
             proxy_checks(noise)[prop](servers_subject(Endpoint(proxy.url),
                                                       Endpoint(endpoint_server(False, None, models).url)))
     finally:
@@ -711,6 +711,76 @@ def test_repro_replays_requests_that_fail_only_together(endpoint_server, tmp_pat
         assert honest.returncode == 0 and "not reproduced" in honest.stdout, (honest.stdout, honest.stderr)
     finally:
         proxy.stop()
+
+
+def _run_script(script, *args):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-S", str(script), *args], capture_output=True, text=True, timeout=300)
+
+
+def test_repro_repeats_a_seeded_request_that_gave_two_samples(endpoint_server, tmp_path, capsys):
+    """A failed endpoint_seeded (the seed-ignored proxy: a fresh seed for every request) gets a script that sends
+    the seeded request twice, up to --attempts pairs, and exits 1 with REPRODUCED when the two differ; against
+    the honest server behind the proxy (--server, --model) it exits 0 after every pair repeated."""
+    from spec.conformance import conform
+    upstream = endpoint_server(True)
+    proxy = Proxy(upstream.url, "seed-ignored")
+    try:
+        out, folder = tmp_path / "conformance.json", tmp_path / "repro"
+        argv = ["--impl", f"openai:{proxy.url}", "--reference", f"openai:{endpoint_server(False).url}",
+                "--budget", "0.25", "-k", "endpoint_seeded and not batch", "--out", str(out), "--repro", str(folder)]
+        assert conform.main(argv) == 1, capsys.readouterr().out[-2000:]
+        (row,) = json.loads(out.read_text())["results"]
+        scripts = sorted(folder.glob("*.py"))
+        assert len(scripts) == 1 and row["repro"] == str(scripts[0]) and ": reproduces (exit 1)" in row["evidence"]
+        source = scripts[0].read_text()
+        assert "REPEAT = json.loads(" in source and '"seed": 11' in source and "import urllib.request" in source
+        again = _run_script(scripts[0], "--attempts", "3")
+        assert again.returncode == 1 and "REPRODUCED" in again.stdout, (again.stdout, again.stderr)
+        honest = _run_script(scripts[0], "--server", upstream.url.removesuffix("/v1"), "--model", "kit-tiny-llama",
+                             "--attempts", "3")
+        assert honest.returncode == 0 and "not reproduced" in honest.stdout and honest.stdout.count(": repeated [") == 3, \
+            (honest.stdout, honest.stderr)
+    finally:
+        proxy.stop()
+
+
+@pytest.mark.parametrize("known", [False, True])
+def test_repro_replays_a_request_that_kills_the_server(endpoint_server, tmp_path, capsys, known):
+    """The top-k-kills proxy (a top_k request at T > 0 answers 500 and leaves every later one 500, as vLLM 0.32.0
+    under speculation): sent, the property fails naming the 500 and the dead engine, and its crash script
+    reproduces on the kit's rerun; as a known crash (the upstream says it is vLLM 0.32.0) nothing is sent, the
+    case is an expected failure, and its script is written but not rerun. Each script exits 1 against the
+    killing proxy and 0 against the honest server behind it."""
+    from spec.conformance import conform
+    upstream = endpoint_server(True)
+    if known:
+        upstream.owner, upstream.version = "vllm", "0.32.0"
+    proxy = Proxy(upstream.url, "top-k-kills")
+    try:
+        out, folder = tmp_path / "conformance.json", tmp_path / "repro"
+        argv = ["--impl", f"openai:{proxy.url}", "--reference", f"openai:{endpoint_server(False).url}",
+                "--budget", "0.25", "-k", "sampling_options and top_k", "--out", str(out), "--repro", str(folder)]
+        assert conform.main(argv) == (0 if known else 1), capsys.readouterr().out[-2000:]
+        (row,) = json.loads(out.read_text())["results"]
+        scripts = sorted(folder.glob("*.py"))
+        assert len(scripts) == 1 and row["repro"] == str(scripts[0]), row
+        source = scripts[0].read_text()
+        assert "CRASH = json.loads(" in source and '"top_k": 2' in source
+        if known:
+            assert row["outcome"] == "xfail" and "not rerun (a known crash" in row["evidence"], row
+            assert not proxy.dead                                        # nothing was sent
+        else:
+            assert row["outcome"] == "failed" and ": reproduces (exit 1)" in row["evidence"], row
+            assert "answered 500" in row["evidence"] and "the engine is left dead" in row["evidence"], row
+        honest = _run_script(scripts[0], "--server", upstream.url.removesuffix("/v1"), "--model", "kit-tiny-llama")
+        assert honest.returncode == 0 and "not reproduced" in honest.stdout, (honest.stdout, honest.stderr)
+        killed = _run_script(scripts[0])
+        assert killed.returncode == 1 and "REPRODUCED" in killed.stdout and proxy.dead, (killed.stdout, killed.stderr)
+    finally:
+        proxy.stop()
+        upstream.owner, upstream.version = "spec", None
 
 
 @pytest.mark.slow

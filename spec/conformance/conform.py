@@ -202,7 +202,8 @@ def _reproductions(args, collector) -> None:
     """--repro DIR: a script per failed property (spec.conformance.repro), each rerun once; the report
     line says whether it reproduced."""
     from spec.conformance import repro
-    failed = [nodeid for nodeid, row in collector.rows.items() if row["outcome"] == "failed"]
+    failed = [nodeid for nodeid, row in collector.rows.items()
+              if row["outcome"] == "failed" or row["outcome"] == "xfail" and nodeid in repro.RECORDED]
     for nodeid, (script, said) in repro.write(args.repro, failed).items():
         row = collector.rows[nodeid]
         row["repro"] = str(script) if script else None

@@ -54,7 +54,12 @@ RETRY_STATUS = (502, 503, 504)
 
 
 class EndpointError(RuntimeError):
-    """The server is down, lists no model, answered with an error, or cannot give what the kit needs."""
+    """The server is down, lists no model, answered with an error, or cannot give what the kit needs. `status`:
+    the HTTP status it answered (None: no answer); `sent`: (URL, JSON body) of the request that got it."""
+
+    def __init__(self, message: str, status: int | None = None, sent: tuple[str, dict | None] | None = None):
+        super().__init__(message)
+        self.status, self.sent = status, sent
 
 
 class Unsupported(EndpointError):
@@ -233,7 +238,8 @@ class Endpoint:
                 raise EndpointError(f"{method} {where} answered 422 (request refused by the server's schema; "
                                     f"the kit sends prompts as token ids and asks for ids back): {response.text[:500]}")
             if response.status_code != 200:
-                raise EndpointError(f"{method} {where} answered {response.status_code}: {response.text[:500]}")
+                raise EndpointError(f"{method} {where} answered {response.status_code}: {response.text[:500]}",
+                                    response.status_code, (where, body))
             try:
                 return response.json()
             except ValueError:

@@ -72,6 +72,29 @@ class Crowd:
     divergence: str = ""
 
 
+@dataclass
+class Repeat:
+    """A request that, sent twice alone, gave two outputs (a seeded sample not repeated): `spec conform --repro`
+    sends it twice, up to a number of attempts (it may be intermittent)."""
+    prompt: list[int]
+    max_tokens: int
+    request: dict
+    first: list[int]
+    second: list[int]
+
+
+@dataclass
+class Crash:
+    """A request that took the server down (answered 5xx or not at all), or a known crash the kit did not send:
+    `spec conform --repro` writes a script that sends it and then a plain greedy request on the same prompt.
+    `sent`: (URL, JSON body) exactly as it was sent, when it was."""
+    prompt: list[int] | None
+    max_tokens: int
+    request: dict
+    reason: str = ""
+    sent: tuple | None = None
+
+
 class Violation(AssertionError):
     """A property failed; `cases` are the single requests (Case) or the requests sent together (Crowd) that
     show it (none for a law over samples)."""
@@ -572,7 +595,8 @@ def seeded(subject, prompts: list[list[int]], n: int, seeds=(11, 12, 13), temper
             a, b = (spec.complete(p, n, temperature=temperature, seed=s).ids for _ in range(2))
             if a != b:
                 raise Violation(f"prompt {k}, seed {s}, T={temperature}: the same request gave {a} then {b} "
-                                f"(the reference repeats its sample)")
+                                f"(the reference repeats its sample)",
+                                [Repeat(list(p), n, {"temperature": temperature, "seed": s}, a, b)])
             samples.setdefault(k, {})[s] = (a, r1)
     for k, by_seed in samples.items():   # a seed that changes nothing is ignored (the reference's samples differ)
         ours, theirs = {tuple(a) for a, _ in by_seed.values()}, {tuple(r) for _, r in by_seed.values()}
@@ -644,14 +668,17 @@ def sampled_logprobs(subject, prompts: list[list[int]], n: int, noise: float, k:
     return f"{compared} sampled tokens' logprobs equal the reference's (largest difference {worst:.3g})"
 
 
+FIXED_SAMPLING_OPTIONS = {"top_k": {"top_k": 2}, "top_p": {"top_p": 0.6}, "min_p": {"min_p": 0.2},
+                          "repetition_penalty": {"repetition_penalty": 1.8},
+                          "presence+frequency_penalty": {"presence_penalty": 1.5, "frequency_penalty": 1.0}}
+
+
 def sampling_option_sets(ref, prompt: list[int], k: int) -> dict[str, dict]:
     """Sampling options that change the law of the first tokens on `prompt`, from the reference's top
     logprobs there: top-k 2, top-p 0.6, min-p 0.2, a logit bias on the third token, a repetition penalty
     (the prompt's tokens), presence and frequency penalties (the first new token's, at the second)."""
     top = sorted(ref.complete(prompt, 1, logprobs=k).top[0].items(), key=lambda kv: -kv[1])
-    sets = {"top_k": {"top_k": 2}, "top_p": {"top_p": 0.6}, "min_p": {"min_p": 0.2},
-            "repetition_penalty": {"repetition_penalty": 1.8},
-            "presence+frequency_penalty": {"presence_penalty": 1.5, "frequency_penalty": 1.0}}
+    sets = dict(FIXED_SAMPLING_OPTIONS)
     if len(top) > 2:
         sets["logit_bias"] = {"logit_bias": {str(top[2][0]): 2.0}}
     return sets

@@ -9,8 +9,14 @@ server, prints what came back against what the reference gave, and exits 1 when 
 there, 0 when the server now gives the reference's ids. A failure that shows only among requests in flight
 together (endpoints.Crowd: concurrency, mixed_batch) gets a script that sends them at once, in threads, up
 to ATTEMPTS times (a scheduler need not batch them alike every time), and exits 1 when a greedy request
-differs from what it gave alone in any attempt. `spec conform` runs each once and says whether it
-reproduced. A property whose failure is a law over many samples carries no request: its report line says so.
+differs from what it gave alone in any attempt. A seeded request that gave two samples when sent twice
+alone (endpoints.Repeat: endpoint_seeded) gets a script that sends it twice, up to REPEAT_ATTEMPTS times (the
+vLLM ngram one is intermittent), and exits 1 when the two differ. A request that took the server down (a 5xx,
+endpoints.Crash), or a known crash the kit does not send (KNOWN_CRASHES, an expected failure), gets a script
+that sends it and then a plain greedy request, and exits 1 when the server answered 5xx or nothing. `spec
+conform` runs each once and says whether it reproduced, but for a known crash, which it does not rerun (it would
+leave the user's server dead). A property whose failure is a law over many samples carries no request: its
+report line says so.
 Every script takes `--server http://HOST:PORT` to send its requests to another address than the kit's run
 (the same engine started again on another port) and `--model NAME` for the served model's name there.
 """
@@ -30,10 +36,23 @@ RECORDED: dict[str, dict] = {}   # pytest node id -> {property, impl, identity, 
 def record(name: str, impl, subject, violation) -> None:
     """Keep `violation`'s single requests (as bodies for the side under test) for the running test."""
     nodeid = os.environ.get("PYTEST_CURRENT_TEST", name).rsplit(" (", 1)[0]
+    from spec.conformance.endpoints import Crash, Repeat
     side = subject.test
-    requests, crowd = [], None
+    requests, crowd, repeat, crash = [], None, None, None
     for case in getattr(violation, "cases", ()):
         if not hasattr(side, "request"):   # an engine in process: no HTTP request to replay
+            continue
+        if isinstance(case, Repeat):       # one request sent twice alone, two outputs
+            dialect, url, body = side.request(case.prompt, case.max_tokens, **case.request)
+            repeat = dict(dialect=dialect, url=url, body=body, first=case.first, second=case.second)
+            continue
+        if isinstance(case, Crash):        # a request that took the server down, sent or known
+            dialect, url, body = side.request(case.prompt, case.max_tokens, **case.request) if case.sent is None \
+                else (side.dialect, *case.sent)
+            prompt = case.prompt if case.prompt is not None else body.get("prompt")
+            _, probe_url, probe = side.request(list(prompt), 4)
+            crash = dict(dialect=dialect, url=url, body=body, probe=dict(dialect=dialect, url=probe_url, body=probe),
+                         reason=case.reason, sent=case.sent is not None)
             continue
         if hasattr(case, "requests"):      # endpoints.Crowd: requests that fail only together
             crowd = []
@@ -49,7 +68,7 @@ def record(name: str, impl, subject, violation) -> None:
     except Exception as err:   # evidence only
         identity = f"unknown ({type(err).__name__})"
     RECORDED[nodeid] = dict(property=name, impl=impl.name, identity=identity, requests=requests, crowd=crowd,
-                            message=str(violation).splitlines()[0][:300])
+                            repeat=repeat, crash=crash, message=str(violation).splitlines()[0][:300])
 
 
 SCRIPT = '''"""Reproduces a failure the spec conformance kit saw: property {property} of {impl}.
@@ -179,6 +198,90 @@ sys.exit(0)
 '''
 
 
+REPEAT_ATTEMPTS = 24   # a seeded request is sent twice at most this many times (vLLM ngram: 1 pair in 12)
+
+REPEAT_SCRIPT = '''"""Reproduces a failure the spec conformance kit saw: property {property} of {impl}.
+Server: {identity}
+{message}
+The request below (the prompt as token ids, a seed) is sent to the server under test twice, alone, one after the
+other, as the kit sent it; the kit saw two different outputs (`first`, `second`), where the reference server (the
+same model without speculation) repeats its sample for the same seed. Up to --attempts N pairs (default
+{attempts}): the failure may be intermittent. Needs only the Python standard library. Exit status: 1 when the two
+outputs of a pair differ (the failure reproduces), 0 when every pair repeated its sample, 2 when a request got
+no answer. Options: --server http://HOST:PORT sends the requests there instead (the same engine on another
+port), --model NAME names the model there (the "model" field of the body)."""
+import json
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+REPEAT = json.loads({repeat!r})
+ATTEMPTS = int(sys.argv[sys.argv.index("--attempts") + 1]) if "--attempts" in sys.argv else {attempts}
+{common}
+
+print(f"POST {{at(REPEAT['url'])}} {{json.dumps(REPEAT['body'])}}")
+print(f"  the kit saw {{REPEAT['first']}}\\n  then        {{REPEAT['second']}}")
+for attempt in range(1, ATTEMPTS + 1):
+    try:
+        first, second = send(REPEAT), send(REPEAT)
+    except Exception as err:   # no answer: not a reproduction either way
+        print(f"no verdict: the request failed: {{type(err).__name__}}: {{err}}")
+        sys.exit(2)
+    if first != second:
+        print(f"attempt {{attempt}}: {{first}}\\n  then      {{second}}")
+        print("REPRODUCED: the same seeded request gave two samples (attempt %d of %d)" % (attempt, ATTEMPTS))
+        sys.exit(1)
+    print(f"attempt {{attempt}}: repeated {{first}}")
+print("not reproduced: the seeded request repeated its sample in %d pairs" % ATTEMPTS)
+sys.exit(0)
+'''
+
+CRASH_SCRIPT = '''"""Reproduces a failure the spec conformance kit saw: property {property} of {impl}.
+Server: {identity}
+{message}
+{why}
+The request below (the prompt as token ids) is sent to the server under test, then a plain greedy request on the
+same prompt. WARNING: where it reproduces, the server is left dead (restart it). Needs only the Python standard
+library. Exit status: 1 when the server answered either request with a 5xx or not at all (the failure reproduces),
+0 when both were answered. Options: --server http://HOST:PORT sends the requests there instead (the same engine
+on another port), --model NAME names the model there (the "model" field of each body)."""
+import json
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+CRASH = json.loads({crash!r})
+{common}
+
+def post(r):
+    """(HTTP status or None for no answer, the new ids or what came back instead)."""
+    body = dict(r["body"], model=MODEL) if MODEL and "model" in r["body"] else r["body"]
+    request = urllib.request.Request(at(r["url"]), data=json.dumps(body).encode(),
+                                     headers={{"Content-Type": "application/json"}})
+    try:
+        with urllib.request.urlopen(request, timeout=600) as response:
+            return response.status, new_ids(r["dialect"], json.load(response))
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()[:300].decode(errors="replace")
+    except (OSError, ValueError) as err:   # refused, reset, timed out: no answer
+        return None, f"{{type(err).__name__}}: {{err}}"
+
+
+dead = False
+for what, r in (("the request", CRASH), ("then a plain greedy request", CRASH["probe"])):
+    status, got = post(r)
+    print(f"{{what}}: POST {{at(r['url'])}} {{json.dumps(r['body'])}}\\n  answered {{status}}: {{got}}")
+    dead = dead or status is None or status >= 500
+    time.sleep(1.0)
+print("REPRODUCED: the server answered 5xx or nothing" if dead else "not reproduced: both requests were answered")
+sys.exit(1 if dead else 0)
+'''
+
+
 def _file_name(nodeid: str) -> str:
     name = nodeid.split("::")[-1].removeprefix("test_")
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-")[:120] + ".py"
@@ -191,16 +294,30 @@ def write(folder: Path, failed_nodeids) -> dict[str, tuple[Path | None, str]]:
     out = {}
     for nodeid in failed_nodeids:
         seen = RECORDED.get(nodeid)
-        if seen is None or not (seen["requests"] or seen.get("crowd")):
+        if seen is None or not (seen["requests"] or seen.get("crowd") or seen.get("repeat") or seen.get("crash")):
             out[nodeid] = (None, "no reproduction script: the failure is no request that can be replayed (a law "
                                  "over samples, or an engine in process)")
             continue
         script = folder / _file_name(nodeid)
         said = dict(property=seen["property"], impl=seen["impl"], identity=seen["identity"], common=COMMON,
                     message=seen["message"].replace('"""', "'''"))
-        script.write_text(SCRIPT.format(requests=json.dumps(seen["requests"]), **said) if seen["requests"] else
-                          CROWD_SCRIPT.format(crowd=json.dumps(seen["crowd"]), attempts=ATTEMPTS, **said))
-        out[nodeid] = (script, rerun(script))
+        if seen.get("crash"):
+            crash = seen["crash"]
+            why = ("The kit sent it and the server answered 5xx or nothing." if crash["sent"] else
+                   "A known crash: the kit did not send it (KNOWN_CRASHES).") + \
+                (f" {crash['reason']}" if crash["reason"] else "")
+            script.write_text(CRASH_SCRIPT.format(crash=json.dumps(crash), why=why.replace('"""', "'''"), **said))
+        elif seen.get("repeat"):
+            script.write_text(REPEAT_SCRIPT.format(repeat=json.dumps(seen["repeat"]), attempts=REPEAT_ATTEMPTS, **said))
+        elif seen["requests"]:
+            script.write_text(SCRIPT.format(requests=json.dumps(seen["requests"]), **said))
+        else:
+            script.write_text(CROWD_SCRIPT.format(crowd=json.dumps(seen["crowd"]), attempts=ATTEMPTS, **said))
+        if seen.get("crash") and not seen["crash"]["sent"]:
+            out[nodeid] = (script, f"{script}: not rerun (a known crash: it would leave the server dead; run it "
+                                   f"against a server you can restart)")
+        else:
+            out[nodeid] = (script, rerun(script))
     return out
 
 

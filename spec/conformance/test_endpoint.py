@@ -90,8 +90,10 @@ def noise(subject, seed_ids, budget):
 def _violated(name, impl, check, *args) -> tuple[str | None, str | None]:
     """(evidence, None), or (None, the failure message): failed outside the except block, so the
     report shows the violation, not a chain of exceptions. A subject that cannot be asked what the check
-    needs gives "untested: why" (a skip, never a pass); one that dies gives its crash verdict."""
-    from spec.conformance.endpoint import Unsupported
+    needs gives "untested: why" (a skip, never a pass); one that dies gives its crash verdict; a server that
+    answers a request with a 5xx fails the property with that request (a --repro crash script) and says
+    whether it still answers a plain greedy request."""
+    from spec.conformance.endpoint import EndpointError, Unsupported
     from spec.conformance.subject import Crashed
     try:
         return check(*args), None
@@ -100,8 +102,36 @@ def _violated(name, impl, check, *args) -> tuple[str | None, str | None]:
         return None, f"property {name} violated by {impl.name}: {err}"
     except Crashed as crash:
         return None, f"property {name} violated by {impl.name}: {crash}"
+    except EndpointError as err:
+        if err.status is None or err.status < 500 or err.sent is None:
+            raise
+        return None, _server_error(name, impl, args[0], err)
     except (Unsupported, endpoints.Untested) as why:
         return f"untested: {why}", None
+
+
+def _server_error(name, impl, subject, err) -> str:
+    """A 5xx answer as a failure: the request that got it (recorded for --repro as a Crash) and whether the
+    server still answers a plain greedy request on the same prompt (an engine left dead)."""
+    from spec.conformance.endpoint import EndpointError
+    url, body = err.sent
+    prompt = body.get("prompt") if isinstance(body, dict) else None
+    try:
+        subject.test.complete(list(prompt), 2)
+        after = "a plain greedy request on the same prompt was then answered"
+    except (EndpointError, TypeError, ValueError) as again:
+        after = f"a plain greedy request on the same prompt then failed too, the engine is left dead: {str(again)[:200]}"
+    message = f"the server answered {err.status} to a request: {str(err)[:300]}; {after}"
+    crash = endpoints.Crash(None, int(body.get("max_tokens") or body.get("n_predict") or 1), {}, after, (url, body))
+    repro.record(name, impl, subject, endpoints.Violation(message, [crash]))
+    return f"property {name} violated by {impl.name}: {message}\n  request POST {url} {body}"
+
+
+def _known_crash(name, impl, subject, prompt: list[int], n: int, request: dict, finding: str) -> None:
+    """A known crash is not sent (it would leave the user's server dead), but `spec conform --repro` writes the
+    request that would have been sent as a crash script (not rerun)."""
+    repro.record(name, impl, subject, endpoints.Violation(
+        f"known crash, not sent: {finding}", [endpoints.Crash(list(prompt), n, request, finding)]))
 
 
 def _speculated(name, impl, subject, before) -> str:
@@ -194,6 +224,8 @@ def test_endpoint_companions(impl, subject, seed_ids, noise, budget, kind, recor
     crash = next((KNOWN_CRASHES[subject.identity(), o] for o in sorted(endpoints.companion_options(kind))
                   if (subject.identity(), o) in KNOWN_CRASHES), None)
     if crash:
+        _known_crash("endpoint_companions", impl, subject, seed_ids[0], tokens(budget), endpoints.COMPANIONS[kind](0),
+                     crash)
         pytest.xfail(f"known finding, not sent: {crash}")
     _check("endpoint_companions", impl, record_property, endpoints.companions, subject, seed_ids,
            tokens(budget), noise, kind)
@@ -260,7 +292,9 @@ KNOWN_CRASHES = {
 def test_endpoint_sampling_options(impl, subject, seed_ids, budget, option, record_property):
     ref = subject.reference
     crash = KNOWN_CRASHES.get((subject.identity(), option))
-    if crash:
+    if crash:   # the request sampling_options would send first (its defaults), on seed prompt 0
+        _known_crash("endpoint_sampling_options", impl, subject, seed_ids[0], 4,
+                     {"temperature": 0.9, "seed": 5000, "options": endpoints.FIXED_SAMPLING_OPTIONS[option]}, crash)
         pytest.xfail(f"known finding, not sent: {crash}")
     prompt = widest(ref, seed_ids)
     sets = endpoints.sampling_option_sets(ref, prompt, TOP_LOGPROBS)
