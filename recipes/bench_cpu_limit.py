@@ -3,7 +3,8 @@
 One process, per seed prompt (chat-formatted), back to back in an order rotated prompt by prompt, every
 system decoding `--tokens` new tokens greedily (EOS ignored everywhere) at `--threads` threads:
   spec greedy (fp32 PyTorch, oneDNN-prepacked linears: spec.prepack) and spec greedy with SPEC_PREPACK=0;
-  spec speculative with the model's own Q4_1 GGUF drafting in llama.cpp (gamma 6), with PromptLookup
+  spec speculative with the model's own Q4_1 GGUF drafting on spec.qdraft's kernel (gamma 10, --real's
+  default) and in llama.cpp (gamma 6, its best before), with PromptLookup
   (gamma 8) and with LookupTree (gamma 8), each checked token for token against spec greedy;
   HF generate greedy and HF prompt lookup (prompt_lookup_num_tokens=10), through spec.hfref (an explicit
   GenerationConfig: do_sample=False, EOS off, all-ones mask);
@@ -264,7 +265,8 @@ def main() -> None:
     target, tok = realmodel.load(say=lambda m: None)
     q4, f32 = realmodel.fetch(), f32_gguf()
     prompts = [encode_prompt(tok, text, chat=True) for text in SEED_PROMPTS[:args.prompts]]
-    gguf_draft = GGUFDraft(q4, target, tok, threads=args.threads)
+    gguf_draft = GGUFDraft(q4, target, tok, threads=args.threads, engine="native")
+    gguf_draft_llama = GGUFDraft(q4, target, tok, threads=args.threads, engine="llama.cpp")
     llm_f32, llm_q4 = llama(f32, args.threads), llama(q4, args.threads)
     vllm_python = os.environ.get("SPEC_VLLM_PYTHON")
     vllm = None
@@ -292,7 +294,8 @@ def main() -> None:
     systems = {
         "spec greedy": spec_greedy,
         "spec greedy, SPEC_PREPACK=0": spec_greedy_unpacked,
-        "spec + Q4_1 GGUF draft (g6)": speculative(gguf_draft, 6),
+        "spec + Q4_1 GGUF draft, spec.qdraft (g10)": speculative(gguf_draft, 10),
+        "spec + Q4_1 GGUF draft, llama.cpp (g6)": speculative(gguf_draft_llama, 6),
         "spec + PromptLookup (g8)": speculative(spec.PromptLookup(), 8),
         "spec + LookupTree (g8)": speculative(spec.LookupTree(), 8),
         "HF generate greedy": lambda ids: hf_greedy(target, torch.tensor(ids), N),

@@ -7,7 +7,7 @@ the command line, parses options, calls the steps in order and prints. The steps
   setup      seed, threads, transformers' own logging silenced, the output folder
   load       the target and its draft: a draft model (the shipped pair, the seeded stand-in, or
              paths), or a draft source: `--real` (SmolLM2-135M-Instruct with prompt lookup or its
-             own Q4_1 GGUF, spec.realmodel) and `--draft FILE.gguf` (llama.cpp) are this step's presets
+             own Q4_1 GGUF, spec.realmodel) and `--draft FILE.gguf` (spec.qdraft or llama.cpp) are this step's presets
   prompts    the prompt texts and their token ids, checked against the models' limits
   costs      warm-up, then c from interleaved one-token steps of draft and target (a draft
              source: the verify pass's cost line instead)
@@ -132,10 +132,11 @@ def is_gguf(draft: str | None) -> bool:
     return draft is not None and draft.lower().endswith(".gguf")
 
 
-# --real's drafts (prompt lookup, or SmolLM2's own Q4_1 GGUF in llama.cpp) and each one's gamma,
-# measured best on the seed prompts (docs/BENCHMARKS.md); a --draft FILE.gguf run takes "q4"'s.
+# --real's drafts (prompt lookup, or SmolLM2's own Q4_1 GGUF on spec.qdraft's kernel, else llama.cpp)
+# and each one's gamma, measured best on the seed prompts (docs/BENCHMARKS.md: q4 at 10 is the most
+# rows spec.gemv's kernel verifies in one pass, 11); a --draft FILE.gguf run takes "q4"'s.
 REAL_DRAFTS = ("lookup", "q4")
-DEFAULT_GAMMA = {"lookup": 8, "q4": 6}
+DEFAULT_GAMMA = {"lookup": 8, "q4": 10}
 LOOKUP_PEER = "spec prompt lookup"   # our prompt lookup, timed beside a GGUF draft
 
 
@@ -148,7 +149,7 @@ def _sourced(target: str | None, draft: str | None, *, real: bool, target_dtype:
              notice) -> tuple[models.Pair, PairInfo]:
     """The presets whose draft is a source, not a model: `real` (SmolLM2-135M-Instruct, fetched and
     converted on first use with `notice` saying so, drafted by prompt lookup or "q4", its own Q4_1
-    GGUF), or the target at `target` drafted by the GGUF file `draft` in llama.cpp."""
+    GGUF), or the target at `target` drafted by the GGUF file `draft` (spec.gguf_draft: spec.qdraft's kernel, else llama.cpp)."""
     from spec import realmodel
     from spec.lookup import PromptLookup
 
@@ -169,7 +170,8 @@ def _sourced(target: str | None, draft: str | None, *, real: bool, target_dtype:
         else:
             from spec.gguf_draft import GGUFDraft
             gguf = realmodel.fetch(notice) if kind == "q4" else Path(kind)
-            source, runs_as = GGUFDraft(gguf, model, tok, threads=torch.get_num_threads()), "llama.cpp"
+            source = GGUFDraft(gguf, model, tok, threads=torch.get_num_threads())
+            runs_as = "spec.qdraft" if source.engine_name == "native" else "llama.cpp"
     except (RuntimeError, ImportError, OSError, ValueError) as err:
         raise UsageError(f"--draft {kind}: {err}") from None
     where = str(realmodel.fp32_dir()) if real else target
