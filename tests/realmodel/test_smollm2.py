@@ -1,6 +1,6 @@
 """SmolLM2-135M-Instruct (spec.realmodel), a real pretrained model: exactness of greedy,
-speculative decoding with the prompt-lookup draft and with its own Q4_1 GGUF run by llama.cpp
-(spec.gguf_draft), and the HF peers, through its chat template.
+speculative decoding with the prompt-lookup draft and with its own Q4_1 GGUF (spec.gguf_draft: on
+spec.qdraft's kernel and in llama.cpp, each where it runs), and the HF peers, through its chat template.
 
 Needs the model in the cache (`python -m spec.realmodel`; .ci/run does it); skipped with the
 reason otherwise. Loaded once per session (fp32, under a second from the converted folder), one
@@ -85,15 +85,19 @@ def test_hf_prompt_lookup_equals_greedy(smollm2, chat_prompts, greedy_outputs):
         greedy_outputs[1]
 
 
-@pytest.fixture(scope="session")
-def q4_draft(smollm2):
-    """SmolLM2's own Q4_1 GGUF (the file the fp32 folder was made from) in llama.cpp."""
+@pytest.fixture(scope="session", params=["native", "llama.cpp"])
+def q4_draft(smollm2, request):
+    """SmolLM2's own Q4_1 GGUF (the file the fp32 folder was made from) on spec.qdraft's kernel and in
+    llama.cpp (each skipped with the reason where it cannot run)."""
+    from spec import qdraft
     from spec.conformance import llamacpp
-    if llamacpp.available() is not None:
-        pytest.skip(llamacpp.available())
+    why = qdraft.unsupported(realmodel.gguf_path()) if request.param == "native" else llamacpp.available()
+    if why is not None:
+        pytest.skip(why)
     from spec.gguf_draft import GGUFDraft
     model, tok = smollm2
-    drafter = GGUFDraft(realmodel.gguf_path(), model, tok)   # the tokenizer checks pass on the real vocabulary
+    drafter = GGUFDraft(realmodel.gguf_path(), model, tok, engine=request.param)   # the tokenizer checks pass
+    assert drafter.engine_name == request.param
     yield drafter
     drafter.close()
 
@@ -117,7 +121,8 @@ def test_q4_gguf_draft_samples(smollm2, chat_prompts, q4_draft):
     runs = []
     for _ in range(2):
         gen = torch.Generator().manual_seed(3)
-        drafter = GGUFDraft(realmodel.gguf_path(), model, tok, pick=Pick(do_sample=True, temperature=0.7, generator=gen))
+        drafter = GGUFDraft(realmodel.gguf_path(), model, tok, engine=q4_draft.engine_name,
+                            pick=Pick(do_sample=True, temperature=0.7, generator=gen))
         try:
             runs.append(speculative_generate(model, drafter, chat_prompts[0], gamma=4, max_new_tokens=NEW,
                                              do_sample=True, temperature=0.7, generator=gen).tokens)
