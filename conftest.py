@@ -239,11 +239,10 @@ def endpoint_server():
 
 
 @pytest.fixture(scope="session")
-def vllm_servers(tmp_path_factory):
-    """vllm_servers(kind): vLLM on SmolLM2-135M-Instruct fp32, kind None (plain), "ngram" or "draft_model"
-    (tests/servers.py), started once from the venv SPEC_VLLM_PYTHON names; skipped with the reason without
-    it or without the model (python -m spec.realmodel); all stopped at the session's end."""
-    from servers import VllmServer, model_folder, vllm_python
+def vllm_setup(tmp_path_factory):
+    """(SPEC_VLLM_PYTHON, the SmolLM2 folder vLLM loads, a folder for the logs); skipped with the reason without
+    the venv or the model (python -m spec.realmodel)."""
+    from servers import model_folder, vllm_python
 
     from spec import realmodel
     python, why = vllm_python()
@@ -252,9 +251,33 @@ def vllm_servers(tmp_path_factory):
     fp32 = realmodel.fp32_dir()
     if not realmodel.converted():
         pytest.skip(f"no SmolLM2 fp32 folder at {fp32} (python -m spec.realmodel)")
-    folder = model_folder(fp32, tmp_path_factory.mktemp("vllm-model"))
-    logs = tmp_path_factory.mktemp("vllm-logs")
+    return python, model_folder(fp32, tmp_path_factory.mktemp("vllm-model")), tmp_path_factory.mktemp("vllm-logs")
+
+
+@pytest.fixture(scope="session")
+def vllm_servers(vllm_setup):
+    """vllm_servers(kind): vLLM on SmolLM2-135M-Instruct fp32, kind None (plain), "ngram" or "draft_model"
+    (tests/servers.py), started once from the venv SPEC_VLLM_PYTHON names; skipped with the reason without
+    it or without the model (python -m spec.realmodel); all stopped at the session's end."""
+    from servers import VllmServer
+    python, folder, logs = vllm_setup
     yield from _server_pool(lambda kind: VllmServer(python, folder, kind, logs / f"{kind or 'plain'}.log").wait())
+
+
+@pytest.fixture
+def vllm_fresh_server(vllm_setup):
+    """vllm_fresh_server(kind): a vLLM server of its own for one test (one a request may kill), started now and
+    stopped at the test's end; skipped as vllm_servers is."""
+    from servers import VllmServer
+    python, folder, logs = vllm_setup
+    started = []
+
+    def start(kind: str | None):
+        started.append(VllmServer(python, folder, kind, logs / f"fresh-{kind or 'plain'}-{len(started)}.log"))
+        return started[-1].wait()
+    yield start
+    for server in started:
+        server.stop()
 
 
 def _server_pool(start):

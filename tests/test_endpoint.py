@@ -822,3 +822,22 @@ def test_repro_reproduces_the_vllm_mixed_batch_finding(vllm_servers, tmp_path, c
     assert len(scripts) == 1 and ": reproduces (exit 1)" in row["evidence"], row
     again = subprocess.run([sys.executable, "-S", str(scripts[0])], capture_output=True, text=True, timeout=900)
     assert again.returncode == 1 and "REPRODUCED" in again.stdout, (again.stdout, again.stderr)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script, kind", [("seeded_draft_model.py", "draft_model"),
+                                          ("top_k_kills_engine.py", "ngram")])
+def test_the_shipped_vllm_scripts_reproduce(vllm_fresh_server, script, kind):
+    """docs/repro/vllm's scripts for the seeded and top_k findings, each run under `python -S` against a freshly
+    started vLLM server of the kind it was found on (its own: the top_k one leaves it dead), must exit 1 with
+    REPRODUCED (skipped without SPEC_VLLM_PYTHON; minutes: the server starts)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "docs" / "repro" / "vllm" / script
+    server = vllm_fresh_server(kind)
+    model = Endpoint(server.url).model
+    done = subprocess.run([sys.executable, "-S", str(path), "--server", server.url.removesuffix("/v1"),
+                           "--model", model], capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 1 and "REPRODUCED" in done.stdout, (done.returncode, done.stdout[-3000:],
+                                                                   done.stderr[-3000:])

@@ -131,7 +131,8 @@ def _known_crash(name, impl, subject, prompt: list[int], n: int, request: dict, 
     """A known crash is not sent (it would leave the user's server dead), but `spec conform --repro` writes the
     request that would have been sent as a crash script (not rerun)."""
     repro.record(name, impl, subject, endpoints.Violation(
-        f"known crash, not sent: {finding}", [endpoints.Crash(list(prompt), n, request, finding)]))
+        "known crash, not sent by the kit (KNOWN_CRASHES): the request below took this engine down",
+        [endpoints.Crash(list(prompt), n, request, finding)]))
 
 
 def _speculated(name, impl, subject, before) -> str:
