@@ -129,11 +129,6 @@ void spec_qd_quantize(const float *x, int64_t R, int64_t K, int8_t *q, float *xd
         for (int r = 0; r < RR; r++) acc[r] = _mm512_setzero_ps();                                        \
         const uint8_t *rec = W + p * B * rs;                                                              \
         for (int64_t b = 0; b < B; b++, rec += rs) {                                                      \
-            _mm_prefetch((const char *)(rec + 16 * rs), _MM_HINT_T0);                                    \
-            _mm_prefetch((const char *)(rec + 16 * rs + 64), _MM_HINT_T0);                               \
-            _mm_prefetch((const char *)(rec + 16 * rs + 128), _MM_HINT_T0);                              \
-            _mm_prefetch((const char *)(rec + 16 * rs + 192), _MM_HINT_T0);                              \
-            _mm_prefetch((const char *)(rec + 16 * rs + 256), _MM_HINT_T0);                              \
             __m512i w[8];                                                                                 \
             if (kind == 4) {                                                                              \
                 const __m512i lo = _mm512_set1_epi8(15);                                                  \
