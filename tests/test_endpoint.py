@@ -562,11 +562,17 @@ def test_a_server_listing_no_model_or_several_is_a_clear_error():
 # ones, on both methods; a seeded sample not repeated, with a draft model. Everything else passes.
 # (ngram's seeded samples differ between two identical requests sent alone in about 1 pair of 12, on a fresh
 # server, prefix caching on or off; the plain server never did, 0 of 48: docs/CONFORMANCE.md)
-VLLM_FINDINGS = {"ngram": {"endpoint_mixed_batch", "endpoint_seeded"},
-                 "draft_model": {"endpoint_mixed_batch", "endpoint_seeded"}}
+# Greedy requests among seeded or penalised companions fail as among sampled ones (endpoint_companions); with a
+# draft model, seeded samples change when batched (endpoint_seeded_batch: 6 of 6, 2026-12-05); the ngram server
+# drafted nothing during endpoint_seeded_batch there (sampled text), and its seeded samples are intermittent, so
+# that property may show either way on it.
+VLLM_FINDINGS = {"ngram": {"endpoint_mixed_batch", "endpoint_seeded", "endpoint_companions", "endpoint_seeded_batch"},
+                 "draft_model": {"endpoint_mixed_batch", "endpoint_seeded", "endpoint_companions",
+                                 "endpoint_seeded_batch"}}
 # Properties during which the server drafted nothing at budget 0.25 (its counters did not move): vLLM's ngram
 # proposer found no n-gram to copy in those requests (penalties, logit biases, stop strings; sampled text)
-VLLM_NOT_SPECULATING = {"ngram": {"endpoint_greedy_options", "endpoint_sampled_logprobs"}, "draft_model": set()}
+VLLM_NOT_SPECULATING = {"ngram": {"endpoint_greedy_options", "endpoint_sampled_logprobs", "endpoint_seeded_batch"},
+                        "draft_model": set()}
 
 
 @pytest.mark.slow
