@@ -48,6 +48,13 @@ BUGS = {
 }
 
 
+class _Listener(ThreadingHTTPServer):
+    """ThreadingHTTPServer with a listen backlog of 128, not 5: the kit sends up to 20 requests at once, and
+    on a loaded box a full accept queue reset a connection (endpoint_mixed_batch failed with ECONNRESET)."""
+    request_queue_size = 128
+    daemon_threads = True
+
+
 def _request(bug: str, body: dict) -> dict:
     body = dict(body)
     if bug == "max-tokens+1":
@@ -117,7 +124,7 @@ class Proxy:
         self.lock = threading.Lock()
         self.in_flight: list[dict] = []          # the completion requests in flight: each one's company
         self.dead = False                        # top-k-kills: the engine died; every completion answers 500
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self.httpd = _Listener(("127.0.0.1", 0), _handler(self))
         self.httpd.daemon_threads = True
         threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"

@@ -42,6 +42,13 @@ BUGS = {
 }
 
 
+class _Listener(ThreadingHTTPServer):
+    """ThreadingHTTPServer with a listen backlog of 128, not 5: the kit sends up to 20 requests at once, and
+    on a loaded box a full accept queue reset a connection (endpoint_mixed_batch failed with ECONNRESET)."""
+    request_queue_size = 128
+    daemon_threads = True
+
+
 @dataclass
 class Gathering:
     """Server.held_together's barrier: `parties` requests, `joined` so far, `full` once all were in flight."""
@@ -78,7 +85,7 @@ class Server:
         # the proxy's controls have always seen it); a gathering's members wait on them, the lock released
         self.arrivals = threading.Condition(self.lock)
         self.gathering: Gathering | None = None
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self.httpd = _Listener(("127.0.0.1", 0), _handler(self))
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self.thread.start()
