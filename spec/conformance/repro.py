@@ -91,7 +91,7 @@ REQUESTS = json.loads({requests!r})
 failed = 0
 for number, r in enumerate(REQUESTS):
     got = send(r)
-    print(f"request {{number}}: POST {{at(r['url'])}} {{json.dumps(r['body'])}}")
+    print(f"request {{number}}: POST {{at(r['url'])}} {{json.dumps(body_of(r))}}")
     if r["divergence"]:
         print(f"  the kit saw: {{r['divergence']}}")
     print(f"  reference {{r['expected']}}\\n  the kit saw {{r['actual']}}\\n  now        {{got}}")
@@ -115,10 +115,15 @@ def at(url):
     return urllib.parse.urlunsplit((new.scheme, new.netloc, old.path, old.query, old.fragment))
 
 
+def body_of(r):
+    """The JSON body sent for request r: the recorded one, its "model" replaced by --model when given."""
+    return dict(r["body"], model=MODEL) if MODEL and "model" in r["body"] else r["body"]
+
+
 def send(r, tries=4):
     """The new ids the server gives for request r. A connection refused or reset before an answer (a busy
     listen queue) is retried, as the kit retries it; an answered request never is."""
-    body = dict(r["body"], model=MODEL) if MODEL and "model" in r["body"] else r["body"]
+    body = body_of(r)
     request = urllib.request.Request(at(r["url"]), data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
     for attempt in range(tries):
@@ -187,7 +192,7 @@ for attempt in range(1, {attempts} + 1):
         r = CROWD[k]
         first = next((i for i, (a, b) in enumerate(zip(r["expected"], got[k])) if a != b),
                      min(len(r["expected"]), len(got[k])))
-        print(f"  request {{k}} {{json.dumps(r['body'])}}\\n    alone    {{r['expected']}}\\n    together {{got[k]}}"
+        print(f"  request {{k}} {{json.dumps(body_of(r))}}\\n    alone    {{r['expected']}}\\n    together {{got[k]}}"
               f"\\n    first difference at new token {{first}}")
     if differ:
         print("REPRODUCED: %d of %d greedy requests differ from their output alone (attempt %d)"
@@ -221,7 +226,7 @@ REPEAT = json.loads({repeat!r})
 ATTEMPTS = int(sys.argv[sys.argv.index("--attempts") + 1]) if "--attempts" in sys.argv else {attempts}
 {common}
 
-print(f"POST {{at(REPEAT['url'])}} {{json.dumps(REPEAT['body'])}}")
+print(f"POST {{at(REPEAT['url'])}} {{json.dumps(body_of(REPEAT))}}")
 print(f"  the kit saw {{REPEAT['first']}}\\n  then        {{REPEAT['second']}}")
 for attempt in range(1, ATTEMPTS + 1):
     try:
@@ -259,8 +264,7 @@ CRASH = json.loads({crash!r})
 
 def post(r):
     """(HTTP status or None for no answer, the new ids or what came back instead)."""
-    body = dict(r["body"], model=MODEL) if MODEL and "model" in r["body"] else r["body"]
-    request = urllib.request.Request(at(r["url"]), data=json.dumps(body).encode(),
+    request = urllib.request.Request(at(r["url"]), data=json.dumps(body_of(r)).encode(),
                                      headers={{"Content-Type": "application/json"}})
     try:
         with urllib.request.urlopen(request, timeout=600) as response:
@@ -274,7 +278,7 @@ def post(r):
 dead = False
 for what, r in (("the request", CRASH), ("then a plain greedy request", CRASH["probe"])):
     status, got = post(r)
-    print(f"{{what}}: POST {{at(r['url'])}} {{json.dumps(r['body'])}}\\n  answered {{status}}: {{got}}")
+    print(f"{{what}}: POST {{at(r['url'])}} {{json.dumps(body_of(r))}}\\n  answered {{status}}: {{got}}")
     dead = dead or status is None or status >= 500
     time.sleep(1.0)
 print("REPRODUCED: the server answered 5xx or nothing" if dead else "not reproduced: both requests were answered")
