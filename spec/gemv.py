@@ -403,26 +403,38 @@ def selftest(path: Path) -> str | None:
     return None
 
 
+def decide_once(state: dict, make, name: str):
+    """state["lib"], made once per process by `make()` -> (library or None, why not); a RuntimeError or
+    OSError from it is a why-not too, logged at debug level under `name`. The native libraries' shared
+    decision (spec.gemv, spec.qdraft)."""
+    if "lib" not in state:
+        try:
+            lib, why = make()
+        except (RuntimeError, OSError) as e:
+            lib, why = None, str(e)
+        if why is not None:
+            log.debug("%s not used: %s", name, why)
+        state["lib"], state["why"] = lib, why
+    return state["lib"]
+
+
+def _make():
+    path = build()
+    why = selftest(path)
+    if why is not None:
+        return None, why
+    lib = ctypes.CDLL(str(path))
+    for fn in (lib.spec_gemv_rows, lib.spec_gemv_panel):
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5 + [ctypes.c_int]
+    lib.spec_gemv_isa.restype = ctypes.c_int
+    return lib, None
+
+
 def library():
     """The built, self-tested library (ctypes.CDLL), or None with `reason()` saying why; decided once
     per process."""
-    if "lib" not in _STATE:
-        lib, why = None, None
-        try:
-            path = build()
-            why = selftest(path)
-            if why is None:
-                lib = ctypes.CDLL(str(path))
-                for fn in (lib.spec_gemv_rows, lib.spec_gemv_panel):
-                    fn.restype = ctypes.c_int
-                    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5 + [ctypes.c_int]
-                lib.spec_gemv_isa.restype = ctypes.c_int
-        except (RuntimeError, OSError) as e:
-            why = str(e)
-        if why is not None:
-            log.debug("spec.gemv not used: %s", why)
-        _STATE["lib"], _STATE["why"] = lib, why
-    return _STATE["lib"]
+    return decide_once(_STATE, _make, "spec.gemv")
 
 
 def reason() -> str | None:

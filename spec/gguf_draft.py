@@ -164,22 +164,30 @@ def _pieces(tokenizer, llm, ids) -> list[tuple[int, str, str]]:
     return bad
 
 
-def check_pieces(pieces: list[str], bos: int | None, eos: int | None, target, tokenizer, path: Path) -> None:
-    """check_vocab for a GGUF read without llama.cpp: its token strings (`pieces`, as the GGUF stores
-    them, which is how the tokenizer's convert_ids_to_tokens writes them) and BOS/EOS ids against the
-    target's: every piece is compared, so no probe text is needed. Raises ValueError naming what differs."""
-    n, width = len(pieces), hf.logit_width(target)
-    where = f"draft {path.name}"
+def _sizes_and_specials(n: int, bos: int | None, eos: int | None, target, tokenizer, where: str) -> bool:
+    """The GGUF's vocabulary size is the target's logit width and its BOS/EOS ids the tokenizer's (ValueError
+    naming what differs); False when there is no tokenizer to check the rest against."""
+    width = hf.logit_width(target)
     if n != width:
         raise ValueError(f"{where}: its vocabulary has {n} tokens but the target's logits are {width} wide; a GGUF "
                          f"draft must use the target's tokenizer (e.g. a quantized copy of the target)")
     if tokenizer is None:
-        return
+        return False
     for name, theirs in (("bos", bos), ("eos", eos)):
         ours = getattr(tokenizer, f"{name}_token_id", None)
         if ours is not None and theirs is not None and theirs >= 0 and ours != theirs:
             raise ValueError(f"{where}: its {name.upper()} token is id {theirs}, the target tokenizer's is {ours}: "
                              f"not the target's vocabulary")
+    return True
+
+
+def check_pieces(pieces: list[str], bos: int | None, eos: int | None, target, tokenizer, path: Path) -> None:
+    """check_vocab for a GGUF read without llama.cpp: its token strings (`pieces`, as the GGUF stores
+    them, which is how the tokenizer's convert_ids_to_tokens writes them) and BOS/EOS ids against the
+    target's: every piece is compared, so no probe text is needed. Raises ValueError naming what differs."""
+    n, where = len(pieces), f"draft {path.name}"
+    if not _sizes_and_specials(n, bos, eos, target, tokenizer, where):
+        return
     ours = tokenizer.convert_ids_to_tokens(list(range(min(n, len(tokenizer)))))
     bad = [i for i, (a, b) in enumerate(zip(ours, pieces)) if a is not None and a != b]
     if bad:
@@ -192,18 +200,9 @@ def check_vocab(llm, target, tokenizer, path: Path) -> None:
     """The GGUF's vocabulary is the target's: as many tokens as the target's logits are wide and,
     with the target's tokenizer, the same special ids, the same text for a spread of ids, and the
     same ids for a probe text. Raises ValueError naming what differs."""
-    n, width = llm.n_vocab(), hf.logit_width(target)
-    where = f"draft {path.name}"
-    if n != width:
-        raise ValueError(f"{where}: its vocabulary has {n} tokens but the target's logits are {width} wide; a GGUF "
-                         f"draft must use the target's tokenizer (e.g. a quantized copy of the target)")
-    if tokenizer is None:
+    n, where = llm.n_vocab(), f"draft {path.name}"
+    if not _sizes_and_specials(n, llm.token_bos(), llm.token_eos(), target, tokenizer, where):
         return
-    for name, theirs in (("bos", llm.token_bos()), ("eos", llm.token_eos())):
-        ours = getattr(tokenizer, f"{name}_token_id", None)
-        if ours is not None and theirs >= 0 and ours != theirs:
-            raise ValueError(f"{where}: its {name.upper()} token is id {theirs}, the target tokenizer's is {ours}: "
-                             f"not the target's vocabulary")
     bad = _pieces(tokenizer, llm, sorted({0, 1, 2, n // 7, n // 5, n // 3, n // 2, 2 * n // 3, n - 1}))
     if bad:
         i, ours, theirs = bad[0]

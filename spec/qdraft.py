@@ -426,30 +426,26 @@ def selftest(paths: list[Path]) -> str | None:
     return None
 
 
+def _make():
+    if os.environ.get("SPEC_QDRAFT", "1") == "0":
+        return None, "SPEC_QDRAFT=0"
+    if not cpu_has_vnni():
+        return None, f"this CPU lacks one of {', '.join(CPU_FLAGS)}"
+    paths = [gemv.compiled(SOURCE, cache_dir()), gemv.compiled(SOURCE, cache_dir(), VNNI_FLAGS)]
+    why = selftest(paths)
+    if why is not None:
+        return None, why
+    lib = ctypes.CDLL(str(paths[1]))
+    _declare(lib)
+    if not lib.spec_qd_vnni():
+        return None, "the VNNI build has no VNNI kernel (the compiler did not define it)"
+    return lib, None
+
+
 def library():
     """The VNNI build, self-tested, as a ctypes.CDLL, or None with `reason()` saying why (no AVX-512
     VNNI on this CPU, no compiler, a failed self-test); decided once per process. SPEC_QDRAFT=0: None."""
-    if "lib" not in _STATE:
-        lib, why = None, None
-        if os.environ.get("SPEC_QDRAFT", "1") == "0":
-            why = "SPEC_QDRAFT=0"
-        elif not cpu_has_vnni():
-            why = f"this CPU lacks one of {', '.join(CPU_FLAGS)}"
-        else:
-            try:
-                paths = [gemv.compiled(SOURCE, cache_dir()), gemv.compiled(SOURCE, cache_dir(), VNNI_FLAGS)]
-                why = selftest(paths)
-                if why is None:
-                    lib = ctypes.CDLL(str(paths[1]))
-                    _declare(lib)
-                    if not lib.spec_qd_vnni():
-                        lib, why = None, "the VNNI build has no VNNI kernel (the compiler did not define it)"
-            except (RuntimeError, OSError) as e:
-                why = str(e)
-        if why is not None:
-            log.debug("spec.qdraft not used: %s", why)
-        _STATE["lib"], _STATE["why"] = lib, why
-    return _STATE["lib"]
+    return gemv.decide_once(_STATE, _make, "spec.qdraft")
 
 
 def reason() -> str | None:

@@ -19,8 +19,9 @@ from spec.conformance import llamacpp
 from spec.conformance import kit
 from spec.conformance.stats import goodness_of_fit, reference_probabilities
 from spec.draft import Pick
-from spec.tree import Tree
 from spec.models import perturbed_copy
+
+from skewedq import SkewedQ
 
 pytestmark = pytest.mark.skipif(llamacpp.available() is not None, reason=str(llamacpp.available()))
 
@@ -186,33 +187,6 @@ def sample_fit(model, drafter, gen, draws: int):
                                    temperature=TEMPERATURE, generator=gen).tokens
         counts[out[0] * SMALL_V + out[1]] += 1
     return goodness_of_fit("joint law of the first 2 tokens, GGUF draft", {"all": (counts, two_token_law(model))})
-
-
-class SkewedQ(DraftSource):
-    """Broken: draws as the wrapped draft does but reports q at four times its temperature. (A draft that
-    reports no q at all, one-hot at its proposal, is still exact: given the proposal, the target
-    keeps it with probability p(x) and otherwise draws from p without it.)"""
-
-    def __init__(self, inner):
-        self.inner = inner
-
-    needs = frozenset()
-
-    def begin(self, prompt):
-        self.inner.begin(prompt)
-
-    def draft(self, seq, n, g):
-        chain = self.inner.draft(seq, n, g)
-        if chain.q is None:   # nothing drafted
-            return chain
-        flat = chain.q.clamp_min(1e-30).log().div(4).softmax(-1) * (chain.q > 0)
-        return Tree.chain(chain.tokens, flat / flat.sum(-1, keepdim=True))
-
-    def observe(self, n, accepted):
-        self.inner.observe(n, accepted)
-
-    def __len__(self):
-        return len(self.inner)
 
 
 @pytest.mark.parametrize("broken, draws", [(False, DRAWS), (True, 1000)], ids=["exact", "q-not-what-it-drew"])

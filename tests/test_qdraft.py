@@ -17,8 +17,8 @@ from spec.conformance import kit, llamacpp
 from spec.conformance.stats import goodness_of_fit, reference_probabilities
 from spec.draft import Pick
 from spec.models import perturbed_copy
-from spec.protocols import DraftSource
-from spec.tree import Tree
+
+from skewedq import SkewedQ
 
 pytestmark = pytest.mark.skipif(qdraft.library() is None, reason=f"spec.qdraft unavailable: {qdraft.reason()}")
 
@@ -212,31 +212,6 @@ def two_token_law(model) -> list[float]:
             return reference_probabilities(model(torch.tensor([ctx])).logits[0, -1], TEMPERATURE)
     first = p(LAW_PROMPT)
     return [float(first[a]) * float(p(LAW_PROMPT + [a])[b]) for a in range(V) for b in range(V)]
-
-
-class SkewedQ(DraftSource):
-    """Broken: draws as the wrapped draft does but reports q at four times its temperature."""
-
-    def __init__(self, inner):
-        self.inner = inner
-
-    needs = frozenset()
-
-    def begin(self, prompt):
-        self.inner.begin(prompt)
-
-    def draft(self, seq, n, g):
-        chain = self.inner.draft(seq, n, g)
-        if chain.q is None:
-            return chain
-        flat = chain.q.clamp_min(1e-30).log().div(4).softmax(-1) * (chain.q > 0)
-        return Tree.chain(chain.tokens, flat / flat.sum(-1, keepdim=True))
-
-    def observe(self, n, accepted):
-        self.inner.observe(n, accepted)
-
-    def __len__(self):
-        return len(self.inner)
 
 
 @pytest.mark.parametrize("broken", [False, True], ids=["exact", "q-not-what-it-drew"])
