@@ -349,7 +349,9 @@ KINDS = {"Q4_1": 4, "Q8_0": 8}          # GGUF matrix types the kernel reads, an
 MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 # The self-test (run in a subprocess: ctypes and numpy only): random records of both kinds, 1-9 rows,
-# each build's matvec against an int64/float64 reference, the VNNI build's against the plain one's.
+# each build's matvec (and the VNNI build's plain-C path) against a float64 reference; then a whole
+# forward of a random one-layer model (prefill of 5, then one token) on each build, finite and equal
+# within float32 rounding of the quantized activations.
 SELFTEST = r"""
 import ctypes, sys
 import numpy as np
@@ -383,7 +385,6 @@ for kind in (4, 8):
             x = xd.astype(np.float64).repeat(32, 1) * xq
             want = x @ wf.T
             bound = (np.abs(x) @ np.abs(wf).T) * 1e-5 + 1e-30
-            outs = []
             for lib in libs:
                 for vnni in ((0, 1) if lib.spec_qd_vnni() else (0,)):
                     y = np.zeros((R, N), np.float32)
@@ -392,7 +393,52 @@ for kind in (4, 8):
                     if not (np.abs(y - want) <= bound).all():
                         sys.exit(f"kind {kind} N={N} K={K} R={R} vnni={vnni}: largest error "
                                  f"{np.abs(y - want).max():.3g} (bound {bound.min():.3g})")
-                    outs.append(y)
+
+
+def records(kind, N, K):
+    B, P_ = K // 32, N // 16
+    u = rng.integers(0, 16 if kind == 4 else 256, size=(P_, B, 512 if kind == 8 else 256)).astype(np.uint8)
+    if kind == 4:
+        u = u & 15 | (u & 15) << 4
+    d = rng.uniform(0.001, 0.02, size=(P_, B, 16)).astype(np.float16)
+    m = (-d.astype(np.float32) * (8 if kind == 4 else 128)).astype(np.float16)
+    return np.ascontiguousarray(np.concatenate([u, d.view(np.uint8), m.view(np.uint8)], axis=-1))
+
+
+class Model(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int64) for n in ("n_layer", "dim", "n_head", "n_kv", "head_dim", "ffn", "vocab",
+                                              "n_ctx")] + [
+        ("eps", ctypes.c_float), ("theta", ctypes.c_float), ("embd", P), ("embd_kind", ctypes.c_int64),
+        ("out", P), ("out_kind", ctypes.c_int64), ("out_norm", P), ("norms", P), ("mats", P), ("kinds", P),
+        ("kc", P), ("vc", P), ("vnni", ctypes.c_int64)]
+
+
+D, F, V, CTX = 32, 64, 32, 8
+shapes = [(D, D), (16, D), (16, D), (D, D), (F, D), (F, D), (D, F)]
+mats = [records(4, n, k) for n, k in shapes]
+embd, norm = records(8, V, D), np.ones(D, np.float32)
+ptrs = np.array([a.ctypes.data for a in mats], np.uint64)
+kinds = np.full(7, 4, np.int64)
+norms = np.array([norm.ctypes.data] * 2, np.uint64)
+logits = []
+for lib in libs:
+    lib.spec_qd_forward.argtypes = [P, P, ctypes.c_int64, ctypes.c_int64, P]
+    for vnni in ((0, 1) if lib.spec_qd_vnni() else (0,)):
+        kc, vc = np.zeros((CTX, 16), np.float32), np.zeros((CTX, 16), np.float32)
+        model = Model(1, D, 2, 1, 16, F, V, CTX, 1e-5, 10000.0, embd.ctypes.data, 8, embd.ctypes.data, 8,
+                      norm.ctypes.data, norms.ctypes.data, ptrs.ctypes.data, kinds.ctypes.data, kc.ctypes.data,
+                      vc.ctypes.data, vnni)
+        out = np.zeros(V, np.float32)
+        ids = np.array([1, 5, 3, 9, 2, 7], np.int32)
+        if lib.spec_qd_forward(ctypes.byref(model), ids.ctypes.data, 5, 0, out.ctypes.data) != 0 or \
+                lib.spec_qd_forward(ctypes.byref(model), ids[5:].ctypes.data, 1, 5, out.ctypes.data) != 0:
+            sys.exit("the forward refused a context that fits")
+        if not np.isfinite(out).all():
+            sys.exit(f"vnni={vnni}: the forward gave non-finite logits")
+        logits.append(out)
+scale = max(float(np.abs(x).max()) for x in logits)
+if max(float(np.abs(x - logits[0]).max()) for x in logits) > 1e-3 * scale + 1e-30:
+    sys.exit(f"the builds' forwards differ: {[x[:4] for x in logits]}")
 print("ok")
 """
 

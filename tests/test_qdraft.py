@@ -264,12 +264,15 @@ def test_without_the_kernel_auto_runs_llama_cpp_and_says_why(target, q4_gguf, mo
 @pytest.mark.parametrize("fault, says", [
     ("s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(xb[g]));", "largest error"),
     ("static void qmv_c(const uint8_t *W", "return code"),
-], ids=["vnni-sum-drops-half", "crash"])
+    ("    if (n <= 0 || pos0 < 0 || pos0 + n > m->n_ctx) return -1;", "return code"),
+], ids=["vnni-sum-drops-half", "crash", "forward-crash"])
 def test_a_broken_kernel_is_caught_by_the_self_test(monkeypatch, tmp_path, fault, says):
-    """The self-test runs each build in a subprocess: a wrong sum or a segfault becomes a reason, and
-    library() None (spec.gguf_draft then runs llama.cpp)."""
+    """The self-test runs each build in a subprocess: a wrong sum or a segfault (in a product or in the
+    whole forward) becomes a reason, and library() None (spec.gguf_draft then runs llama.cpp)."""
     if fault.startswith("s0"):
         source = qdraft.SOURCE.replace(fault, "s0 = _mm512_setzero_si512();")
+    elif "pos0" in fault:
+        source = qdraft.SOURCE.replace(fault, fault + "\n    if (n == 5) *(volatile int *)0 = 1;")
     else:
         source = qdraft.SOURCE.replace("    qmv_c(W, (int)kind, N, K, xq, xd, xs, R, y);\n}",
                                        "    qmv_c(W, (int)kind, N, K, xq, xd, xs, R, y);\n"
