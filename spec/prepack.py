@@ -13,10 +13,11 @@ packed copies are made once per model and kept while its weights are unchanged (
 (SPEC_PREPACK=0), linears of at least MIN_BYTES whose copies fit in half the memory available (`fits`), and the packed forward agreeing with the model's own within the probe's tolerance
 (spec.probe, once per model); spec.runner's passes then run inside `swapped(forwards(model))`.
 
-Few rows at one thread: spec.gemv's hand-written kernel (a panel-reordered copy of each weight,
-streamed once per pass) runs passes of 1 to KERNEL_ROWS rows (12 with AVX-512F, 6 with AVX2+FMA) when
-torch runs one thread, faster there than oneDNN (docs/BENCHMARKS.md, "A hand-written few-row kernel");
-more rows, or more threads, stay on oneDNN, whose copies are then made at their first use (a run that
+Few rows on few threads: spec.gemv's hand-written kernel (a panel-reordered copy of each weight,
+streamed once per pass, one thread) runs passes of 1 to KERNEL_ROWS rows (12 with AVX-512F, 6 with
+AVX2+FMA) when torch runs at most KERNEL_THREADS threads, faster there than oneDNN (docs/BENCHMARKS.md,
+"A hand-written few-row kernel"; at 2 threads the one-thread kernel still beat oneDNN's two); more
+rows, or more threads, stay on oneDNN, whose copies are then made at their first use (a run that
 prefills more than KERNEL_ROWS rows holds both: the linears' weight memory twice more).
 `kernel_used(model)`: `used(model)`, not switched off (SPEC_GEMV=0), the library built and self-tested
 in a subprocess (spec.gemv.library: no compiler, a compile error or a failed self-test leaves oneDNN,
@@ -73,7 +74,7 @@ def available(model) -> bool:
 
 def packed_forward(linear: torch.nn.Linear, kernel: bool = False):
     """linear's function, x -> x W^T + b: on spec.gemv's kernel (its panel copy of the weight, made here)
-    for 1 to KERNEL_ROWS[its ISA] rows when `kernel` and torch runs one thread (or inside
+    for 1 to KERNEL_ROWS[its ISA] rows when `kernel` and torch runs at most KERNEL_THREADS threads (or inside
     `kernel_always()`), else on a oneDNN-reordered copy of its weight (made at the first call that needs
     it)."""
     weight = linear.weight.detach()
@@ -97,7 +98,7 @@ class Packed:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
-        if 0 < rows <= self.most and (_ALWAYS or torch.get_num_threads() == 1):
+        if 0 < rows <= self.most and (_ALWAYS or torch.get_num_threads() <= KERNEL_THREADS):
             return self.small(x)
         if not 0 < rows < MIN_ROWS:
             return self.onednn(x)
@@ -139,6 +140,10 @@ def swapped(packed: dict):
 
 
 _ALWAYS = False      # inside kernel_always(): the kernel runs its rows whatever torch's threads
+# The most torch threads at which the one-thread kernel runs its rows: at 2 threads on the 2-core Zen 4 it
+# was 1.35x faster than oneDNN's two (SmolLM2 greedy 30.3 against 41.0 ms a token, interleaved); with
+# more cores oneDNN's threads share the stream (not measured here: a 2-core machine).
+KERNEL_THREADS = 2
 
 
 @contextlib.contextmanager

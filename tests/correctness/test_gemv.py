@@ -1,7 +1,7 @@
 """spec.gemv: the hand-written few-row kernel computes nn.Linear's function within fp32 rounding for
 every block size, layout and ISA this CPU has; a library that cannot be built, crashes or computes
 wrong is never used (a debug-level reason, oneDNN kept); the probe refuses a wrong kernel; and spec's
-runners use it at one thread (1 to KERNEL_ROWS rows) with speculative output still equal to greedy's."""
+runners use it on up to KERNEL_THREADS torch threads (1 to KERNEL_ROWS rows) with speculative output still equal to greedy's."""
 
 from __future__ import annotations
 
@@ -199,9 +199,10 @@ def test_a_wrong_kernel_is_refused_by_the_probe(lib, monkeypatch):
     prepack._PACKED.pop(model, None)
 
 
-def test_spec_runs_the_kernel_at_one_thread_and_stays_exact(lib, monkeypatch):
+def test_spec_runs_the_kernel_on_few_threads_and_stays_exact(lib, monkeypatch):
     """At one thread the runners' passes of 1 to KERNEL_ROWS[ISA] rows run the kernel (prefill above that on
-    oneDNN), speculative output equals greedy's; at two threads the kernel is not called."""
+    oneDNN), speculative output equals greedy's; at KERNEL_THREADS (2) still; above it the kernel is not
+    called."""
     from spec import greedy_generate, speculative_generate
     from spec.models import perturbed_copy
     model = llama()
@@ -226,7 +227,11 @@ def test_spec_runs_the_kernel_at_one_thread_and_stays_exact(lib, monkeypatch):
             out = speculative_generate(model, draft, p, gamma=3, max_new_tokens=16)
             assert out.tokens == greedy_generate(model, p, max_new_tokens=16).tokens and out.accepted > 0
         assert rows and max(rows) <= prepack.KERNEL_ROWS[gemv.isa()] and 1 in rows and max(rows) > 1, sorted(set(rows))
-        torch.set_num_threads(2)
+        torch.set_num_threads(prepack.KERNEL_THREADS)
+        rows.clear()
+        greedy_generate(model, [5, 9, 14, 3], max_new_tokens=4)
+        assert rows and 1 in rows
+        torch.set_num_threads(prepack.KERNEL_THREADS + 1)
         rows.clear()
         greedy_generate(model, [5, 9, 14, 3], max_new_tokens=4)
         assert rows == []
