@@ -392,14 +392,18 @@ def compiled(source: str, folder: Path, flags: tuple[str, ...] = ()) -> Path:
 def selftest(path: Path) -> str | None:
     """None if the library at `path` computes the product right for every ISA this CPU has (run in a
     subprocess: a crash is reported, not suffered), else what went wrong."""
+    return run_selftest(SELFTEST, [str(path)], f"the self-test of {path}")
+
+
+def run_selftest(script: str, argv: list[str], what: str) -> str | None:
+    """Run the Python `script` with `argv` in a subprocess (a native crash there is a return code here):
+    None when it exits 0, else "`what` failed (return code N): <its last output>"."""
     try:
-        done = subprocess.run([sys.executable, "-c", SELFTEST, str(path)], capture_output=True, text=True,
-                              timeout=120)
+        done = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.SubprocessError) as e:
         return f"the self-test could not run: {e}"
     if done.returncode != 0:
-        return (f"the self-test of {path} failed (return code {done.returncode}): "
-                f"{(done.stderr or done.stdout).strip()[-800:]}")
+        return f"{what} failed (return code {done.returncode}): {(done.stderr or done.stdout).strip()[-800:]}"
     return None
 
 

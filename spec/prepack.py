@@ -175,9 +175,9 @@ def used(model) -> bool:
 
 
 def kernel_used(model) -> bool:
-    """Whether the packed linears run spec.gemv's kernel for 1 to KERNEL_ROWS rows (at one thread): the
-    model is run packed (`used`), not switched off (SPEC_GEMV=0), the library built and self-tested
-    (spec.gemv.library; else a debug-level reason) with an AVX2+FMA or AVX-512F variant for this CPU,
+    """Whether the packed linears run spec.gemv's kernel for 1 to KERNEL_ROWS rows (at up to KERNEL_THREADS
+    torch threads): the model is run packed (`used`), not switched off (SPEC_GEMV=0), the library built and
+    self-tested (spec.gemv.library; else a debug-level reason) with an AVX2+FMA or AVX-512F variant for this CPU,
     and the kernel's logits within the probe's tolerance of the model's own (spec.probe 'gemv linears',
     once per model)."""
     if os.environ.get("SPEC_GEMV", "1") == "0" or not used(model) or gemv.isa() not in KERNEL_ROWS:

@@ -25,8 +25,6 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -461,15 +459,7 @@ def cpu_has_vnni() -> bool:
 
 def selftest(paths: list[Path]) -> str | None:
     """None if every library in `paths` computes the block products right (in a subprocess), else why."""
-    try:
-        done = subprocess.run([sys.executable, "-c", SELFTEST, *map(str, paths)], capture_output=True, text=True,
-                              timeout=120)
-    except (OSError, subprocess.SubprocessError) as e:
-        return f"the self-test could not run: {e}"
-    if done.returncode != 0:
-        return (f"the self-test failed (return code {done.returncode}): "
-                f"{(done.stderr or done.stdout).strip()[-800:]}")
-    return None
+    return gemv.run_selftest(SELFTEST, [str(p) for p in paths], "the self-test")
 
 
 def _make():
@@ -521,9 +511,6 @@ def _declare(lib) -> None:
     lib.spec_qd_vnni.restype = ctypes.c_int
     lib.spec_qd_forward.restype = ctypes.c_int
     lib.spec_qd_forward.argtypes = [P, P, I, I, P]
-    lib.spec_qd_matvec.argtypes = [P, I, I, I, P, P, P, I, P, I]
-    lib.spec_qd_quantize.argtypes = [P, I, I, P, P, P]
-    lib.spec_qd_row.argtypes = [P, I, I, I, I, P]
 
 
 def records(kind: int, raw: np.ndarray, n: int, k: int) -> np.ndarray:
@@ -545,7 +532,8 @@ def records(kind: int, raw: np.ndarray, n: int, k: int) -> np.ndarray:
         m = (d.astype(np.float32) * -128).astype(np.float16)     # exact: a power of two
         u = (blk[..., 2:34].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
         w = u.reshape(P, 16, B, 8, 4).transpose(0, 2, 3, 1, 4).reshape(P, B, 512)
-    scales: list[np.ndarray] = [a.reshape(P, 16, B).transpose(0, 2, 1).copy().view(np.uint8).reshape(P, B, 32) for a in (d, m)]
+    scales: list[np.ndarray] = [a.reshape(P, 16, B).transpose(0, 2, 1).copy().view(np.uint8).reshape(P, B, 32)
+                                for a in (d, m)]
     rec = np.concatenate([w, *scales], axis=-1)
     out = gemv.buffer(-(-rec.size // 4)).view(torch.uint8)[:rec.size].numpy()
     out[:] = rec.reshape(-1)

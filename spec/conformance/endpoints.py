@@ -114,6 +114,12 @@ def concurrently(calls: list, workers: int = 8) -> list:
         return [f.result() for f in [pool.submit(c) for c in calls]]
 
 
+def at_once(side, requests: list) -> list[list[int]]:
+    """The ids `side` gives each of `requests` ((prompt, max_tokens, Side.complete's keywords) each), all sent
+    at once, one thread a request (in order)."""
+    return concurrently([lambda r=r: side.complete(r[0], r[1], **r[2]).ids for r in requests], workers=len(requests))
+
+
 def measure_noise(ref, prompts: list[list[int]], n: int) -> float:
     """The reference's own logprob noise across batch shapes: the largest difference between a
     position's logprobs (the emitted token's and the top-2) computed alone and among concurrent
@@ -284,8 +290,7 @@ def _crowd_check(subject, prompts: list[list[int]], n: int, noise: float,
     alone = [spec.complete(p, n).ids for p in prompts]
     greedy = [(list(p), n, {}) for p in prompts + prompts]
     everything = list(others) + greedy
-    answers = concurrently([lambda r=r: spec.complete(r[0], r[1], **r[2]).ids for r in everything],
-                           workers=len(everything))
+    answers = at_once(spec, everything)
     crowd = answers[len(others):]
     ties, bugs = [], []
     for k, (p, a, c) in enumerate(zip(prompts + prompts, alone + alone, crowd)):
@@ -318,8 +323,7 @@ def control_verdict(subject, crowd: Crowd) -> str:
             key = repr((p, m, sorted(kw.items())))
             if e is not None and key not in alone:
                 alone[key] = control.complete(p, m, **kw).ids
-        together = concurrently([lambda r=r: control.complete(r[0], r[1], **r[2]).ids for r in crowd.requests],
-                                workers=len(crowd.requests))
+        together = at_once(control, crowd.requests)
     except EndpointError as err:
         return f"control: no verdict, the control failed ({str(err)[:200]})"
     judged = [(k, alone[repr((p, m, sorted(kw.items())))], got) for k, ((p, m, kw), e, got)
@@ -617,11 +621,7 @@ def seeded_batch(subject, prompts: list[list[int]], n: int, seeds=(21, 22, 23), 
 
     def three_ways(side):
         alone = [side.complete(p, m, **kw).ids for p, m, kw in requests]
-        together = concurrently([lambda r=r: side.complete(r[0], r[1], **r[2]).ids for r in requests],
-                                workers=len(requests))
-        backwards = concurrently([lambda r=r: side.complete(r[0], r[1], **r[2]).ids for r in requests[::-1]],
-                                 workers=len(requests))[::-1]
-        return alone, together, backwards
+        return alone, at_once(side, requests), at_once(side, requests[::-1])[::-1]
 
     r_alone, r_together, r_backwards = three_ways(ref)
     if r_alone != r_together or r_alone != r_backwards:
