@@ -34,9 +34,114 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = r"""
+# A pool of worker threads for the library's products (POOL below, part of SOURCE): `spec_pool_run(fn, arg,
+# parts)` runs fn(arg, i, parts) for i in 0..parts-1, part 0 on the calling thread and the others on workers
+# made at the first use. A worker that finishes spins (yielding the core to any other runnable thread) for
+# SPIN_NS, so the next product of the same pass finds it awake, then sleeps on a condition variable; a
+# fork leaves the child with no workers (made again there when asked).
+POOL = r"""
 #include <stdint.h>
 #include <stddef.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <time.h>
+
+#define POOL_MAX 64
+#define SPIN_NS 300000
+typedef void (*pool_fn)(void *arg, int part, int parts);
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pool_fn fn;
+    void *arg;
+    int parts, workers;
+    atomic_uint gen;
+    atomic_int left, sleepers;
+    atomic_long worked;         /* parts run on workers so far (spec_pool_worked) */
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
+static int pool_threads = 1;    /* the threads a product is split over (spec_pool_threads) */
+static int pool_forked_hook = 0;
+static unsigned pool_born[POOL_MAX];
+
+static uint64_t pool_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+static void *pool_worker(void *p) {
+    int id = (int)(intptr_t)p;
+    unsigned seen = pool_born[id];      /* the generation before the first job it is to take */
+    for (;;) {
+        uint64_t t0 = pool_ns();
+        for (unsigned spin = 1; atomic_load_explicit(&pool.gen, memory_order_acquire) == seen; spin++) {
+            if (!(spin & 15) && pool_ns() - t0 > SPIN_NS) {
+                pthread_mutex_lock(&pool.mu);
+                atomic_fetch_add(&pool.sleepers, 1);
+                while (atomic_load(&pool.gen) == seen) pthread_cond_wait(&pool.cv, &pool.mu);
+                atomic_fetch_sub(&pool.sleepers, 1);
+                pthread_mutex_unlock(&pool.mu);
+                break;
+            }
+            sched_yield();
+        }
+        seen = atomic_load(&pool.gen);
+        if (id < pool.parts) {
+            pool.fn(pool.arg, id, pool.parts);
+            atomic_fetch_add(&pool.worked, 1);
+        }
+        atomic_fetch_sub_explicit(&pool.left, 1, memory_order_release);
+    }
+    return NULL;
+}
+
+static void pool_child(void) {     /* after fork: the workers stayed in the parent */
+    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+    pool.mu = mu;
+    pool.cv = cv;
+    pool.workers = 0;
+    atomic_store(&pool.sleepers, 0);
+}
+
+/* The threads products are split over from now on (1: the caller's alone; at most POOL_MAX); returns it. */
+int spec_pool_threads(int n) {
+    pool_threads = n < 1 ? 1 : n > POOL_MAX ? POOL_MAX : n;
+    return pool_threads;
+}
+
+long spec_pool_worked(void) { return atomic_load(&pool.worked); }
+
+static void pool_run(pool_fn fn, void *arg, int parts) {
+    if (parts > pool_threads) parts = pool_threads;
+    if (parts <= 1) { fn(arg, 0, 1); return; }
+    if (!pool_forked_hook) { pthread_atfork(NULL, NULL, pool_child); pool_forked_hook = 1; }
+    while (pool.workers < parts - 1) {
+        pthread_t t;
+        pool_born[pool.workers + 1] = atomic_load(&pool.gen);
+        if (pthread_create(&t, NULL, pool_worker, (void *)(intptr_t)(pool.workers + 1)) != 0) break;
+        pthread_detach(t);
+        pool.workers++;
+    }
+    if (parts > pool.workers + 1) parts = pool.workers + 1;
+    if (parts <= 1) { fn(arg, 0, 1); return; }
+    pool.fn = fn;
+    pool.arg = arg;
+    pool.parts = parts;
+    atomic_store(&pool.left, pool.workers);
+    atomic_fetch_add(&pool.gen, 1);                 /* seq_cst: then the sleepers count is read */
+    if (atomic_load(&pool.sleepers) > 0) {
+        pthread_mutex_lock(&pool.mu);
+        pthread_cond_broadcast(&pool.cv);
+        pthread_mutex_unlock(&pool.mu);
+    }
+    fn(arg, 0, parts);
+    while (atomic_load_explicit(&pool.left, memory_order_acquire) > 0) sched_yield();
+}
+"""
+
+SOURCE = POOL + r"""
 
 /* Two layouts of w, both computing y[m*N + n] = sum_k x[m*K + k] * w[n][k] (+ b[n]):
    rows:  w as nn.Linear stores it, [N][K], read in place;
@@ -174,11 +279,13 @@ INL T512 void panel512_blk(const float *x, const float *p, float *out, int64_t N
 }
 
 #define PANEL512(MB, U) static T512 void panel512_##MB(const float *x, const float *wp, float *y, int64_t N, \
-                                                       int64_t K, int64_t PF, int64_t FAR) {               \
-    for (int64_t n = 0; n < N; n += 16) panel512_blk(x, wp + n * K, y + n, N, K, N - n, MB, U, PF, FAR); }
+                                                       int64_t K, int64_t PF, int64_t FAR, int64_t n0,     \
+                                                       int64_t n1) {                                       \
+    for (int64_t n = n0; n < n1; n += 16) panel512_blk(x, wp + n * K, y + n, N, K, N - n, MB, U, PF, FAR); }
 PANEL512(1, 4) PANEL512(2, 2) PANEL512(3, 2) PANEL512(4, 1) PANEL512(5, 1) PANEL512(6, 1) PANEL512(7, 1)
 PANEL512(8, 1) PANEL512(9, 1) PANEL512(10, 1) PANEL512(11, 1) PANEL512(12, 1)
-static void (*const panel512[13])(const float *, const float *, float *, int64_t, int64_t, int64_t, int64_t) =
+static void (*const panel512[13])(const float *, const float *, float *, int64_t, int64_t, int64_t, int64_t,
+                                   int64_t, int64_t) =
     {0, panel512_1, panel512_2, panel512_3, panel512_4, panel512_5, panel512_6, panel512_7, panel512_8,
      panel512_9, panel512_10, panel512_11, panel512_12};
 
@@ -214,10 +321,12 @@ INL T256 void panel256_blk(const float *x, const float *p, float *out, int64_t N
 }
 
 #define PANEL256(MB) static T256 void panel256_##MB(const float *x, const float *wp, float *y, int64_t N, \
-                                                    int64_t K, int64_t PF, int64_t FAR) {               \
-    for (int64_t n = 0; n < N; n += 16) panel256_blk(x, wp + n * K, y + n, N, K, N - n, MB, PF, FAR); }
+                                                    int64_t K, int64_t PF, int64_t FAR, int64_t n0,     \
+                                                    int64_t n1) {                                       \
+    for (int64_t n = n0; n < n1; n += 16) panel256_blk(x, wp + n * K, y + n, N, K, N - n, MB, PF, FAR); }
 PANEL256(1) PANEL256(2) PANEL256(3) PANEL256(4) PANEL256(5) PANEL256(6)
-static void (*const panel256[7])(const float *, const float *, float *, int64_t, int64_t, int64_t, int64_t) =
+static void (*const panel256[7])(const float *, const float *, float *, int64_t, int64_t, int64_t, int64_t,
+                                  int64_t, int64_t) =
     {0, panel256_1, panel256_2, panel256_3, panel256_4, panel256_5, panel256_6};
 #endif
 
@@ -271,6 +380,39 @@ int spec_gemv_rows(const float *x, const float *w, const float *b, float *y, int
    0.1-0.3 more); PF 512 with a far prefetch, 1024 without. FAR 0 and PF -1: the kernel before the far
    prefetch. Returns the isa used. */
 #define FAR_ROWS 7
+typedef struct { const float *x, *wp, *b; float *y; int64_t M, N, K, PF, FAR; int isa; } panel_job;
+
+/* One part of a product: the columns of panels P*part/parts .. P*(part+1)/parts (P = ceil(N/16)), every
+   row. Each column's sums run in the same order whatever the split: the result does not depend on it. */
+static void panel_part(void *arg, int part, int parts) {
+    const panel_job *j = (const panel_job *)arg;
+    int64_t P = (j->N + 15) / 16, n0 = P * part / parts * 16, n1 = P * (part + 1) / parts * 16;
+    if (n1 > j->N) n1 = j->N;
+    if (n0 >= n1) return;
+#ifdef HAVE_X86
+    if (j->isa > 0) {
+        int most = j->isa == 2 ? 12 : 6;
+        for (int64_t m = 0; m < j->M; ) {
+            int64_t mb = j->M - m < most ? j->M - m : most;
+            (j->isa == 2 ? panel512 : panel256)[mb](j->x + m * j->K, j->wp, j->y + m * j->N, j->N, j->K,
+                                                    m == 0 ? j->PF : 0, m == 0 ? j->FAR : 0, n0, n1);
+            m += mb;
+        }
+        if (j->b)
+            for (int64_t m = 0; m < j->M; m++)
+                for (int64_t n = n0; n < n1; n++) j->y[m * j->N + n] += j->b[n];
+    }
+#endif
+}
+
+/* wp [ceil(N/16)][K][16]. isa -1 (auto): on an AVX-512F CPU, 1 or 2 rows run the AVX2+FMA code (measured
+   faster there on Zen 4) and more the AVX-512F code. PF (floats ahead into L1), FAR (into L2) < 0: the
+   kernel's choice, measured on Zen 4: none for the AVX2 code; for the AVX-512F code FAR 8192 (about one
+   panel of K = 576 ahead) from FAR_ROWS rows on, where the FMAs bound the pass and the core's own window
+   runs too few lines ahead of them, none below (the stream bounds it there, and the far prefetch cost
+   0.1-0.3 more); PF 512 with a far prefetch, 1024 without. FAR 0 and PF -1: the kernel before the far
+   prefetch. The panels are split over spec_pool_threads' threads (the plain-C code: one). Returns the isa
+   used. */
 int spec_gemv_panel(const float *x, const float *wp, const float *b, float *y, int64_t M, int64_t N, int64_t K,
                     int64_t PF, int64_t FAR, int isa) {
     int automatic = isa < 0;
@@ -280,13 +422,8 @@ int spec_gemv_panel(const float *x, const float *wp, const float *b, float *y, i
     if (FAR < 0) FAR = isa == 2 && M >= FAR_ROWS ? 8192 : 0;
     if (PF < 0) PF = isa == 2 ? (FAR ? 512 : 1024) : 0;
     if (isa > 0) {
-        int most = isa == 2 ? 12 : 6;
-        for (int64_t m = 0; m < M; ) {
-            int64_t mb = M - m < most ? M - m : most;
-            (isa == 2 ? panel512 : panel256)[mb](x + m * K, wp, y + m * N, N, K, m == 0 ? PF : 0, m == 0 ? FAR : 0);
-            m += mb;
-        }
-        if (b) add_bias(y, b, M, N);
+        panel_job j = {x, wp, b, y, M, N, K, PF, FAR, isa};
+        pool_run(panel_part, &j, (int)((N + 15) / 16));
         return isa;
     }
 #endif
@@ -328,7 +465,9 @@ for M in range(1, 14):                # every block: rows turns of 1-8 (AVX-512)
                 scale.append(sum(abs(d) for d in dots) + (abs(b[n]) if bias else 0.0))
         args = {"rows": (F * len(w))(*w), "panel": (F * (-(-N // 16) * 16 * K))(*panel(w, N, K))}
         cases.append((M, N, K, bias, (F * len(x))(*x), args, (F * N)(*b) if bias else None, want, scale))
-for isa in [-1] + list(range(lib.spec_gemv_isa() + 1)):        # -1: the automatic choice
+lib.spec_pool_threads.restype = ctypes.c_int
+for threads, isa in [(1, i) for i in [-1] + list(range(lib.spec_gemv_isa() + 1))] + [(3, -1), (2, -1)]:
+    lib.spec_pool_threads(threads)               # -1: the automatic choice; the panels split over threads
     for M, N, K, bias, x, args, b, want, scale in cases:
         for name, wl in args.items():
             y = (F * (M * N))()
@@ -339,7 +478,8 @@ for isa in [-1] + list(range(lib.spec_gemv_isa() + 1)):        # -1: the automat
                 sys.exit(f"{name}: isa {isa} asked, {got} ran")
             for i in range(M * N):
                 if not abs(y[i] - want[i]) <= 1e-5 * scale[i] + 1e-30:
-                    sys.exit(f"{name} isa {isa} M={M} N={N} K={K} bias={bias}: y[{i // N},{i % N}] = {y[i]}, "
+                    sys.exit(f"{name} isa {isa} threads {threads} M={M} N={N} K={K} bias={bias}: "
+                             f"y[{i // N},{i % N}] = {y[i]}, "
                              f"fp64 {want[i]}")
 print("ok", lib.spec_gemv_isa())
 """
@@ -432,6 +572,9 @@ def _make():
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5 + [ctypes.c_int]
     lib.spec_gemv_isa.restype = ctypes.c_int
+    lib.spec_pool_threads.restype = ctypes.c_int
+    lib.spec_pool_threads.argtypes = [ctypes.c_int]
+    lib.spec_pool_worked.restype = ctypes.c_long
     return lib, None
 
 
@@ -449,6 +592,20 @@ def reason() -> str | None:
 def forget() -> None:
     """Decide again at the next `library()` (tests: another $CC)."""
     _STATE.clear()
+
+
+def set_threads(n: int) -> int:
+    """Split the panel products over `n` threads from now on (the calling thread and n - 1 workers of the
+    library's pool, made at the first product that needs them); the result does not depend on `n`.
+    Returns the count in force (1 without a library)."""
+    lib = library()
+    return 1 if lib is None else lib.spec_pool_threads(int(n))
+
+
+def worked() -> int:
+    """Parts of products the pool's workers have run in this process (0 without a library)."""
+    lib = library()
+    return 0 if lib is None else lib.spec_pool_worked()
 
 
 def isa() -> int:

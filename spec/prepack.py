@@ -127,9 +127,17 @@ def forwards(model, kernel: bool | None = None) -> dict:
 
 
 @contextlib.contextmanager
-def swapped(packed: dict):
-    """Within the context, each linear in `packed` runs its packed forward (from `forwards`)."""
+def swapped(packed: dict, rows: int | None = None):
+    """Within the context, each linear in `packed` runs its packed forward (from `forwards`). `rows`: the
+    rows of the pass to come, where known. A pass of 1 to KERNEL_ROWS rows whose linears run spec.gemv's
+    kernel at 2 to KERNEL_THREADS torch threads splits the kernel's panels over that many threads of the
+    library's pool and runs the rest of the pass at one torch thread (see `pass_threads`)."""
     mods = [m for m in packed if "forward" not in vars(m)]
+    split = pass_threads(packed, rows)
+    before = torch.get_num_threads()
+    if split:
+        gemv.set_threads(split)
+        torch.set_num_threads(1)
     try:
         for m in mods:      # (object's setattr: nn.Module's own costs microseconds a call, 211 times a pass)
             object.__setattr__(m, "forward", packed[m])
@@ -137,6 +145,22 @@ def swapped(packed: dict):
     finally:
         for m in mods:
             vars(m).pop("forward", None)
+        if split:
+            torch.set_num_threads(before)
+            gemv.set_threads(1)
+
+
+def pass_threads(packed: dict, rows: int | None) -> int:
+    """The threads spec.gemv's kernel splits a pass of `rows` rows over, or 0 where the pass runs as torch
+    runs (one thread, no kernel in `packed`, more than KERNEL_ROWS rows, more than KERNEL_THREADS torch
+    threads, or rows unknown). The small ops around the linears of a few-row pass then run at one torch
+    thread: on the measured 2-core Zen 4, torch's second thread spinning beside the kernel's worker made a
+    one-token step 49 ms against 28 (docs/BENCHMARKS.md, "The kernel on two threads")."""
+    threads = torch.get_num_threads()
+    if rows is None or not 1 < threads <= KERNEL_THREADS or _ALWAYS:
+        return 0
+    most = max((f.most for f in packed.values() if f.kernel), default=0)
+    return threads if 0 < rows <= most else 0
 
 
 _ALWAYS = False      # inside kernel_always(): the kernel runs its rows whatever torch's threads

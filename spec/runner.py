@@ -72,18 +72,18 @@ class ModelRunner:
     def _sink(self) -> list | None:
         return [] if self.layers is not None else None
 
-    def _linears(self):
-        """The context a pass runs in: the model's linears prepacked where spec.prepack says so (fp32 on
-        CPU: a pass of a few rows then costs about one one-token step)."""
+    def _linears(self, rows: int | None = None):
+        """The context a pass of `rows` rows runs in: the model's linears prepacked where spec.prepack
+        says so (fp32 on CPU: a pass of a few rows then costs about one one-token step)."""
         if self.packed is None:             # decided at the runner's first pass
             self.packed = prepack.forwards(self.model) if prepack.used(self.model) else {}
-        return prepack.swapped(self.packed) if self.packed else contextlib.nullcontext()
+        return prepack.swapped(self.packed, rows) if self.packed else contextlib.nullcontext()
 
     def _step(self, ids: torch.Tensor, cache, start: int, keep: int):
         """hf.step over `ids` fed on top of the `start` positions held, positions as the model counts."""
         self.held = ids if start == 0 or self.held is None else torch.cat([self.held[:start], ids])
         sink = self._sink()
-        with self._linears():
+        with self._linears(ids.numel()):
             out = hf.step(self.model, ids, cache, keep=keep, hidden=sink, layers=self.layers or (-1,),
                           position_ids=position_ids(self.positions, self.model, self.held, start),
                           mask_len=mask_len(self.positions, self.held.numel()))
@@ -121,7 +121,7 @@ class KVRunner(ModelRunner):
         ids = torch.cat([before, tree.tokens])
         self.held = ids if start == 0 or self.held is None else torch.cat([self.held[:start], ids])
         sink = self._sink()
-        with self._linears():
+        with self._linears(ids.numel()):
             logits = hf.tree_step(self.model, ids, self.cache, position_ids=positions.to(ids.device), mask=mask,
                                   keep=len(tree) + 1, hidden=sink, layers=self.layers or (-1,))
         self.hidden = sink[0] if sink else None
@@ -252,7 +252,7 @@ class RecomputeRunner(ModelRunner):
         self.held = held
         positions = position_ids(self.positions, self.model, held, 0)
         sink = self._sink()
-        with self._linears():
+        with self._linears(held.numel()):
             logits, _ = hf.step(self.model, held, position_ids=positions, keep=keep or ids.numel(), use_cache=False,
                                 mask_len=mask_len(self.positions, held.numel()), hidden=sink,
                                 layers=self.layers or (-1,))

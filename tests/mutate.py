@@ -147,6 +147,10 @@ MUTANTS = {
     "qdraft-crop-one-short": ("the draft's cache cut back one position short (a rejected proposal kept)",
                               "self.n = min(self.n, max(0, keep))", "self.n = min(self.n, max(0, keep + 1))",
                               "spec/qdraft.py"),
+    # spec.gemv's pool: a worker's part of a split product; its self-test and tests/correctness/test_gemv.py.
+    "gemv-split-skips-a-panel": ("a worker's part of a product split over threads skips its first panel",
+                                 "n0 = P * part / parts * 16,", "n0 = P * part / parts * 16 + (part ? 16 : 0),",
+                                 "spec/gemv.py"),
     # Encoder-decoder runners (spec/seq2seq.py); tests/correctness/test_encoder_decoder.py catches them.
     "seq2seq-no-decoder-rollback": ("rejected positions left in the decoders' self-attention caches",
                                     "hf.crop(self.cache.self_attention_cache, keep)", "pass", "spec/seq2seq.py"),

@@ -209,18 +209,18 @@ def test_spec_runs_the_kernel_on_few_threads_and_stays_exact(lib, monkeypatch):
     probe.forget(model)
     prepack._PACKED.pop(model, None)
     monkeypatch.setattr(prepack, "MIN_BYTES", 0)
-    rows = []
+    rows, inside = [], []
     real = gemv.product
 
     def counted(*a, **k):
         f = real(*a, **k)
-        return lambda x: rows.append(x.numel() // x.shape[-1]) or f(x)
+        return lambda x: rows.append(x.numel() // x.shape[-1]) or inside.append((f.N, torch.get_num_threads())) or f(x)
     monkeypatch.setattr(gemv, "product", counted)
     draft = perturbed_copy(model, noise=0.05, seed=3)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        assert prepack.kernel_used(model)
+        assert prepack.kernel_used(model) and prepack.kernel_used(draft)    # (the probes run the kernel unsplit)
         rows.clear()
         prompt = list(range(3, 3 + 14))               # a 14-token prefill: above KERNEL_ROWS, oneDNN's
         for p in (prompt, [7, 7, 1, 2, 8]):
@@ -229,8 +229,21 @@ def test_spec_runs_the_kernel_on_few_threads_and_stays_exact(lib, monkeypatch):
         assert rows and max(rows) <= prepack.KERNEL_ROWS[gemv.isa()] and 1 in rows and max(rows) > 1, sorted(set(rows))
         torch.set_num_threads(prepack.KERNEL_THREADS)
         rows.clear()
-        greedy_generate(model, [5, 9, 14, 3], max_new_tokens=4)
-        assert rows and 1 in rows
+        inside.clear()
+        before, seen = gemv.worked(), []
+        real_set = gemv.set_threads
+        monkeypatch.setattr(gemv, "set_threads", lambda n: seen.append((n, torch.get_num_threads())) or real_set(n))
+        for p in (prompt, [7, 7, 1, 2, 8]):       # the kernel's panels split over the pool, still exact
+            out = speculative_generate(model, draft, p, gamma=3, max_new_tokens=16)
+            assert out.tokens == greedy_generate(model, p, max_new_tokens=16).tokens and out.accepted > 0
+        assert rows and 1 in rows and gemv.worked() > before
+        assert torch.get_num_threads() == prepack.KERNEL_THREADS       # given back after each pass
+        # each few-row pass: the pool at torch's threads, the pass itself at one torch thread; then the pool
+        # back to one
+        assert (prepack.KERNEL_THREADS, prepack.KERNEL_THREADS) in seen and (1, prepack.KERNEL_THREADS) in seen
+        # (the kernel calls at torch's threads: the head's kept rows of a pass above KERNEL_ROWS, which runs
+        # as torch runs)
+        assert {t for _, t in inside} == {1, 2} and {n for n, t in inside if t == 2} == {model.config.vocab_size}
         torch.set_num_threads(prepack.KERNEL_THREADS + 1)
         rows.clear()
         greedy_generate(model, [5, 9, 14, 3], max_new_tokens=4)
@@ -266,3 +279,27 @@ def test_the_rows_the_kernel_takes_follow_the_isa(lib, monkeypatch, isa, most):
     assert calls == list(range(1, most + 1))
     probe.forget(model)
     prepack._PACKED.pop(model, None)
+
+
+@pytest.mark.parametrize("N,K", [(17, 71), (33, 16), (96, 64), (2000, 600), (1, 1)])
+def test_the_split_over_threads_is_the_one_thread_product_bit_for_bit(lib, N, K):
+    """The panels split over 2, 3 or 5 threads (more threads than panels too): each column's sums run in
+    the same order, so the product equals the one-thread product exactly, bias and masked tails included;
+    and the workers did run parts (the split happened)."""
+    g = torch.Generator().manual_seed(N + K)
+    w, b = torch.randn(N, K, generator=g), torch.randn(N, generator=g)
+    f = gemv.product(w, b)
+    xs = [torch.randn(M, K, generator=g) for M in (1, 2, 7, 9, 12, 13)]
+    try:
+        gemv.set_threads(1)
+        want = [f(x) for x in xs]
+        for threads in (2, 3, 5):
+            assert gemv.set_threads(threads) == threads
+            before = gemv.worked()
+            for x, y in zip(xs, want):
+                got = f(x)
+                assert torch.equal(got, y), f"threads {threads} M={x.shape[0]} N={N} K={K}"
+            check(got, xs[-1], w, b, f"threads {threads}")
+            assert (gemv.worked() > before) is (N > 16), (threads, N)   # one panel: nothing to split
+    finally:
+        gemv.set_threads(1)
