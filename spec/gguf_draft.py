@@ -98,7 +98,8 @@ class GGUFDraft(ModelSource):
     tokenizer: the target's, to check the GGUF's tokens against (without one only the sizes are
     compared). pick: how the draft picks (spec.draft.Pick; greedy by default). engine: "native"
     (spec.qdraft's kernel; ValueError naming why where it cannot run this file here), "llama.cpp", or
-    "auto" (native where it can, else llama.cpp). threads, n_batch: llama.cpp's; n_ctx: the positions
+    "auto" (native where it can, else llama.cpp). threads: either engine's (spec.qdraft splits its products
+    over them); n_batch: llama.cpp's; n_ctx: the positions
     a draft holds. Refuses a GGUF whose vocabulary does not match with a ValueError.
     A Drafter (spec.protocols) for one sequence; the loop serves it each row through
     spec.batch.EachRow (neither engine's cache can be copied, so a batch of prompts refuses it)."""
@@ -116,7 +117,7 @@ class GGUFDraft(ModelSource):
         why: str | None = "llama.cpp asked for"
         if engine != "llama.cpp":
             try:
-                run, why = qdraft.QuantRun(path, n_ctx=n_ctx), None
+                run, why = qdraft.QuantRun(path, n_ctx=n_ctx, threads=threads), None
             except qdraft.Unsupported as e:
                 if engine == "native":
                     raise ValueError(f"engine='native': {path.name}: {e}") from None

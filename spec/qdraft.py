@@ -35,7 +35,7 @@ from spec import gemv
 
 log = logging.getLogger(__name__)
 
-SOURCE = r"""
+SOURCE = gemv.POOL + r"""
 #include <stdint.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -122,7 +122,7 @@ void spec_qd_quantize(const float *x, int64_t R, int64_t K, int8_t *q, float *xd
 #define QD_VNNI 1
 
 #define QMV_BODY(RR)                                                                                    \
-    for (int64_t p = 0; p < N / 16; p++) {                                                                 \
+    for (int64_t p = p0; p < p1; p++) {                                                                 \
         __m512 acc[RR];                                                                                   \
         for (int r = 0; r < RR; r++) acc[r] = _mm512_setzero_ps();                                        \
         const uint8_t *rec = W + p * B * rs;                                                              \
@@ -157,7 +157,7 @@ void spec_qd_quantize(const float *x, int64_t R, int64_t K, int8_t *q, float *xd
 
 #define QMV_FN(RR)                                                                                      \
     static void qmv_##RR(const uint8_t *W, int kind, int64_t N, int64_t K, const int8_t *xq,            \
-                         const float *xd, const float *xs, float *y) {                                    \
+                         const float *xd, const float *xs, float *y, int64_t p0, int64_t p1) {            \
         const int64_t B = K / 32, rs = REC(kind), wb = WBYTES(kind);                                     \
         QMV_BODY(RR)                                                                                      \
     }
@@ -170,9 +170,9 @@ QMV_FN(4)
 #define RMAX 4
 
 static void qmv_c(const uint8_t *W, int kind, int64_t N, int64_t K, const int8_t *xq, const float *xd,
-                  const float *xs, int64_t R, float *y) {
+                  const float *xs, int64_t R, float *y, int64_t p0, int64_t p1) {
     const int64_t B = K / 32, rs = REC(kind), wb = WBYTES(kind);
-    for (int64_t p = 0; p < N / 16; p++)
+    for (int64_t p = p0; p < p1; p++)
         for (int64_t r = 0; r < R; r++)
             for (int j = 0; j < 16; j++) {
                 float acc = 0.f;
@@ -195,29 +195,41 @@ int spec_qd_vnni(void) {
 #endif
 }
 
-/* y[R][N] = W x for R <= RMAX quantized rows (xq [R][K], xd and xs [R][K/32]). vnni: 1 the VNNI
-   kernel (where compiled), 0 the plain-C one. */
-void spec_qd_matvec(const uint8_t *W, int64_t kind, int64_t N, int64_t K, const int8_t *xq, const float *xd,
-                    const float *xs, int64_t R, float *y, int64_t vnni) {
+typedef struct { const uint8_t *W; int kind; int64_t N, K; const int8_t *xq; const float *xd, *xs; int64_t R;
+                 float *y; int64_t vnni; } qmv_job;
+
+/* One part of a product: the panels P*part/parts .. P*(part+1)/parts (P = N/16), every row; each output
+   is summed in the same order whatever the split. */
+static void qmv_part(void *arg, int part, int parts) {
+    const qmv_job *j = (const qmv_job *)arg;
+    const int64_t P = j->N / 16, p0 = P * part / parts, p1 = P * (part + 1) / parts, K = j->K, N = j->N;
+    if (p0 >= p1) return;
 #ifdef QD_VNNI
-    if (vnni) {
-        for (int64_t r0 = 0; r0 < R; r0 += RMAX) {
-            int64_t n = R - r0 < RMAX ? R - r0 : RMAX;
-            const int8_t *q = xq + r0 * K;
-            const float *d = xd + r0 * (K / 32), *s = xs + r0 * (K / 32);
-            float *o = y + r0 * N;
+    if (j->vnni) {
+        for (int64_t r0 = 0; r0 < j->R; r0 += RMAX) {
+            int64_t n = j->R - r0 < RMAX ? j->R - r0 : RMAX;
+            const int8_t *q = j->xq + r0 * K;
+            const float *d = j->xd + r0 * (K / 32), *s = j->xs + r0 * (K / 32);
+            float *o = j->y + r0 * N;
             switch (n) {
-                case 1: qmv_1(W, (int)kind, N, K, q, d, s, o); break;
-                case 2: qmv_2(W, (int)kind, N, K, q, d, s, o); break;
-                case 3: qmv_3(W, (int)kind, N, K, q, d, s, o); break;
-                default: qmv_4(W, (int)kind, N, K, q, d, s, o); break;
+                case 1: qmv_1(j->W, j->kind, N, K, q, d, s, o, p0, p1); break;
+                case 2: qmv_2(j->W, j->kind, N, K, q, d, s, o, p0, p1); break;
+                case 3: qmv_3(j->W, j->kind, N, K, q, d, s, o, p0, p1); break;
+                default: qmv_4(j->W, j->kind, N, K, q, d, s, o, p0, p1); break;
             }
         }
         return;
     }
 #endif
-    (void)vnni;
-    qmv_c(W, (int)kind, N, K, xq, xd, xs, R, y);
+    qmv_c(j->W, j->kind, N, K, j->xq, j->xd, j->xs, j->R, j->y, p0, p1);
+}
+
+/* y[R][N] = W x for R quantized rows (xq [R][K], xd and xs [R][K/32]), the panels split over
+   spec_pool_threads' threads. vnni: 1 the VNNI kernel (where compiled), 0 the plain-C one. */
+void spec_qd_matvec(const uint8_t *W, int64_t kind, int64_t N, int64_t K, const int8_t *xq, const float *xd,
+                    const float *xs, int64_t R, float *y, int64_t vnni) {
+    qmv_job j = {W, (int)kind, N, K, xq, xd, xs, R, y, vnni};
+    pool_run(qmv_part, &j, (int)(N / 16));
 }
 
 typedef struct {
@@ -360,6 +372,7 @@ for lib in libs:
     lib.spec_qd_matvec.argtypes = [P, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, P, P, P, ctypes.c_int64, P,
                                    ctypes.c_int64]
     lib.spec_qd_vnni.restype = ctypes.c_int
+    lib.spec_pool_threads.argtypes = [ctypes.c_int]
 for kind in (4, 8):
     for N, K in ((16, 32), (48, 96), (32, 576)):
         B, rs, wb = K // 32, (320 if kind == 4 else 576), (256 if kind == 4 else 512)
@@ -385,12 +398,19 @@ for kind in (4, 8):
             bound = (np.abs(x) @ np.abs(wf).T) * 1e-5 + 1e-30
             for lib in libs:
                 for vnni in ((0, 1) if lib.spec_qd_vnni() else (0,)):
-                    y = np.zeros((R, N), np.float32)
-                    lib.spec_qd_matvec(rec.ctypes.data, kind, N, K, xq.ctypes.data, xd.ctypes.data, xs.ctypes.data,
-                                       R, y.ctypes.data, vnni)
-                    if not (np.abs(y - want) <= bound).all():
-                        sys.exit(f"kind {kind} N={N} K={K} R={R} vnni={vnni}: largest error "
-                                 f"{np.abs(y - want).max():.3g} (bound {bound.min():.3g})")
+                    ys = []
+                    for threads in (1, 2, 3):         # the panels split over the pool: the same sums
+                        lib.spec_pool_threads(threads)
+                        y = np.zeros((R, N), np.float32)
+                        lib.spec_qd_matvec(rec.ctypes.data, kind, N, K, xq.ctypes.data, xd.ctypes.data,
+                                           xs.ctypes.data, R, y.ctypes.data, vnni)
+                        ys.append(y)
+                        if not (np.abs(y - want) <= bound).all():
+                            sys.exit(f"kind {kind} N={N} K={K} R={R} vnni={vnni} threads {threads}: largest error "
+                                     f"{np.abs(y - want).max():.3g} (bound {bound.min():.3g})")
+                    if not all(np.array_equal(y, ys[0]) for y in ys):
+                        sys.exit(f"kind {kind} N={N} K={K} R={R} vnni={vnni}: split over threads, another product")
+                    lib.spec_pool_threads(1)
 
 
 def records(kind, N, K):
@@ -421,7 +441,8 @@ norms = np.array([norm.ctypes.data] * 2, np.uint64)
 logits = []
 for lib in libs:
     lib.spec_qd_forward.argtypes = [P, P, ctypes.c_int64, ctypes.c_int64, P]
-    for vnni in ((0, 1) if lib.spec_qd_vnni() else (0,)):
+    for vnni, threads in [(v, t) for v in ((0, 1) if lib.spec_qd_vnni() else (0,)) for t in (1, 2)]:
+        lib.spec_pool_threads(threads)
         kc, vc = np.zeros((CTX, 16), np.float32), np.zeros((CTX, 16), np.float32)
         model = Model(1, D, 2, 1, 16, F, V, CTX, 1e-5, 10000.0, embd.ctypes.data, 8, embd.ctypes.data, 8,
                       norm.ctypes.data, norms.ctypes.data, ptrs.ctypes.data, kinds.ctypes.data, kc.ctypes.data,
@@ -433,7 +454,10 @@ for lib in libs:
             sys.exit("the forward refused a context that fits")
         if not np.isfinite(out).all():
             sys.exit(f"vnni={vnni}: the forward gave non-finite logits")
+        if threads == 2 and not np.array_equal(out, logits[-1]):
+            sys.exit(f"vnni={vnni}: the forward on 2 threads differs from one thread's")
         logits.append(out)
+        lib.spec_pool_threads(1)
 scale = max(float(np.abs(x).max()) for x in logits)
 if max(float(np.abs(x - logits[0]).max()) for x in logits) > 1e-3 * scale + 1e-30:
     sys.exit(f"the builds' forwards differ: {[x[:4] for x in logits]}")
@@ -509,6 +533,9 @@ class Model(ctypes.Structure):
 def _declare(lib) -> None:
     P, I = ctypes.c_void_p, ctypes.c_int64
     lib.spec_qd_vnni.restype = ctypes.c_int
+    lib.spec_pool_threads.restype = ctypes.c_int
+    lib.spec_pool_threads.argtypes = [ctypes.c_int]
+    lib.spec_pool_worked.restype = ctypes.c_long
     lib.spec_qd_forward.restype = ctypes.c_int
     lib.spec_qd_forward.argtypes = [P, P, I, I, P]
 
@@ -661,11 +688,14 @@ def _check(g: GGUF) -> None:
 
 class QuantRun:
     """A Runner over one sequence of the GGUF Llama at `path` on spec's kernel (the module docstring);
-    n_ctx: the positions its KV cache holds. Raises Unsupported (a ValueError) naming why where the
+    n_ctx: the positions its KV cache holds; threads: the threads its products are split over (the
+    rest of the forward runs on the caller's). Raises Unsupported (a ValueError) naming why where the
     kernel cannot run it here; `pieces`, `bos`, `eos`: the GGUF's tokens (spec.gguf_draft checks them)."""
 
-    def __init__(self, path, *, n_ctx: int = 4096):
-        self.path, self.n_ctx = Path(path), n_ctx
+    def __init__(self, path, *, n_ctx: int = 4096, threads: int = 1):
+        if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+            raise ValueError(f"threads: a positive int expected, got {threads!r}")
+        self.path, self.n_ctx, self.threads = Path(path), n_ctx, threads
         g = GGUF(self.path)
         _check(g)
         def f(key: str, default: Any = None) -> Any:
@@ -724,6 +754,7 @@ class QuantRun:
         new = np.ascontiguousarray(ids.numpy(), dtype=np.int32)
         if new.min() < 0 or new.max() >= self.vocab:
             raise ValueError(f"ids: token ids in [0, {self.vocab}) expected, got {int(new.min())}..{int(new.max())}")
+        self.lib.spec_pool_threads(self.threads)
         rc = self.lib.spec_qd_forward(ctypes.byref(self.model), new.ctypes.data, len(new), self.n,
                                       self.logits.ctypes.data)
         if rc != 0:

@@ -120,6 +120,21 @@ def test_the_forward_is_the_arithmetic_it_claims(q4_gguf):
         run(torch.tensor([640]))
 
 
+def test_products_split_over_threads_give_the_same_logits(q4_gguf):
+    """threads=2 splits each product's panels over the pool: logits equal one thread's bit for bit, a
+    prefill and steps, and the pool's worker did run parts; a bad count is refused by name."""
+    ids = PROMPTS[0] + PROMPTS[1]
+    one, two = qdraft.QuantRun(q4_gguf, n_ctx=64), qdraft.QuantRun(q4_gguf, n_ctx=64, threads=2)
+    before = qdraft.library().spec_pool_worked()
+    assert torch.equal(one(torch.tensor(ids[:9]), keep=1), two(torch.tensor(ids[:9]), keep=1))
+    for i in range(9, len(ids)):
+        assert torch.equal(one(torch.tensor(ids[i:i + 1])), two(torch.tensor(ids[i:i + 1]))), i
+    assert qdraft.library().spec_pool_worked() > before
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="threads: a positive int"):
+            qdraft.QuantRun(q4_gguf, n_ctx=64, threads=bad)
+
+
 def test_greedy_is_exact_and_proposals_are_rejected(target, q4_gguf):
     from spec.gguf_draft import GGUFDraft
     drafter = GGUFDraft(q4_gguf, target, engine="native")
@@ -263,7 +278,7 @@ def test_without_the_kernel_auto_runs_llama_cpp_and_says_why(target, q4_gguf, mo
 
 @pytest.mark.parametrize("fault, says", [
     ("s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(xb[g]));", "largest error"),
-    ("static void qmv_c(const uint8_t *W", "return code"),
+    ("qmv_c(j->W", "return code"),
     ("    if (n <= 0 || pos0 < 0 || pos0 + n > m->n_ctx) return -1;", "return code"),
 ], ids=["vnni-sum-drops-half", "crash", "forward-crash"])
 def test_a_broken_kernel_is_caught_by_the_self_test(monkeypatch, tmp_path, fault, says):
@@ -274,9 +289,8 @@ def test_a_broken_kernel_is_caught_by_the_self_test(monkeypatch, tmp_path, fault
     elif "pos0" in fault:
         source = qdraft.SOURCE.replace(fault, fault + "\n    if (n == 5) *(volatile int *)0 = 1;")
     else:
-        source = qdraft.SOURCE.replace("    qmv_c(W, (int)kind, N, K, xq, xd, xs, R, y);\n}",
-                                       "    qmv_c(W, (int)kind, N, K, xq, xd, xs, R, y);\n"
-                                       "    if (R == 3) *(volatile int *)0 = 1;\n}")
+        line = "    qmv_c(j->W, j->kind, N, K, j->xq, j->xd, j->xs, j->R, j->y, p0, p1);\n}"
+        source = qdraft.SOURCE.replace(line, line[:-2] + "\n    if (j->R == 3) *(volatile int *)0 = 1;\n}")
     assert source != qdraft.SOURCE, "the fault was not planted"
     monkeypatch.setattr(qdraft, "SOURCE", source)
     monkeypatch.setenv("SPEC_CACHE", str(tmp_path))
