@@ -16,7 +16,7 @@ and the machine's limit: the bytes one one-token step must read (fp32 weights, t
 the KV cache at the run's mean context) over the best measured streaming bandwidth (sum and copy of a
 256 MB tensor), and its FLOPs over a measured fp32 GEMM rate (2048^3), both at `--threads` threads: the
 lower bound of ms per token is the larger of the two.
-The verify line: one pass over n = 1, 2, 4, 8, 16 new tokens after a 64-token prefix (the first prompt and
+The verify line: one pass over n = 1, 2, 4, 8, 9, 16 new tokens after a 64-token prefix (the first prompt and
 its greedy continuation), every position's logits kept, in one-token steps (median of the paired ratios
 n-token pass / 1-token pass of the same repeat): spec's runner (PyTorch eager, prepacked and
 SPEC_PREPACK=0) and llama.cpp batch eval (logits_all=True, the cache cut back to the prefix between).
@@ -49,7 +49,7 @@ from spec.hfref import hf_generate, hf_greedy
 from spec.models import encode_prompt
 from spec.prompts import SEED_PROMPTS
 
-SIZES = (1, 2, 4, 8, 16)
+SIZES = (1, 2, 4, 8, 9, 16)  # 9: a verify pass at gamma 8 (the 8 drafted tokens and the one before them)
 
 
 def f32_gguf() -> Path:
