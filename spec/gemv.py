@@ -63,6 +63,7 @@ static struct {
 static int pool_threads = 1;    /* the threads a product is split over (spec_pool_threads) */
 static int pool_forked_hook = 0;
 static unsigned pool_born[POOL_MAX];
+static atomic_flag pool_busy = ATOMIC_FLAG_INIT;   /* a caller is running parts on the pool */
 
 static uint64_t pool_ns(void) {
     struct timespec t;
@@ -103,6 +104,7 @@ static void pool_child(void) {     /* after fork: the workers stayed in the pare
     pool.cv = cv;
     pool.workers = 0;
     atomic_store(&pool.sleepers, 0);
+    atomic_flag_clear(&pool_busy);
 }
 
 /* The threads products are split over from now on (1: the caller's alone; at most POOL_MAX); returns it. */
@@ -113,9 +115,17 @@ int spec_pool_threads(int n) {
 
 long spec_pool_worked(void) { return atomic_load(&pool.worked); }
 
+static void pool_run_locked(pool_fn fn, void *arg, int parts);
+
+/* fn's parts on the pool; a call made while another is on it (another caller thread) runs alone. */
 static void pool_run(pool_fn fn, void *arg, int parts) {
     if (parts > pool_threads) parts = pool_threads;
-    if (parts <= 1) { fn(arg, 0, 1); return; }
+    if (parts <= 1 || atomic_flag_test_and_set(&pool_busy)) { fn(arg, 0, 1); return; }
+    pool_run_locked(fn, arg, parts);
+    atomic_flag_clear(&pool_busy);
+}
+
+static void pool_run_locked(pool_fn fn, void *arg, int parts) {
     if (!pool_forked_hook) { pthread_atfork(NULL, NULL, pool_child); pool_forked_hook = 1; }
     while (pool.workers < parts - 1) {
         pthread_t t;

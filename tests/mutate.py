@@ -151,6 +151,9 @@ MUTANTS = {
     "gemv-split-skips-a-panel": ("a worker's part of a product split over threads skips its first panel",
                                  "n0 = P * part / parts * 16,", "n0 = P * part / parts * 16 + (part ? 16 : 0),",
                                  "spec/gemv.py"),
+    "gemv-pool-shared-by-two-callers": ("two caller threads put their products on the pool at once",
+                                        "if (parts <= 1 || atomic_flag_test_and_set(&pool_busy)) {",
+                                        "if (parts <= 1) {", "spec/gemv.py"),
     # Encoder-decoder runners (spec/seq2seq.py); tests/correctness/test_encoder_decoder.py catches them.
     "seq2seq-no-decoder-rollback": ("rejected positions left in the decoders' self-attention caches",
                                     "hf.crop(self.cache.self_attention_cache, keep)", "pass", "spec/seq2seq.py"),
@@ -184,7 +187,9 @@ def run(name: str, pytest_args: list[str]) -> tuple[bool, str]:
                "-m", "not gpu and not thorough and not perf", *pytest_args]
         proc = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True)
         failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", proc.stdout, re.M)
-        return proc.returncode != 0, failed[0] if failed else proc.stdout.strip().splitlines()[-1]
+        last = proc.stdout.strip().splitlines()
+        return proc.returncode != 0, (failed[0] if failed else last[-1] if last
+                                      else f"pytest ended with return code {proc.returncode} and no output (a crash)")
 
 
 def main() -> int:

@@ -303,3 +303,31 @@ def test_the_split_over_threads_is_the_one_thread_product_bit_for_bit(lib, N, K)
             assert (gemv.worked() > before) is (N > 16), (threads, N)   # one panel: nothing to split
     finally:
         gemv.set_threads(1)
+
+
+def test_products_from_two_caller_threads_at_once_stay_right(lib):
+    """Two Python threads calling split products at the same time (ctypes lets go of the GIL): a call that
+    finds the pool taken runs alone, so every product still equals the one-thread one."""
+    import threading
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(4096, 256, generator=g)
+    f = gemv.product(w)
+    xs = [torch.randn(m, 256, generator=g) for m in (1, 3, 9, 12) * 5]
+    gemv.set_threads(1)
+    want = [f(x) for x in xs]
+    bad: list = []
+
+    def caller(order):
+        for i in order * 200:
+            if not torch.equal(f(xs[i]), want[i]):
+                bad.append(i)
+    try:
+        gemv.set_threads(2)
+        threads = [threading.Thread(target=caller, args=(list(range(len(xs)))[::s],)) for s in (1, -1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        gemv.set_threads(1)
+    assert not bad, f"{len(bad)} products differ"
