@@ -49,6 +49,11 @@ from spec.hfref import hf_generate, hf_greedy
 from spec.models import encode_prompt
 from spec.prompts import SEED_PROMPTS
 
+# Before each timed run the process sleeps SETTLE seconds, so that no system starts while another's threads
+# still spin (llama.cpp's thread pool polls after a pass, torch's OpenMP threads and spec's kernel pool spin
+# for a while). At 2 threads without it, spec greedy took 27.8-28.4 ms/token on the prompts where it ran
+# right after llama.cpp's Q4_1 run and 21.1-21.4 on those where it ran first (2026-12-05, 06:05).
+SETTLE = 0.05
 SIZES = (1, 2, 4, 8, 9, 16)  # 9: a verify pass at gamma 8 (the 8 drafted tokens and the one before them)
 
 
@@ -221,12 +226,14 @@ def verify_lines(target, llms: dict, prefix: list[int], cont: list[int], repeats
                 os.environ["SPEC_PREPACK"] = "0"
             check[name] = prepack.used(target)
             with torch.inference_mode():
+                time.sleep(SETTLE)
                 t0 = time.perf_counter()
                 obj(fed[:n], keep=n)
                 t = time.perf_counter() - t0
             obj.crop(P)
         else:
             obj.n_tokens = P          # eval() cuts the cache back to n_tokens first
+            time.sleep(SETTLE)
             t0 = time.perf_counter()
             obj.eval([int(t) for t in fed[:n]])
             t = time.perf_counter() - t0
@@ -320,10 +327,12 @@ def main() -> None:
         row = {"prompt": i + 1, "prompt_tokens": len(ids), "s": {}, "tokens": {}}
         for name in names[i % len(names):] + names[:i % len(names)]:
             fn = systems[name]
+            time.sleep(SETTLE)
             t0 = time.perf_counter()
             r = fn(ids)
             s = time.perf_counter() - t0
             if isinstance(r, tuple) and r[0] == "timed":     # spec with SPEC_PREPACK=0: set-up untimed
+                time.sleep(SETTLE)
                 t0 = time.perf_counter()
                 r = r[1]()
                 s = time.perf_counter() - t0
