@@ -14,10 +14,11 @@ packed copies are made once per model and kept while its weights are unchanged (
 (spec.probe, once per model); spec.runner's passes then run inside `swapped(forwards(model))`.
 
 Few rows on few threads: spec.gemv's hand-written kernel (a panel-reordered copy of each weight,
-streamed once per pass, one thread) runs passes of 1 to KERNEL_ROWS rows (12 with AVX-512F, 6 with
-AVX2+FMA) when torch runs at most KERNEL_THREADS threads, faster there than oneDNN (docs/BENCHMARKS.md,
-"A hand-written few-row kernel"; at 2 threads the one-thread kernel still beat oneDNN's two); more
-rows, or more threads, stay on oneDNN, whose copies are then made at their first use (a run that
+streamed once per pass) runs passes of 1 to KERNEL_ROWS rows (12 with AVX-512F, 6 with AVX2+FMA) when
+torch runs at most KERNEL_THREADS threads, faster there than oneDNN (docs/BENCHMARKS.md, "A hand-written
+few-row kernel"); at 2 torch threads its panels split over 2 threads of its own pool and the rest of the
+pass runs at one torch thread (`pass_threads`; "The kernel on two threads"). More rows, or more threads,
+stay on oneDNN, whose copies are then made at their first use (a run that
 prefills more than KERNEL_ROWS rows holds both: the linears' weight memory twice more).
 `kernel_used(model)`: `used(model)`, not switched off (SPEC_GEMV=0), the library built and self-tested
 in a subprocess (spec.gemv.library: no compiler, a compile error or a failed self-test leaves oneDNN,
@@ -41,7 +42,7 @@ HINT = 16  # the batch size oneDNN picks the weight's layout for (4 and 16 measu
 # caches (the shipped pair: 6 MB) runs its many small products faster through F.linear.
 MIN_BYTES = 64 << 20
 MIN_ROWS = 3  # 1 and 2 rows are padded to 3: oneDNN's 3-row product is faster than its 1- and 2-row ones
-# spec.gemv's kernel (one thread) runs 1 to KERNEL_ROWS[its ISA] rows, the rows its panel kernel takes in
+# spec.gemv's kernel runs 1 to KERNEL_ROWS[its ISA] rows, the rows its panel kernel takes in
 # one turn over the weight (AVX-512F 12, AVX2+FMA 6); more go to oneDNN. The plain-C variant is there for
 # correctness only: not used here (docs/BENCHMARKS.md, "A hand-written few-row kernel").
 KERNEL_ROWS = {2: 12, 1: 6}
@@ -164,9 +165,10 @@ def pass_threads(packed: dict, rows: int | None) -> int:
 
 
 _ALWAYS = False      # inside kernel_always(): the kernel runs its rows whatever torch's threads
-# The most torch threads at which the one-thread kernel runs its rows: at 2 threads on the 2-core Zen 4 it
-# was 1.35x faster than oneDNN's two (SmolLM2 greedy 30.3 against 41.0 ms a token, interleaved); with
-# more cores oneDNN's threads share the stream (not measured here: a 2-core machine).
+# The most torch threads at which the kernel runs its rows: at 2 threads on the 2-core Zen 4 it was 1.35x
+# faster than oneDNN's two even on one thread (SmolLM2 greedy 30.3 against 41.0 ms a token, interleaved),
+# and splits over 2 threads now; with more cores oneDNN's threads share the stream (not measured here: a
+# 2-core machine).
 KERNEL_THREADS = 2
 
 

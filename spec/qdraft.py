@@ -7,8 +7,9 @@ keeps the output exactly the target's. So the draft may be computed the fastest 
 This module reads a GGUF written for llama.cpp's `llama` architecture (Q4_1 and Q8_0 matrices, f32
 norms; the layout every llama.cpp Q4_1 export of a Llama has) into records of 16 rows x 32 inputs,
 quantizes each activation block of 32 to int8 as llama.cpp does, and sums products in int32 with
-VNNI (`dpbusd`), one thread, the whole forward (norms, RoPE, grouped attention over a float32 KV
-cache, SiLU MLP) in C (`SOURCE`). Where the GGUF has anything else (another architecture or
+VNNI (`dpbusd`), the whole forward (norms, RoPE, grouped attention over a float32 KV cache, SiLU
+MLP) in C (`SOURCE`), its products split over `threads` threads of spec.gemv's pool (POOL), the rest on
+the caller's. Where the GGUF has anything else (another architecture or
 quantization, biases, rope scaling) or the CPU lacks AVX-512 VNNI, `unsupported()` says why and the
 caller (spec.gguf_draft) runs llama.cpp instead.
 
@@ -42,7 +43,7 @@ SOURCE = gemv.POOL + r"""
 #include <string.h>
 #include <math.h>
 
-/* Block-quantized Llama forward for a draft model, one thread.
+/* Block-quantized Llama forward for a draft model (its products split over the pool's threads).
 
    A weight matrix W [N][K] (N % 16 == 0, K % 32 == 0) is stored as records, one per (panel p of 16
    rows, block b of 32 inputs), in the order p, b:
