@@ -266,7 +266,7 @@ static void rope(float *v, int64_t heads, int64_t hd, const float *cs, const flo
 
 static void linear(const spec_qd_model *m, const uint8_t *W, int64_t kind, int64_t N, int64_t K, const float *x,
                    int64_t R, float *y, int8_t *xq, float *xd, float *xs) {
-    spec_qd_quantize(x, R, K, xq, xd, xs);
+    if (x) spec_qd_quantize(x, R, K, xq, xd, xs);     /* x NULL: xq, xd, xs already hold it (q/k/v, gate/up) */
     spec_qd_matvec(W, kind, N, K, xq, xd, xs, R, y, m->vnni);
 }
 
@@ -302,8 +302,8 @@ int spec_qd_forward(const spec_qd_model *m, const int32_t *ids, int64_t n, int64
             float *kc = m->kc + l * m->n_ctx * kvd, *vc = m->vc + l * m->n_ctx * kvd;
             for (int64_t r = 0; r < R; r++) rmsnorm(x + r * D, m->norms[2 * l], D, m->eps, h + r * D);
             linear(m, W[0], kd[0], D, D, h, R, q, xq, xd, xs);
-            linear(m, W[1], kd[1], kvd, D, h, R, k, xq, xd, xs);
-            linear(m, W[2], kd[2], kvd, D, h, R, v, xq, xd, xs);
+            linear(m, W[1], kd[1], kvd, D, NULL, R, k, xq, xd, xs);
+            linear(m, W[2], kd[2], kvd, D, NULL, R, v, xq, xd, xs);
             for (int64_t r = 0; r < R; r++) {
                 rope(q + r * D, H, hd, cs + r * hd / 2, sn + r * hd / 2);
                 rope(k + r * kvd, m->n_kv, hd, cs + r * hd / 2, sn + r * hd / 2);
@@ -337,7 +337,7 @@ int spec_qd_forward(const spec_qd_model *m, const int32_t *ids, int64_t n, int64
             for (int64_t i = 0; i < R * D; i++) x[i] += q[i];
             for (int64_t r = 0; r < R; r++) rmsnorm(x + r * D, m->norms[2 * l + 1], D, m->eps, h + r * D);
             linear(m, W[4], kd[4], F, D, h, R, g, xq, xd, xs);
-            linear(m, W[5], kd[5], F, D, h, R, u, xq, xd, xs);
+            linear(m, W[5], kd[5], F, D, NULL, R, u, xq, xd, xs);
             for (int64_t i = 0; i < R * F; i++) g[i] = g[i] / (1.f + expf(-g[i])) * u[i];
             linear(m, W[6], kd[6], D, F, g, R, q, xq, xd, xs);
             for (int64_t i = 0; i < R * D; i++) x[i] += q[i];
