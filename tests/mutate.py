@@ -147,6 +147,9 @@ MUTANTS = {
     "qdraft-crop-one-short": ("the draft's cache cut back one position short (a rejected proposal kept)",
                               "self.n = min(self.n, max(0, keep))", "self.n = min(self.n, max(0, keep + 1))",
                               "spec/qdraft.py"),
+    "qdraft-exp-coefficient": ("the vector exponential's first-order coefficient off (0.60 for ln 2)",
+                               "p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931471805599453e-01f));",
+                               "p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.0e-01f));", "spec/qdraft.py"),
     # spec.gemv's pool: a worker's part of a split product; its self-test and tests/correctness/test_gemv.py.
     "gemv-split-skips-a-panel": ("a worker's part of a product split over threads skips its first panel",
                                  "n0 = P * part / parts * 16,", "n0 = P * part / parts * 16 + (part ? 16 : 0),",
