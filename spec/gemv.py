@@ -354,9 +354,9 @@ static int pick(int isa) {
     return isa < 0 || isa > best ? best : isa;
 }
 
-static void add_bias(float *y, const float *b, int64_t M, int64_t N) {
+static void add_bias(float *y, const float *b, int64_t M, int64_t N, int64_t n0, int64_t n1) {   /* columns n0..n1 */
     for (int64_t m = 0; m < M; m++)
-        for (int64_t n = 0; n < N; n++) y[m * N + n] += b[n];
+        for (int64_t n = n0; n < n1; n++) y[m * N + n] += b[n];
 }
 
 /* w [N][K] in place; PF floats ahead into L1 (< 0: none); FAR unused (the panel entry's signature).
@@ -374,7 +374,7 @@ int spec_gemv_rows(const float *x, const float *w, const float *b, float *y, int
             (isa == 2 ? rows512 : rows256)[mb](x + m * K, w, y + m * N, N, K, m == 0 ? PF : 0);
             m += mb;
         }
-        if (b) add_bias(y, b, M, N);
+        if (b) add_bias(y, b, M, N, 0, N);
         return isa;
     }
 #endif
@@ -408,9 +408,7 @@ static void panel_part(void *arg, int part, int parts) {
                                                     m == 0 ? j->PF : 0, m == 0 ? j->FAR : 0, n0, n1);
             m += mb;
         }
-        if (j->b)
-            for (int64_t m = 0; m < j->M; m++)
-                for (int64_t n = n0; n < n1; n++) j->y[m * j->N + n] += j->b[n];
+        if (j->b) add_bias(j->y, j->b, j->M, j->N, n0, n1);
     }
 #endif
 }

@@ -160,8 +160,8 @@ def pass_threads(packed: dict, rows: int | None) -> int:
     threads = torch.get_num_threads()
     if rows is None or not 1 < threads <= KERNEL_THREADS or _ALWAYS:
         return 0
-    most = max((f.most for f in packed.values() if f.kernel), default=0)
-    return threads if 0 < rows <= most else 0
+    first = next(iter(packed.values()), None)      # (forwards makes every linear's the same way)
+    return threads if first is not None and 0 < rows <= first.most else 0
 
 
 _ALWAYS = False      # inside kernel_always(): the kernel runs its rows whatever torch's threads
