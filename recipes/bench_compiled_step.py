@@ -159,9 +159,9 @@ def build(name, target, prefix, length):
         return SpecRunner(target, prefix)
     packed = None
     if name == "b+pack":
-        packed = prepack.forwards(target)
+        packed = prepack.forwards(target, layers=False)
     elif name == "d-brk":
-        packed = {m: torch.compiler.disable(f) for m, f in prepack.forwards(target).items()}
+        packed = {m: torch.compiler.disable(f) for m, f in prepack.forwards(target, layers=False).items()}
     fn = None
     if name in COMPILE:
         fn = torch.compile(target.forward, dynamic=False, fullgraph=False, **COMPILE[name])

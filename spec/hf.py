@@ -77,6 +77,22 @@ def new_static_cache(model, max_len: int) -> StaticCache:
     return StaticCache(config=model.config, max_cache_len=max_len)
 
 
+# A decoder layer's forward takes the cache under the model's name for it: `cache` (5.24 on),
+# `past_key_values` (5.17).
+LAYER_CACHE_KWARGS = ("cache", "past_key_values")
+
+
+def layer_cache(kwargs: dict):
+    """The cache a model handed one of its decoder layers (kwargs of the layer's forward), or None."""
+    return next((kwargs[k] for k in LAYER_CACHE_KWARGS if kwargs.get(k) is not None), None)
+
+
+def cache_update(cache, key: torch.Tensor, value: torch.Tensor, layer: int):
+    """The cache's own `update` for one layer's new keys and values: the layer's whole keys and values
+    back. (5.17 takes `cache_kwargs` after the layer, 5.24 `kwargs`; neither is needed here.)"""
+    return cache.update(key, value, layer)
+
+
 def cache_len(cache) -> int:
     return int(cache.get_seq_length())  # 5.17's StaticCache answers with a tensor
 

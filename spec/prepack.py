@@ -30,12 +30,15 @@ oneDNN alone).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import weakref
 
 import torch
 
-from spec import gemv
+from spec import gemv, plainllama
+
+log = logging.getLogger(__name__)
 
 HINT = 16  # the batch size oneDNN picks the weight's layout for (4 and 16 measured alike)
 # Packing pays where a pass streams the weights from memory; a model whose linears fit in the CPU's
@@ -113,17 +116,24 @@ class Packed:
 _PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def forwards(model, kernel: bool | None = None) -> dict:
+def forwards(model, kernel: bool | None = None, layers: bool | None = None) -> dict:
     """Each plain nn.Linear's packed forward, made once while the weights stay as they were (a walk
     over the model: a runner asks once and keeps the dict). `kernel`: spec.gemv's kernel for few rows
-    (None: where `kernel_used(model)` says so)."""
+    (None: where `kernel_used(model)` says so). `layers`: each decoder layer's plain-tensor forward
+    too (spec.plainllama, its products on these linears; None: where `layers_used(model)` says so),
+    after the linears."""
     if kernel is None:
         kernel = kernel_used(model)
+    if layers is None:
+        layers = layers_used(model)
     mods = [m for m in model.modules() if type(m) is torch.nn.Linear]
-    key = (tuple(m.weight._version for m in mods), kernel)
+    key = (tuple(m.weight._version for m in mods), kernel, layers)
     known = _PACKED.get(model)
     if known is None or known[0] != key:
-        known = _PACKED[model] = (key, {m: packed_forward(m, kernel) for m in mods})
+        made = {m: packed_forward(m, kernel) for m in mods}
+        if layers:
+            made.update(plainllama.forwards(model, made))
+        known = _PACKED[model] = (key, made)
     return known[1]
 
 
@@ -160,8 +170,8 @@ def pass_threads(packed: dict, rows: int | None) -> int:
     threads = torch.get_num_threads()
     if rows is None or not 1 < threads <= KERNEL_THREADS or _ALWAYS:
         return 0
-    first = next(iter(packed.values()), None)      # (forwards makes every linear's the same way)
-    return threads if first is not None and 0 < rows <= first.most else 0
+    first = next(iter(packed.values()), None)      # (forwards makes every linear's the same way, first)
+    return threads if isinstance(first, Packed) and 0 < rows <= first.most else 0
 
 
 _ALWAYS = False      # inside kernel_always(): the kernel runs its rows whatever torch's threads
@@ -188,7 +198,7 @@ def kernel_always():
 def packed_linears(model, kernel: bool | None = False):
     """Within the context, `model`'s nn.Linear modules (exactly that class) run packed_forward (oneDNN
     alone by default; `kernel`: as forwards takes it)."""
-    with swapped(forwards(model, kernel) if available(model) else {}):
+    with swapped(forwards(model, kernel, layers=False) if available(model) else {}):
         yield model
 
 
@@ -210,6 +220,33 @@ def kernel_used(model) -> bool:
         return False
     from spec import probe
     return probe.once(model, "gemv linears", _kernel_agrees)
+
+
+def layers_used(model) -> bool:
+    """Whether the packed passes run `model`'s decoder layers in plain tensors (spec.plainllama): the
+    model is run packed (`used`), not switched off (SPEC_PLAIN_LAYERS=0), its layers of a kind
+    spec.plainllama runs (else a debug-level reason), and its logits that way within the probe's
+    tolerance of the model's own (spec.probe 'plain layers', once per model)."""
+    if os.environ.get("SPEC_PLAIN_LAYERS", "1") == "0" or not used(model):
+        return False
+    why = plainllama.supports(model)
+    if why is not None:
+        log.debug("spec.prepack: %s's layers run as the model runs them: %s", type(model).__name__, why)
+        return False
+    from spec import probe
+    return probe.once(model, "plain layers", _layers_agree)
+
+
+def _layers_agree(model) -> bool:
+    """The plain layers' logits (on the linears the passes use) are within the probe's tolerance of the
+    model's own, over the probe's ids (many rows), its first KERNEL_ROWS and its first id alone."""
+    from spec import hf, probe
+    ids = probe.ids(model, probe.probe_length(model), next(model.parameters()).device)
+    cuts = sorted({1, min(KERNEL_ROWS.get(gemv.isa(), 3), ids.numel()), ids.numel()})
+    want = [hf.authors_forward(model, ids[:n]) for n in cuts]
+    with swapped(forwards(model, kernel_used(model), layers=True)):
+        got = [hf.authors_forward(model, ids[:n]) for n in cuts]
+    return all(probe.close(g, w, probe.tolerance(model)) for g, w in zip(got, want))
 
 
 def _kernel_agrees(model) -> bool:

@@ -157,6 +157,18 @@ MUTANTS = {
     "gemv-pool-shared-by-two-callers": ("two caller threads put their products on the pool at once",
                                         "if (parts <= 1 || atomic_flag_test_and_set(&pool_busy)) {",
                                         "if (parts <= 1) {", "spec/gemv.py"),
+    # spec.plainllama's decoder layers; tests/correctness/test_plainllama.py catches them.
+    "plainllama-rotary-sign": ("the plain layers' rotate-half without its minus sign",
+                               "torch.cat((-x[..., half:], x[..., :half]), dim=-1)",
+                               "torch.cat((x[..., half:], x[..., :half]), dim=-1)", "spec/plainllama.py"),
+    "plainllama-mask-dropped": ("the plain layers' attention ignores the model's mask (a verify pass sees ahead)",
+                                "attn_mask=attention_mask, scale", "attn_mask=None, scale", "spec/plainllama.py"),
+    "plainllama-second-norm-is-first": ("the MLP's RMSNorm reads the attention norm's weight",
+                                        "h = _rms(x, n2.weight, n2.variance_epsilon)",
+                                        "h = _rms(x, n1.weight, n1.variance_epsilon)", "spec/plainllama.py"),
+    "plainllama-hooks-ignored": ("a hook on a layer's part bypassed by the plain forward",
+                                 "or any(p._forward_hooks or p._forward_pre_hooks for p in parts)", "or False",
+                                 "spec/plainllama.py"),
     # Encoder-decoder runners (spec/seq2seq.py); tests/correctness/test_encoder_decoder.py catches them.
     "seq2seq-no-decoder-rollback": ("rejected positions left in the decoders' self-attention caches",
                                     "hf.crop(self.cache.self_attention_cache, keep)", "pass", "spec/seq2seq.py"),

@@ -76,7 +76,8 @@ def test_spec_runs_an_fp32_cpu_model_packed_and_stays_exact(monkeypatch):
     assert prepack.used(model) and probe.memo(model, "packed linears")[1] is True
     calls = []
     real = prepack.swapped
-    monkeypatch.setattr(prepack, "swapped", lambda packed, rows=None: calls.append(len(packed)) or real(packed, rows))
+    monkeypatch.setattr(prepack, "swapped", lambda packed, rows=None: calls.append(
+        sum(type(m) is torch.nn.Linear for m in packed)) or real(packed, rows))
     draft = perturbed_copy(model, noise=0.05, seed=3)
     for prompt in ([5, 9, 14, 3], [7, 7, 1, 2, 8]):
         out = speculative_generate(model, draft, prompt, gamma=3, max_new_tokens=16)
