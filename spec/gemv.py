@@ -673,7 +673,12 @@ def panels(weight: torch.Tensor, huge: bool = True) -> torch.Tensor:
     interleaved k by k (the last panel's missing rows zero); in `buffer`'s memory (`huge`: huge pages)."""
     N, K = weight.shape
     P = -(-N // 16)
-    out = buffer(P * K * 16, huge).view(P, K, 16)
+    return _fill_panels(buffer(P * K * 16, huge).view(P, K, 16), weight)
+
+
+def _fill_panels(out: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    N, K = weight.shape
+    P = out.shape[0]
     full = N // 16
     w = weight.detach()
     if full:
@@ -714,8 +719,37 @@ def product(weight: torch.Tensor, bias: torch.Tensor | None = None, layout: str 
                    FAR if far is None else far, variant)
 
 
+def grouped(weights: list[torch.Tensor], biases: list[torch.Tensor | None], huge: bool = True):
+    """Products of several weights that read the same x (q, k, v; gate, up), in the panel layout:
+    (one Product of all of them, x -> [x W1^T + b1 | x W2^T + b2 | ...], and one Product per weight),
+    the per-weight ones reading their part of the whole one's panels (no second copy). Every output column
+    is summed as in its own product (`product`'s): the whole one's columns are bit-identical to the parts'.
+    None where a weight other than the last has rows not a multiple of 16 (its last panel would hold the
+    next weight's rows), or the weights differ in K or layout (fp32 contiguous on CPU, as `product`)."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError(f"spec.gemv's library is not available: {reason()}")
+    K = weights[0].shape[1]
+    if any(w.dim() != 2 or w.shape[1] != K or w.dtype != torch.float32 or w.device.type != "cpu"
+           or not w.is_contiguous() for w in weights) or any(w.shape[0] % 16 for w in weights[:-1]):
+        return None
+    Ns = [w.shape[0] for w in weights]
+    Ps = [-(-n // 16) for n in Ns]
+    whole = buffer(sum(Ps) * K * 16, huge).view(sum(Ps), K, 16)
+    parts, at = [], 0
+    for w, P in zip(weights, Ps):
+        parts.append(_fill_panels(whole[at:at + P], w.detach()))
+        at += P
+    bias = None
+    if any(b is not None for b in biases):
+        bias = torch.cat([w.new_zeros(w.shape[0]) if b is None else b.detach() for w, b in zip(weights, biases)])
+    make = lambda w, b, N: Product(lib.spec_gemv_panel, w, b, N, K, PREFETCH, FAR, -1)  # noqa: E731
+    return make(whole, bias, sum(Ns)), [make(part, None if b is None else b.detach(), N)
+                                         for part, b, N in zip(parts, biases, Ns)]
+
+
 class Product:
-    """x -> x W^T + b through one of the library's entries (made by `product`)."""
+    """x -> x W^T + b through one of the library's entries (made by `product` or `grouped`)."""
 
     def __init__(self, call, w: torch.Tensor, b: torch.Tensor | None, N: int, K: int, prefetch: int, far: int,
                  variant: int):

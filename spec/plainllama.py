@@ -74,17 +74,30 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
-def layer_forward(layer, linears: dict):
-    """`layer`'s forward in plain tensors, its products through `linears` ({nn.Linear: its forward},
-    spec.prepack.forwards' dict): a function with the layer forward's arguments, to be set as the
-    layer's `forward` while a pass runs."""
+def _groups(layer) -> tuple[tuple, tuple]:
     a, mlp = layer.self_attn, layer.mlp
-    q_p, k_p, v_p, o_p = (linears[getattr(a, n)] for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
-    gate_p, up_p, down_p = (linears[getattr(mlp, n)] for n in ("gate_proj", "up_proj", "down_proj"))
+    return (a.q_proj, a.k_proj, a.v_proj), (mlp.gate_proj, mlp.up_proj)
+
+
+def grouped_linears(model) -> list[tuple]:
+    """The linears a plain layer runs as one product each (they read the same x): per layer, (q, k, v)
+    and (gate, up)."""
+    return [g for layer in layers_of(model) for g in _groups(layer)]
+
+
+def layer_forward(layer, groups: dict, linears: dict):
+    """`layer`'s forward in plain tensors, its products through `groups` ({(q, k, v) or (gate, up): a
+    function x -> their outputs side by side}, spec.prepack.Group) and `linears` ({nn.Linear: its
+    forward}, for o and down): a function with the layer forward's arguments, to be set as the layer's
+    `forward` while a pass runs."""
+    a, mlp = layer.self_attn, layer.mlp
+    qkv_g, gate_up_g = (groups[g] for g in _groups(layer))
+    o_p, down_p = linears[a.o_proj], linears[mlp.down_proj]
     n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
     parts = (a, mlp, n1, n2, a.q_proj, a.k_proj, a.v_proj, a.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
     own = type(layer).forward.__get__(layer)
     D, index, scale, grouped = a.head_dim, a.layer_idx, a.scaling, a.num_key_value_groups > 1
+    H, KV, inner = a.q_proj.out_features // D, a.k_proj.out_features // D, mlp.gate_proj.out_features
 
     def forward(hidden_states, attention_mask=None, position_embeddings=None, **kwargs):
         cache = hf.layer_cache(kwargs)
@@ -98,11 +111,11 @@ def layer_forward(layer, linears: dict):
         x = hidden_states
         B, T = x.shape[:2]
         h = _rms(x, n1.weight, n1.variance_epsilon)
-        q = q_p(h).view(B, T, -1, D).transpose(1, 2)
-        k = k_p(h).view(B, T, -1, D).transpose(1, 2)
-        v = v_p(h).view(B, T, -1, D).transpose(1, 2)
+        qkv = qkv_g(h).view(B, T, H + 2 * KV, D).transpose(1, 2)          # [B, heads q | k | v, T, D]
         cos, sin = (t.unsqueeze(1) for t in position_embeddings)
-        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        qk = qkv[:, :H + KV]
+        qk = qk * cos + _rotate_half(qk) * sin                             # q's heads and k's in one go
+        q, k, v = qk[:, :H], qk[:, H:], qkv[:, H + KV:]
         if cache is not None:
             k, v = hf.cache_update(cache, k, v, index)
         causal = T > 1 and attention_mask is None
@@ -112,11 +125,12 @@ def layer_forward(layer, linears: dict):
                                            enable_gqa=grouped)
         x = x + o_p(o.transpose(1, 2).reshape(B, T, -1))
         h = _rms(x, n2.weight, n2.variance_epsilon)
-        return x + down_p(F.silu(gate_p(h)) * up_p(h))
+        gate_up = gate_up_g(h)
+        return x + down_p(F.silu(gate_up[..., :inner]) * gate_up[..., inner:])
 
     return forward
 
 
-def forwards(model, linears: dict) -> dict:
-    """{decoder layer: its plain forward} for a model `supports` accepts, products through `linears`."""
-    return {layer: layer_forward(layer, linears) for layer in layers_of(model)}
+def forwards(model, groups: dict, linears: dict) -> dict:
+    """{decoder layer: its plain forward} for a model `supports` accepts (see `layer_forward`)."""
+    return {layer: layer_forward(layer, groups, linears) for layer in layers_of(model)}

@@ -76,15 +76,47 @@ def available(model) -> bool:
     return p.device.type == "cpu" and p.dtype == torch.float32 and torch.backends.mkldnn.is_available()
 
 
-def packed_forward(linear: torch.nn.Linear, kernel: bool = False):
-    """linear's function, x -> x W^T + b: on spec.gemv's kernel (its panel copy of the weight, made here)
-    for 1 to KERNEL_ROWS[its ISA] rows when `kernel` and torch runs at most KERNEL_THREADS threads (or inside
-    `kernel_always()`), else on a oneDNN-reordered copy of its weight (made at the first call that needs
-    it)."""
+def packed_forward(linear: torch.nn.Linear, kernel: bool = False, small=None):
+    """linear's function, x -> x W^T + b: on spec.gemv's kernel (its panel copy of the weight, made here,
+    or `small`, a gemv Product made elsewhere) for 1 to KERNEL_ROWS[its ISA] rows when `kernel` and torch
+    runs at most KERNEL_THREADS threads (or inside `kernel_always()`), else on a oneDNN-reordered copy of
+    its weight (made at the first call that needs it)."""
     weight = linear.weight.detach()
     bias = None if linear.bias is None else linear.bias.detach()
     most = KERNEL_ROWS.get(gemv.isa(), 0) if kernel else 0
-    return Packed(weight, bias, gemv.product(weight, bias, "panel") if most else None, most)
+    if most and small is None:
+        small = gemv.product(weight, bias, "panel")
+    return Packed(weight, bias, small if most else None, most)
+
+
+class Group:
+    """Linears that read the same x (a layer's q, k, v; gate, up) as one function, x -> their outputs side
+    by side [..., N1 + N2 + ...]: one spec.gemv product over panels they share (gemv.grouped; each
+    column bit-identical to its own linear's) where the kernel runs the pass, else each member's packed
+    forward, concatenated. `members`: the linears' packed forwards (each on its part of the panels)."""
+
+    def __init__(self, members: list, whole=None):
+        self.members, self.whole = members, whole
+        self.most = members[0].most if whole is not None else 0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1]
+        if 0 < rows <= self.most and (_ALWAYS or torch.get_num_threads() <= KERNEL_THREADS):
+            return self.whole(x)
+        return torch.cat([m(x) for m in self.members], dim=-1)
+
+
+def group(linears: tuple, kernel: bool = False) -> Group:
+    """`linears` (nn.Linear reading the same x) packed as one Group; with `kernel`, their panels made once,
+    together (where gemv.grouped cannot, each its own)."""
+    parts: list = [None] * len(linears)
+    whole = None
+    if kernel and KERNEL_ROWS.get(gemv.isa(), 0):
+        made = gemv.grouped([m.weight.detach() for m in linears],
+                            [None if m.bias is None else m.bias.detach() for m in linears])
+        if made is not None:
+            whole, parts = made
+    return Group([packed_forward(m, kernel, part) for m, part in zip(linears, parts)], whole)
 
 
 class Packed:
@@ -120,8 +152,8 @@ def forwards(model, kernel: bool | None = None, layers: bool | None = None) -> d
     """Each plain nn.Linear's packed forward, made once while the weights stay as they were (a walk
     over the model: a runner asks once and keeps the dict). `kernel`: spec.gemv's kernel for few rows
     (None: where `kernel_used(model)` says so). `layers`: each decoder layer's plain-tensor forward
-    too (spec.plainllama, its products on these linears; None: where `layers_used(model)` says so),
-    after the linears."""
+    too (spec.plainllama, its products on these linears, q/k/v and gate/up each as one `Group`; None:
+    where `layers_used(model)` says so), after the linears."""
     if kernel is None:
         kernel = kernel_used(model)
     if layers is None:
@@ -130,9 +162,15 @@ def forwards(model, kernel: bool | None = None, layers: bool | None = None) -> d
     key = (tuple(m.weight._version for m in mods), kernel, layers)
     known = _PACKED.get(model)
     if known is None or known[0] != key:
-        made = {m: packed_forward(m, kernel) for m in mods}
+        made: dict = {}
+        groups = {g: group(g, kernel) for g in plainllama.grouped_linears(model)} if layers else {}
+        for g, packed in groups.items():
+            made.update(zip(g, packed.members))
+        for m in mods:
+            if m not in made:
+                made[m] = packed_forward(m, kernel)
         if layers:
-            made.update(plainllama.forwards(model, made))
+            made.update(plainllama.forwards(model, groups, made))
         known = _PACKED[model] = (key, made)
     return known[1]
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from oracles import assert_logits_close
 
-from spec import gemv, prepack, probe
+from spec import gemv, hf, prepack, probe
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch")
 
@@ -331,3 +331,55 @@ def test_products_from_two_caller_threads_at_once_stay_right(lib):
     finally:
         gemv.set_threads(1)
     assert not bad, f"{len(bad)} products differ"
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 9, 12])
+@pytest.mark.parametrize("outs,bias", [((64, 32, 32), True), ((96, 96), False), ((48, 16, 40), True)])
+def test_a_grouped_product_is_its_members_side_by_side(lib, rows, outs, bias):
+    """gemv.grouped: the whole product's columns are bit-identical to each member's own product (made by
+    `product`), the members read the whole's panels, and each is the linear within fp32 rounding; the
+    last member may end in a partial panel (40 rows)."""
+    torch.manual_seed(rows)
+    ws = [torch.randn(n, 64) for n in outs]
+    bs = [torch.randn(n) if bias and i != 1 else None for i, n in enumerate(outs)]   # a member without bias
+    whole, parts = gemv.grouped(ws, bs)
+    x = torch.randn(rows, 64)
+    got = whole(x)
+    alone = torch.cat([gemv.product(w, b)(x) for w, b in zip(ws, bs)], dim=-1)
+    assert torch.equal(got, alone)
+    assert torch.equal(torch.cat([p(x) for p in parts], dim=-1), alone)
+    start = whole.keep[0].data_ptr()
+    assert [p.keep[0].data_ptr() - start for p in parts] == [4 * 64 * sum(outs[:i]) for i in range(len(outs))]
+    for i, (w, b) in enumerate(zip(ws, bs)):
+        check(parts[i](x), x, w, b, f"member {i}, {rows} rows")
+
+
+def test_a_group_that_cannot_share_panels_is_refused(lib):
+    """A member other than the last whose rows are not a multiple of 16 (its last panel would hold the
+    next one's rows), or members of different K: None, and spec.prepack.group makes each its own."""
+    assert gemv.grouped([torch.randn(40, 64), torch.randn(16, 64)], [None, None]) is None
+    assert gemv.grouped([torch.randn(16, 64), torch.randn(16, 32)], [None, None]) is None
+    lins = (torch.nn.Linear(64, 40), torch.nn.Linear(64, 16))
+    g = prepack.group(lins, kernel=True)
+    x = torch.randn(3, 64)
+    with torch.inference_mode(), prepack.kernel_always():
+        assert g.whole is None and all(m.kernel for m in g.members)
+        check(g(x), x, torch.cat([m.weight for m in lins]).detach(), torch.cat([m.bias for m in lins]).detach(), "own")
+
+
+def test_plain_layers_on_the_kernel_compute_the_models_layers(lib):
+    """spec.plainllama on the kernel's grouped products (q/k/v and gate/up each one product): the model's
+    own logits within fp32 rounding, cache-free and cached (1 and several rows)."""
+    from spec import runner
+    model = llama()
+    ids = torch.randint(0, 128, (20,), generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        want = hf.authors_forward(model, ids)
+        packed = prepack.forwards(model, kernel=True, layers=True)
+        assert sum(type(m).__name__ == "LlamaDecoderLayer" for m in packed) == 2
+        with prepack.swapped(packed), prepack.kernel_always():
+            assert_logits_close(hf.authors_forward(model, ids[:9]), want[:9], torch.float32, what="9 ids")
+            run = runner.KVRunner(model)
+            run(ids[:8])
+            assert_logits_close(run(ids[8:9]), want[8:9], torch.float32, what="1 row after 8")
+            assert_logits_close(run(ids[9:20]), want[9:], torch.float32, what="11 rows after 9")
