@@ -438,6 +438,43 @@ int spec_gemv_panel(const float *x, const float *wp, const float *b, float *y, i
     panel_c(x, wp, b, y, M, N, K);
     return 0;
 }
+
+/* The small ops around a Llama layer's products (spec.plainllama), in transformers' arithmetic: plain C,
+   no FMA contraction (the library is built without -march), so each product and sum rounds as torch's.
+   RMSNorm over rows of n: y = w (x / sqrt(mean(x^2) + eps)); the sum of squares runs in 16 lanes (torch's
+   own order differs: fp32 rounding apart). */
+void spec_rms(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float acc[16] = {0}, ss = 0.f;
+        int64_t i = 0;
+        for (; i + 16 <= n; i += 16)
+            for (int j = 0; j < 16; j++) acc[j] += xr[i + j] * xr[i + j];
+        for (int j = 0; j < 16; j++) ss += acc[j];
+        for (; i < n; i++) ss += xr[i] * xr[i];
+        const float s = 1.f / sqrtf(ss / (float)n + eps);
+        for (i = 0; i < n; i++) y[r * n + i] = w[i] * (xr[i] * s);
+    }
+}
+
+/* Rotary embedding, rotate-half form, in place on the first `heads` heads of D of each row (rows `stride`
+   floats apart), cos and sin [rows][D]: v*cos + rotate_half(v)*sin as transformers computes it. */
+void spec_rotary(float *x, int64_t rows, int64_t heads, int64_t stride, int64_t D, const float *cos,
+                 const float *sin) {
+    const int64_t half = D / 2;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *c = cos + r * D, *s = sin + r * D;
+        for (int64_t h = 0; h < heads; h++) {
+            float *v = x + r * stride + h * D;
+            for (int64_t i = 0; i < half; i++) {
+                const float a = v[i], b = v[i + half];
+                const float lo_c = a * c[i], lo_s = -b * s[i], hi_c = b * c[i + half], hi_s = a * s[i + half];
+                v[i] = lo_c + lo_s;
+                v[i + half] = hi_c + hi_s;
+            }
+        }
+    }
+}
 """
 
 # Run by `selftest` in a subprocess with the library's path: every ISA this CPU has, against an fp64
@@ -489,6 +526,34 @@ for threads, isa in [(1, i) for i in [-1] + list(range(lib.spec_gemv_isa() + 1))
                     sys.exit(f"{name} isa {isa} threads {threads} M={M} N={N} K={K} bias={bias}: "
                              f"y[{i // N},{i % N}] = {y[i]}, "
                              f"fp64 {want[i]}")
+# the small ops: RMSNorm and rotary against fp64 (relative to the terms' scale)
+for rows, n in ((1, 1), (2, 17), (3, 64)):
+    x = [rng.uniform(-2, 2) for _ in range(rows * n)]
+    w = [rng.uniform(-2, 2) for _ in range(n)]
+    y = (F * (rows * n))()
+    lib.spec_rms((F * len(x))(*x), (F * n)(*w), y, ctypes.c_int64(rows), ctypes.c_int64(n), F(1e-5))
+    for r in range(rows):
+        s = (sum(v * v for v in x[r * n:(r + 1) * n]) / n + 1e-5) ** -0.5
+        for i in range(n):
+            want = w[i] * x[r * n + i] * s
+            if not abs(y[r * n + i] - want) <= 1e-5 * (abs(want) + 1e-30):
+                sys.exit(f"spec_rms rows={rows} n={n}: y[{r},{i}] = {y[r * n + i]}, fp64 {want}")
+for rows, heads, total, D in ((1, 1, 1, 2), (2, 3, 4, 8)):
+    stride = total * D
+    x = [rng.uniform(-2, 2) for _ in range(rows * stride)]
+    c = [rng.uniform(-1, 1) for _ in range(rows * D)]
+    sn = [rng.uniform(-1, 1) for _ in range(rows * D)]
+    v = (F * len(x))(*x)
+    lib.spec_rotary(v, ctypes.c_int64(rows), ctypes.c_int64(heads), ctypes.c_int64(stride), ctypes.c_int64(D),
+                    (F * len(c))(*c), (F * len(sn))(*sn))
+    for r in range(rows):
+        for h in range(total):
+            for i in range(D):
+                at, half = r * stride + h * D + i, D // 2
+                rot = -x[at + half] if i < half else x[at - half]
+                want = x[at] * c[r * D + i] + rot * sn[r * D + i] if h < heads else x[at]
+                if not abs(v[at] - want) <= 1e-6 * (abs(x[at]) + abs(rot)) + 1e-30:
+                    sys.exit(f"spec_rotary rows={rows} heads={heads}: x[{r},{h},{i}] = {v[at]}, fp64 {want}")
 print("ok", lib.spec_gemv_isa())
 """
 
@@ -583,6 +648,8 @@ def _make():
     lib.spec_pool_threads.restype = ctypes.c_int
     lib.spec_pool_threads.argtypes = [ctypes.c_int]
     lib.spec_pool_worked.restype = ctypes.c_long
+    lib.spec_rms.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float]
+    lib.spec_rotary.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 2
     return lib, None
 
 
@@ -746,6 +813,25 @@ def grouped(weights: list[torch.Tensor], biases: list[torch.Tensor | None], huge
     make = lambda w, b, N: Product(lib.spec_gemv_panel, w, b, N, K, PREFETCH, FAR, -1)  # noqa: E731
     return make(whole, bias, sum(Ns)), [make(part, None if b is None else b.detach(), N)
                                          for part, b, N in zip(parts, biases, Ns)]
+
+
+def rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """LlamaRMSNorm's function over the last axis of fp32 contiguous CPU `x` on the library (see spec_rms):
+    weight * (x / sqrt(mean(x^2) + eps)), weight fp32 contiguous [n]. The caller has checked the library."""
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    n = x.shape[-1]
+    library().spec_rms(x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.numel() // n, n, eps)
+    return y
+
+
+def rotary_(x: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' rotary embedding (rotate-half) in place on the first `heads` heads of fp32 contiguous
+    CPU `x` [..., all heads, D], with cos and sin [..., D] contiguous (one row per row of x); returns x."""
+    D = cos.shape[-1]
+    rows = cos.numel() // D
+    library().spec_rotary(x.data_ptr(), rows, heads, x.numel() // rows, D, cos.data_ptr(), sin.data_ptr())
+    return x
 
 
 class Product:

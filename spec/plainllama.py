@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from spec import hf
+from spec import gemv, hf
 
 # Layer arguments this code reads, or knows to change nothing here (the model passes them to every layer).
 KNOWN = frozenset({"position_ids", "use_cache", "cache_position", "output_attentions"})
@@ -85,11 +85,12 @@ def grouped_linears(model) -> list[tuple]:
     return [g for layer in layers_of(model) for g in _groups(layer)]
 
 
-def layer_forward(layer, groups: dict, linears: dict):
+def layer_forward(layer, groups: dict, linears: dict, native: bool = False):
     """`layer`'s forward in plain tensors, its products through `groups` ({(q, k, v) or (gate, up): a
     function x -> their outputs side by side}, spec.prepack.Group) and `linears` ({nn.Linear: its
     forward}, for o and down): a function with the layer forward's arguments, to be set as the layer's
-    `forward` while a pass runs."""
+    `forward` while a pass runs. `native`: RMSNorm and rotary on spec.gemv's library (one call each
+    instead of five or six torch ops; transformers' arithmetic, see spec_rms and spec_rotary)."""
     a, mlp = layer.self_attn, layer.mlp
     qkv_g, gate_up_g = (groups[g] for g in _groups(layer))
     o_p, down_p = linears[a.o_proj], linears[mlp.down_proj]
@@ -98,6 +99,7 @@ def layer_forward(layer, groups: dict, linears: dict):
     own = type(layer).forward.__get__(layer)
     D, index, scale, grouped = a.head_dim, a.layer_idx, a.scaling, a.num_key_value_groups > 1
     H, KV, inner = a.q_proj.out_features // D, a.k_proj.out_features // D, mlp.gate_proj.out_features
+    norm = gemv.rms if native else _rms
 
     def forward(hidden_states, attention_mask=None, position_embeddings=None, **kwargs):
         cache = hf.layer_cache(kwargs)
@@ -110,12 +112,17 @@ def layer_forward(layer, groups: dict, linears: dict):
             return own(hidden_states, attention_mask=attention_mask, position_embeddings=position_embeddings, **kwargs)
         x = hidden_states
         B, T = x.shape[:2]
-        h = _rms(x, n1.weight, n1.variance_epsilon)
-        qkv = qkv_g(h).view(B, T, H + 2 * KV, D).transpose(1, 2)          # [B, heads q | k | v, T, D]
-        cos, sin = (t.unsqueeze(1) for t in position_embeddings)
-        qk = qkv[:, :H + KV]
-        qk = qk * cos + _rotate_half(qk) * sin                             # q's heads and k's in one go
-        q, k, v = qk[:, :H], qk[:, H:], qkv[:, H + KV:]
+        cos, sin = position_embeddings
+        qkv = qkv_g(norm(x, n1.weight, n1.variance_epsilon))                # [B, T, heads q | k | v x D]
+        if native and cos.is_contiguous() and sin.is_contiguous() and cos.numel() == B * T * D:
+            qkv = gemv.rotary_(qkv, H + KV, cos, sin).view(B, T, H + 2 * KV, D).transpose(1, 2)
+            q, k, v = qkv[:, :H], qkv[:, H:H + KV], qkv[:, H + KV:]
+        else:
+            qkv = qkv.view(B, T, H + 2 * KV, D).transpose(1, 2)
+            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+            qk = qkv[:, :H + KV]
+            qk = qk * cos + _rotate_half(qk) * sin                         # q's heads and k's in one go
+            q, k, v = qk[:, :H], qk[:, H:], qkv[:, H + KV:]
         if cache is not None:
             k, v = hf.cache_update(cache, k, v, index)
         causal = T > 1 and attention_mask is None
@@ -124,13 +131,16 @@ def layer_forward(layer, groups: dict, linears: dict):
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, scale=scale, is_causal=causal,
                                            enable_gqa=grouped)
         x = x + o_p(o.transpose(1, 2).reshape(B, T, -1))
-        h = _rms(x, n2.weight, n2.variance_epsilon)
+        h = norm(x, n2.weight, n2.variance_epsilon)
         gate_up = gate_up_g(h)
         return x + down_p(F.silu(gate_up[..., :inner]) * gate_up[..., inner:])
 
     return forward
 
 
-def forwards(model, groups: dict, linears: dict) -> dict:
-    """{decoder layer: its plain forward} for a model `supports` accepts (see `layer_forward`)."""
-    return {layer: layer_forward(layer, groups, linears) for layer in layers_of(model)}
+def forwards(model, groups: dict, linears: dict, native: bool | None = None) -> dict:
+    """{decoder layer: its plain forward} for a model `supports` accepts (see `layer_forward`; `native`
+    None: where spec.gemv's library is there)."""
+    if native is None:
+        native = gemv.library() is not None
+    return {layer: layer_forward(layer, groups, linears, native) for layer in layers_of(model)}

@@ -48,8 +48,19 @@ def own_forward_forbidden(monkeypatch):
 IDS = torch.randint(0, 128, (24,), generator=torch.Generator().manual_seed(2))
 
 
+@pytest.fixture(params=["native", "torch"])
+def small_ops(request, monkeypatch):
+    """RMSNorm and rotary on spec.gemv's library where it is there ("native"), or as torch ops."""
+    from spec import gemv
+    if request.param == "native" and gemv.library() is None:
+        pytest.skip(f"spec.gemv's library is not available: {gemv.reason()}")
+    if request.param == "torch":
+        monkeypatch.setattr(plainllama.gemv, "library", lambda: None)
+    return request.param
+
+
 @pytest.mark.parametrize("bias,kv_heads", [(False, 2), (True, 4), (False, 1)])
-def test_plain_layers_compute_the_models_layers(bias, kv_heads):
+def test_plain_layers_compute_the_models_layers(bias, kv_heads, small_ops):
     model = llama(bias, kv_heads)
     with torch.inference_mode():
         want = {n: hf.authors_forward(model, IDS[:n]) for n in (1, 5, 24)}
@@ -165,7 +176,9 @@ def test_spec_uses_the_plain_layers_where_they_agree(monkeypatch):
     assert not prepack.layers_used(model)
     monkeypatch.delenv("SPEC_PLAIN_LAYERS")
     probe.forget(model)
-    monkeypatch.setattr(plainllama, "_rms", lambda x, w, eps, f=plainllama._rms: f(x, w, eps) * 1.001)
+    real_layer = plainllama.layer_forward
+    monkeypatch.setattr(plainllama, "layer_forward", lambda *a, **k: (
+        lambda *x, f=real_layer(*a, **k), **y: f(*x, **y) * 1.001))
     prepack._PACKED.pop(model, None)
     assert not prepack.layers_used(model)
     probe.forget(model)
