@@ -69,6 +69,10 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def _silu_mul(gate_up: torch.Tensor, inner: int) -> torch.Tensor:
+    return F.silu(gate_up[..., :inner]) * gate_up[..., inner:]
+
+
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """LlamaRMSNorm's forward for fp32 x, in its order."""
     return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
@@ -89,8 +93,9 @@ def layer_forward(layer, groups: dict, linears: dict, native: bool = False):
     """`layer`'s forward in plain tensors, its products through `groups` ({(q, k, v) or (gate, up): a
     function x -> their outputs side by side}, spec.prepack.Group) and `linears` ({nn.Linear: its
     forward}, for o and down): a function with the layer forward's arguments, to be set as the layer's
-    `forward` while a pass runs. `native`: RMSNorm and rotary on spec.gemv's library (one call each
-    instead of five or six torch ops; transformers' arithmetic, see spec_rms and spec_rotary)."""
+    `forward` while a pass runs. `native`: RMSNorm, rotary and the SiLU gate on spec.gemv's library (one
+    call each instead of two to six torch ops; transformers' arithmetic, see spec_rms, spec_rotary and
+    spec_silu_mul)."""
     a, mlp = layer.self_attn, layer.mlp
     qkv_g, gate_up_g = (groups[g] for g in _groups(layer))
     o_p, down_p = linears[a.o_proj], linears[mlp.down_proj]
@@ -99,7 +104,7 @@ def layer_forward(layer, groups: dict, linears: dict, native: bool = False):
     own = type(layer).forward.__get__(layer)
     D, index, scale, grouped = a.head_dim, a.layer_idx, a.scaling, a.num_key_value_groups > 1
     H, KV, inner = a.q_proj.out_features // D, a.k_proj.out_features // D, mlp.gate_proj.out_features
-    norm = gemv.rms if native else _rms
+    norm, swiglu = (gemv.rms, lambda gu, inner: gemv.silu_mul(gu)) if native else (_rms, _silu_mul)
 
     def forward(hidden_states, attention_mask=None, position_embeddings=None, **kwargs):
         cache = hf.layer_cache(kwargs)
@@ -132,8 +137,7 @@ def layer_forward(layer, groups: dict, linears: dict, native: bool = False):
                                            enable_gqa=grouped)
         x = x + o_p(o.transpose(1, 2).reshape(B, T, -1))
         h = norm(x, n2.weight, n2.variance_epsilon)
-        gate_up = gate_up_g(h)
-        return x + down_p(F.silu(gate_up[..., :inner]) * gate_up[..., inner:])
+        return x + down_p(swiglu(gate_up_g(h), inner))
 
     return forward
 

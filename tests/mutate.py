@@ -149,7 +149,7 @@ MUTANTS = {
                               "spec/qdraft.py"),
     "qdraft-exp-coefficient": ("the vector exponential's first-order coefficient off (0.60 for ln 2)",
                                "p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931471805599453e-01f));",
-                               "p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.0e-01f));", "spec/qdraft.py"),
+                               "p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.0e-01f));", "spec/gemv.py"),
     # spec.gemv's pool: a worker's part of a split product; its self-test and tests/correctness/test_gemv.py.
     "gemv-split-skips-a-panel": ("a worker's part of a product split over threads skips its first panel",
                                  "n0 = P * part / parts * 16,", "n0 = P * part / parts * 16 + (part ? 16 : 0),",
