@@ -133,10 +133,11 @@ def is_gguf(draft: str | None) -> bool:
 
 
 # --real's drafts (prompt lookup, or SmolLM2's own Q4_1 GGUF on spec.qdraft's kernel, else llama.cpp)
-# and each one's gamma, measured best on the seed prompts (docs/BENCHMARKS.md: q4 at 10 is the most
-# rows spec.gemv's kernel verifies in one pass, 11); a --draft FILE.gguf run takes "q4"'s.
+# and each one's gamma, measured best on the seed prompts (docs/BENCHMARKS.md, "Plain-tensor decoder
+# layers": with the faster target step q4 at 8 beat 10 in --real and in recipes/bench_qdraft.py); a
+# --draft FILE.gguf run takes "q4"'s.
 REAL_DRAFTS = ("lookup", "q4")
-DEFAULT_GAMMA = {"lookup": 8, "q4": 10}
+DEFAULT_GAMMA = {"lookup": 8, "q4": 8}
 LOOKUP_PEER = "spec prompt lookup"   # our prompt lookup, timed beside a GGUF draft
 
 
