@@ -183,3 +183,29 @@ def test_spec_uses_the_plain_layers_where_they_agree(monkeypatch):
     assert not prepack.layers_used(model)
     probe.forget(model)
     prepack._PACKED.pop(model, None)
+
+
+def test_plain_layers_that_fail_leave_the_models_own_with_a_debug_reason(monkeypatch, caplog):
+    """A plain forward that raises in the probe (a transformers release whose layers take other arguments)
+    is a no: the runners run the model's own layers, and the output stays exact."""
+    import logging
+    from spec import greedy_generate, speculative_generate
+    from spec.models import perturbed_copy
+    model = llama()
+    monkeypatch.setattr(prepack, "MIN_BYTES", 0)
+    probe.forget(model)
+
+    def broken(*args, **kwargs):
+        def forward(*a, **k):
+            raise TypeError("unexpected keyword argument 'cache'")
+        return forward
+    monkeypatch.setattr(plainllama, "layer_forward", broken)
+    with caplog.at_level(logging.DEBUG, logger="spec.prepack"):
+        assert not prepack.layers_used(model)
+    assert any("plain layers failed (TypeError" in r.getMessage() for r in caplog.records)
+    assert not any(type(m).__name__ == "LlamaDecoderLayer" for m in prepack.forwards(model))
+    draft = perturbed_copy(model, noise=0.05, seed=3)
+    out = speculative_generate(model, draft, [5, 9, 14, 3], gamma=3, max_new_tokens=12)
+    assert out.tokens == greedy_generate(model, [5, 9, 14, 3], max_new_tokens=12).tokens
+    probe.forget(model)
+    prepack._PACKED.pop(model, None)
