@@ -176,6 +176,8 @@ static inline __attribute__((always_inline, target("avx512f"))) __m512 exp512(__
 """
 
 SOURCE = POOL + VEXP + r"""
+#include <math.h>
+#include <stdlib.h>
 
 /* Two layouts of w, both computing y[m*N + n] = sum_k x[m*K + k] * w[n][k] (+ b[n]):
    rows:  w as nn.Linear stores it, [N][K], read in place;
@@ -501,6 +503,72 @@ void spec_rotary(float *x, int64_t rows, int64_t heads, int64_t stride, int64_t 
 }
 
 #ifdef HAVE_X86
+/* One query row's attention over keys 0 .. n-1 (m: a mask row, nonzero may attend, or NULL), D a multiple
+   of 16 up to 256, s scratch of n floats: softmax(scale q.k) v into o. Returns 0 where no key may be
+   attended (o unwritten). */
+static T512 int attend_row512(const float *qv, const float *k, const float *v, int64_t n, const uint8_t *m,
+                              float *o, int64_t D, float scale, float *s) {
+    const int64_t C = D / 16;
+    __m512 qr[16], acc[16];
+    for (int64_t c = 0; c < C; c++) qr[c] = _mm512_mul_ps(_mm512_loadu_ps(qv + 16 * c), _mm512_set1_ps(scale));
+    float mx = -INFINITY;
+    for (int64_t l = 0; l < n; l++) {
+        const float *kl = k + l * D;
+        __m512 a = _mm512_mul_ps(qr[0], _mm512_loadu_ps(kl));
+        for (int64_t c = 1; c < C; c++) a = _mm512_fmadd_ps(qr[c], _mm512_loadu_ps(kl + 16 * c), a);
+        s[l] = m && !m[l] ? -INFINITY : _mm512_reduce_add_ps(a);
+        if (s[l] > mx) mx = s[l];
+    }
+    if (mx == -INFINITY) return 0;
+    __m512 zacc = _mm512_setzero_ps();
+    for (int64_t l = 0; l < n; l += 16) {
+        const __mmask16 km = n - l >= 16 ? 0xFFFF : (__mmask16)((1u << (n - l)) - 1);
+        const __m512 e = _mm512_maskz_mov_ps(km, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(km, s + l),
+                                                                      _mm512_set1_ps(mx))));
+        _mm512_mask_storeu_ps(s + l, km, e);
+        zacc = _mm512_add_ps(zacc, e);
+    }
+    for (int64_t c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t l = 0; l < n; l++) {
+        if (s[l] == 0.f) continue;                 /* masked (e^-inf), or underflowed: adds nothing */
+        const __m512 p = _mm512_set1_ps(s[l]);
+        for (int64_t c = 0; c < C; c++) acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + l * D + 16 * c), acc[c]);
+    }
+    const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(zacc));
+    for (int64_t c = 0; c < C; c++) _mm512_storeu_ps(o + 16 * c, _mm512_mul_ps(acc[c], inv));
+    return 1;
+}
+#endif
+
+/* Attention of one sequence's T query rows of H heads over L keys of KV heads (head h reads key head
+   h / (H / KV)): q[t * qt + h * qh + d]; k, v [KV][L][D] (head j at j * kh); mask [T][L] (nonzero: may
+   attend) or NULL: row t sees keys 0 .. L - T + t (one row: all of them; T = L: causal). out [T][H][D].
+   The 16-lane exponential; the scores' maximum is subtracted first. Returns the (row, head) pairs with no
+   key to attend (out left unwritten for them), or -1 where this CPU or D is not covered (AVX-512F, D a multiple
+   of 16 up to 256): the caller runs its own attention then. */
+int64_t spec_attend(const float *q, int64_t qt, int64_t qh, const float *k, const float *v, int64_t kh, int64_t L,
+                    const uint8_t *mask, float *out, int64_t T, int64_t H, int64_t KV, int64_t D, float scale) {
+#ifdef HAVE_X86
+    if (spec_gemv_isa() != 2 || D % 16 || D > 256 || D <= 0 || KV <= 0 || H % KV || L < T) return -1;
+    float *s = (float *)malloc((size_t)(L + 16) * sizeof(float));
+    if (!s) return -1;
+    int64_t empty = 0;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t h = 0; h < H; h++) {
+            const int64_t j = h / (H / KV);
+            empty += !attend_row512(q + t * qt + h * qh, k + j * kh, v + j * kh, mask ? L : L - T + t + 1,
+                                    mask ? mask + t * L : NULL, out + (t * H + h) * D, D, scale, s);
+        }
+    free(s);
+    return empty;
+#else
+    (void)q; (void)qt; (void)qh; (void)k; (void)v; (void)kh; (void)L; (void)mask; (void)out; (void)T; (void)H;
+    (void)KV; (void)D; (void)scale;
+    return -1;
+#endif
+}
+
+#ifdef HAVE_X86
 static T512 int64_t silu_mul512(const float *g, const float *u, float *o, int64_t n) {
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
@@ -618,6 +686,43 @@ for rows, inner in ((1, 1), (2, 19), (3, 64)):
             want = gv / (1 + math.exp(-gv)) * uv
             if not abs(out[r * inner + i] - want) <= 1e-5 * abs(want) + 1e-30:
                 sys.exit(f"spec_silu_mul rows={rows} inner={inner}: out[{r},{i}] = {out[r * inner + i]}, fp64 {want}")
+# attention: against fp64, with a mask (one row masked out entirely: reported, not written), without one
+# (each row sees keys up to L - T + t), grouped heads; -1 where the CPU has no AVX-512F
+lib.spec_attend.restype = ctypes.c_int64
+for T, L, H, KV, D, masked in ((1, 5, 2, 1, 16, False), (3, 7, 4, 2, 32, True), (4, 4, 2, 2, 16, False)):
+    q = [rng.uniform(-1, 1) for _ in range(T * H * D)]
+    kk = [rng.uniform(-1, 1) for _ in range(KV * L * D)]
+    vv = [rng.uniform(-1, 1) for _ in range(KV * L * D)]
+    m = [int(rng.random() < 0.7) for _ in range(T * L)] if masked else None
+    if masked:
+        m[0:L] = [0] * L
+        m[L] = 1
+    out = (F * (T * H * D))()
+    got = lib.spec_attend((F * len(q))(*q), ctypes.c_int64(H * D), ctypes.c_int64(D), (F * len(kk))(*kk),
+                          (F * len(vv))(*vv), ctypes.c_int64(L * D), ctypes.c_int64(L),
+                          (ctypes.c_uint8 * len(m))(*m) if masked else None, out, ctypes.c_int64(T), ctypes.c_int64(H),
+                          ctypes.c_int64(KV), ctypes.c_int64(D), F(0.25))
+    if lib.spec_gemv_isa() != 2:
+        if got != -1:
+            sys.exit(f"spec_attend answered {got} on a CPU without AVX-512F (-1 expected)")
+        continue
+    if got != (H if masked else 0):
+        sys.exit(f"spec_attend T={T} L={L}: {got} (row, head) pairs reported with no key, {H if masked else 0} expected")
+    for t in range(T):
+        if masked and t == 0:
+            continue
+        for h in range(H):
+            j = h // (H // KV)
+            keys = [l for l in range(L) if (m[t * L + l] if masked else l <= L - T + t)]
+            sc = [0.25 * sum(q[(t * H + h) * D + d] * kk[(j * L + l) * D + d] for d in range(D)) for l in keys]
+            mx = max(sc)
+            p = [math.exp(x - mx) for x in sc]
+            z = sum(p)
+            for d in range(D):
+                want = sum(pi * vv[(j * L + l) * D + d] for pi, l in zip(p, keys)) / z
+                if not abs(out[(t * H + h) * D + d] - want) <= 1e-5:
+                    sys.exit(f"spec_attend T={T} L={L} masked={masked}: out[{t},{h},{d}] = "
+                             f"{out[(t * H + h) * D + d]}, fp64 {want}")
 print("ok", lib.spec_gemv_isa())
 """
 
@@ -715,6 +820,9 @@ def _make():
     lib.spec_rms.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float]
     lib.spec_rotary.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 2
     lib.spec_silu_mul.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
+    lib.spec_attend.restype = ctypes.c_int64
+    lib.spec_attend.argtypes = ([ctypes.c_void_p] + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
+                                + [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 4 + [ctypes.c_float])
     return lib, None
 
 
@@ -897,6 +1005,28 @@ def rotary_(x: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor) -
     rows = cos.numel() // D
     library().spec_rotary(x.data_ptr(), rows, heads, x.numel() // rows, D, cos.data_ptr(), sin.data_ptr())
     return x
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float):
+    """Attention of one sequence on the library (spec_attend): q [1, H, T, D] (last axis contiguous), k and v
+    [1, KV, L, D] with each head's rows contiguous (as a DynamicCache holds them), fp32 on CPU; `mask` None
+    (row t sees keys up to L - T + t: one row sees all, T = L is causal) or bool [1, 1, T, L] (True: may
+    attend). Returns [1, T, H * D]; None where the inputs are not of that form, the CPU or head size is not
+    covered, or a row may attend to no key: the caller runs its own attention then."""
+    B, H, T, D = q.shape
+    KV, L = k.shape[1], k.shape[2]
+    if (B != 1 or k.shape != v.shape or k.shape[0] != 1 or k.shape[3] != D or H % KV or q.stride(3) != 1
+            or not q.dtype == k.dtype == v.dtype == torch.float32 or k.stride()[1:] != (L * D, D, 1)
+            or v.stride()[1:] != (L * D, D, 1) or L < T):
+        return None
+    if mask is not None:
+        if mask.dtype != torch.bool or mask.shape != (1, 1, T, L):
+            return None
+        mask = mask.contiguous()
+    out = q.new_empty(1, T, H * D)
+    done = library().spec_attend(q.data_ptr(), q.stride(2), q.stride(1), k.data_ptr(), v.data_ptr(), k.stride(1), L,
+                                 None if mask is None else mask.data_ptr(), out.data_ptr(), T, H, KV, D, scale)
+    return out if done == 0 else None
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -93,9 +93,9 @@ def layer_forward(layer, groups: dict, linears: dict, native: bool = False):
     """`layer`'s forward in plain tensors, its products through `groups` ({(q, k, v) or (gate, up): a
     function x -> their outputs side by side}, spec.prepack.Group) and `linears` ({nn.Linear: its
     forward}, for o and down): a function with the layer forward's arguments, to be set as the layer's
-    `forward` while a pass runs. `native`: RMSNorm, rotary and the SiLU gate on spec.gemv's library (one
-    call each instead of two to six torch ops; transformers' arithmetic, see spec_rms, spec_rotary and
-    spec_silu_mul)."""
+    `forward` while a pass runs. `native`: RMSNorm, rotary, attention and the SiLU gate on spec.gemv's
+    library (one call each instead of two to six torch ops; see spec_rms, spec_rotary, spec_attend and
+    spec_silu_mul), where it covers the call (attention: one sequence, an AVX-512F CPU), else torch's."""
     a, mlp = layer.self_attn, layer.mlp
     qkv_g, gate_up_g = (groups[g] for g in _groups(layer))
     o_p, down_p = linears[a.o_proj], linears[mlp.down_proj]
@@ -133,9 +133,11 @@ def layer_forward(layer, groups: dict, linears: dict, native: bool = False):
         causal = T > 1 and attention_mask is None
         if causal and k.shape[2] > T:          # (as transformers' SDPA path: an empty static cache's prefill)
             k, v = k[:, :, :T], v[:, :, :T]
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, scale=scale, is_causal=causal,
-                                           enable_gqa=grouped)
-        x = x + o_p(o.transpose(1, 2).reshape(B, T, -1))
+        o = gemv.attend(q, k, v, attention_mask, scale) if native else None       # [B, T, H * D], or None
+        if o is None:
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, scale=scale, is_causal=causal,
+                                               enable_gqa=grouped).transpose(1, 2).reshape(B, T, -1)
+        x = x + o_p(o)
         h = norm(x, n2.weight, n2.variance_epsilon)
         return x + down_p(swiglu(gate_up_g(h), inner))
 

@@ -171,6 +171,9 @@ MUTANTS = {
                                  "spec/plainllama.py"),
     "gemv-rotary-sign": ("the library's rotary adds b sin where transformers subtracts it",
                          "lo_s = -b * s[i]", "lo_s = b * s[i]", "spec/gemv.py"),
+    "gemv-attend-mask-ignored": ("the library's attention ignores the model's mask (a verify pass sees ahead)",
+                                 "s[l] = m && !m[l] ? -INFINITY : _mm512_reduce_add_ps(a);",
+                                 "s[l] = _mm512_reduce_add_ps(a);", "spec/gemv.py"),
     "gemv-rms-no-eps": ("the library's RMSNorm leaves eps out",
                         "sqrtf(ss / (float)n + eps)", "sqrtf(ss / (float)n)", "spec/gemv.py"),
     # Encoder-decoder runners (spec/seq2seq.py); tests/correctness/test_encoder_decoder.py catches them.

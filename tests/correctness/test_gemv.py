@@ -383,3 +383,33 @@ def test_plain_layers_on_the_kernel_compute_the_models_layers(lib):
             run(ids[:8])
             assert_logits_close(run(ids[8:9]), want[8:9], torch.float32, what="1 row after 8")
             assert_logits_close(run(ids[9:20]), want[9:], torch.float32, what="11 rows after 9")
+
+
+@pytest.mark.parametrize("T,L,H,KV,masked", [(1, 70, 9, 3, False), (9, 73, 9, 3, True), (5, 5, 4, 4, False),
+                                             (3, 40, 4, 1, True)])
+def test_attention_on_the_library_is_sdpa(lib, T, L, H, KV, masked):
+    """gemv.attend: SDPA's output within fp32 rounding, for one row, a verify pass under the model's
+    mask, a causal prefill and grouped heads; q a strided view as a plain layer hands it over; None (the
+    caller's own attention) where a row may attend to nothing, for a batch, or off AVX-512F."""
+    if gemv.isa() != 2:
+        q = torch.randn(1, H, T, 16)
+        assert gemv.attend(q, torch.randn(1, KV, L, 16), torch.randn(1, KV, L, 16), None, 0.25) is None
+        pytest.skip("spec_attend covers AVX-512F CPUs; elsewhere the plain layers run SDPA")
+    torch.manual_seed(T + L)
+    D = 64
+    q = torch.randn(1, T, H + 2 * KV, D).transpose(1, 2)[:, :H]
+    k, v = torch.randn(1, KV, L, D), torch.randn(1, KV, L, D)
+    mask = (torch.rand(T, L) < 0.7).logical_or(torch.eye(T, L, dtype=torch.bool))[None, None] if masked else None
+    causal = mask is None and T > 1
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.125, is_causal=causal,
+                                          enable_gqa=True).transpose(1, 2).reshape(1, T, -1)
+    if mask is None and 1 < T < L:
+        want = None                                    # (SDPA's is_causal is top-left: a plain layer slices first)
+    got = gemv.attend(q, k, v, mask, 0.125)
+    if want is not None:
+        assert_logits_close(got, want, torch.float32, what=f"T={T} L={L}")
+    if masked:
+        blind = mask.clone()
+        blind[0, 0, T - 1] = False
+        assert gemv.attend(q, k, v, blind, 0.125) is None
+    assert gemv.attend(torch.randn(2, H, T, D), torch.randn(2, KV, L, D), torch.randn(2, KV, L, D), None, 0.1) is None
