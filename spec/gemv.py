@@ -151,10 +151,12 @@ static void pool_run_locked(pool_fn fn, void *arg, int parts) {
 }
 """
 
-# e^x in 16 AVX-512 lanes, shared by this library (SiLU) and spec.qdraft's (softmax, SiLU).
+# e^x in 16 AVX-512 lanes, and the softmax's and SiLU's loops on it, shared by this library and spec.qdraft's.
 VEXP = r"""
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
 /* e^x, 16 lanes: 2^(x log2 e) split into an integer power (scalef) and 2^f, |f| <= 1/2, by its Taylor
    polynomial of degree 7 (relative error ~1e-7 there; a few 1e-6 from rounding x log2 e at |x| near 88) */
 static inline __attribute__((always_inline, target("avx512f"))) __m512 exp512(__m512 x) {
@@ -171,6 +173,34 @@ static inline __attribute__((always_inline, target("avx512f"))) __m512 exp512(__
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931471805599453e-01f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
     return _mm512_scalef_ps(p, n);
+}
+
+/* v[i] = e^(v[i] - mx) for i < n (-inf: exactly 0), 16 lanes at a time; returns their sum */
+static __attribute__((target("avx512f"), unused)) float exp_shift512(float *v, int64_t n, float mx) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 k = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 x = _mm512_maskz_loadu_ps(k, v + i);
+        const __mmask16 live = k & _mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_NEQ_UQ);
+        const __m512 e = _mm512_maskz_mov_ps(live, exp512(_mm512_sub_ps(x, _mm512_set1_ps(mx))));
+        _mm512_mask_storeu_ps(v + i, k, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+/* o[i] = silu(g[i]) u[i] = g[i] / (1 + e^-g[i]) u[i], 16 lanes at a time; returns the i done (the rest: the
+   caller's, in scalar code) */
+static __attribute__((target("avx512f"), unused)) int64_t silu_mul512(const float *g, const float *u, float *o,
+                                                                      int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 x = _mm512_loadu_ps(g + i);
+        const __m512 s = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.f),
+                                                        exp512(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+        _mm512_storeu_ps(o + i, _mm512_mul_ps(s, _mm512_loadu_ps(u + i)));
+    }
+    return i;
 }
 #endif
 """
@@ -520,21 +550,14 @@ static T512 int attend_row512(const float *qv, const float *k, const float *v, i
         if (s[l] > mx) mx = s[l];
     }
     if (mx == -INFINITY) return 0;
-    __m512 zacc = _mm512_setzero_ps();
-    for (int64_t l = 0; l < n; l += 16) {
-        const __mmask16 km = n - l >= 16 ? 0xFFFF : (__mmask16)((1u << (n - l)) - 1);
-        const __m512 e = _mm512_maskz_mov_ps(km, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(km, s + l),
-                                                                      _mm512_set1_ps(mx))));
-        _mm512_mask_storeu_ps(s + l, km, e);
-        zacc = _mm512_add_ps(zacc, e);
-    }
+    const float z = exp_shift512(s, n, mx);
     for (int64_t c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t l = 0; l < n; l++) {
         if (s[l] == 0.f) continue;                 /* masked (e^-inf), or underflowed: adds nothing */
         const __m512 p = _mm512_set1_ps(s[l]);
         for (int64_t c = 0; c < C; c++) acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + l * D + 16 * c), acc[c]);
     }
-    const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(zacc));
+    const __m512 inv = _mm512_set1_ps(1.f / z);
     for (int64_t c = 0; c < C; c++) _mm512_storeu_ps(o + 16 * c, _mm512_mul_ps(acc[c], inv));
     return 1;
 }
@@ -567,18 +590,6 @@ int64_t spec_attend(const float *q, int64_t qt, int64_t qh, const float *k, cons
     return -1;
 #endif
 }
-
-#ifdef HAVE_X86
-static T512 int64_t silu_mul512(const float *g, const float *u, float *o, int64_t n) {
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const __m512 x = _mm512_loadu_ps(g + i);
-        const __m512 s = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), x))));
-        _mm512_storeu_ps(o + i, _mm512_mul_ps(s, _mm512_loadu_ps(u + i)));
-    }
-    return i;
-}
-#endif
 
 /* SwiGLU's gate: out[r][i] = silu(gu[r][i]) gu[r][inner + i] (gate and up side by side in each row of gu),
    silu(x) = x / (1 + e^-x); e^x in 16 AVX-512 lanes where the CPU has them (exp512: within a few 1e-7 of

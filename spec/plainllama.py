@@ -69,7 +69,9 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def _silu_mul(gate_up: torch.Tensor, inner: int) -> torch.Tensor:
+def _silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up, gate and up side by side in the last axis (as gemv.silu_mul)."""
+    inner = gate_up.shape[-1] // 2
     return F.silu(gate_up[..., :inner]) * gate_up[..., inner:]
 
 
@@ -103,8 +105,8 @@ def layer_forward(layer, groups: dict, linears: dict, native: bool = False):
     parts = (a, mlp, n1, n2, a.q_proj, a.k_proj, a.v_proj, a.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
     own = type(layer).forward.__get__(layer)
     D, index, scale, grouped = a.head_dim, a.layer_idx, a.scaling, a.num_key_value_groups > 1
-    H, KV, inner = a.q_proj.out_features // D, a.k_proj.out_features // D, mlp.gate_proj.out_features
-    norm, swiglu = (gemv.rms, lambda gu, inner: gemv.silu_mul(gu)) if native else (_rms, _silu_mul)
+    H, KV = a.q_proj.out_features // D, a.k_proj.out_features // D
+    norm, swiglu = (gemv.rms, gemv.silu_mul) if native else (_rms, _silu_mul)
 
     def forward(hidden_states, attention_mask=None, position_embeddings=None, **kwargs):
         cache = hf.layer_cache(kwargs)
@@ -139,7 +141,7 @@ def layer_forward(layer, groups: dict, linears: dict, native: bool = False):
                                                enable_gqa=grouped).transpose(1, 2).reshape(B, T, -1)
         x = x + o_p(o)
         h = norm(x, n2.weight, n2.variance_epsilon)
-        return x + down_p(swiglu(gate_up_g(h), inner))
+        return x + down_p(swiglu(gate_up_g(h)))
 
     return forward
 

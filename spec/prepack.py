@@ -276,46 +276,47 @@ def layers_used(model) -> bool:
     return probe.once(model, "plain layers", _layers_agree)
 
 
+def _matches(model, cuts, context) -> bool:
+    """The model's logits over the probe's first n ids, for each n in `cuts` (0: all of them), run inside
+    `context()` are within the probe's tolerance of the model's own forward's: the one check behind each
+    of this module's probes."""
+    from spec import hf, probe
+    ids = probe.ids(model, probe.probe_length(model), next(model.parameters()).device)
+    lengths = sorted({min(n, ids.numel()) if n else ids.numel() for n in cuts})
+    want = [hf.authors_forward(model, ids[:n]) for n in lengths]
+    with context():
+        got = [hf.authors_forward(model, ids[:n]) for n in lengths]
+    return all(probe.close(g, w, probe.tolerance(model)) for g, w in zip(got, want))
+
+
 def _layers_agree(model) -> bool:
     """The plain layers' logits (on the linears the passes use) are within the probe's tolerance of the
     model's own, over the probe's ids (many rows), its first KERNEL_ROWS and its first id alone."""
-    from spec import hf, probe
-    ids = probe.ids(model, probe.probe_length(model), next(model.parameters()).device)
-    cuts = sorted({1, min(KERNEL_ROWS.get(gemv.isa(), 3), ids.numel()), ids.numel()})
-    want = [hf.authors_forward(model, ids[:n]) for n in cuts]
     try:
-        with swapped(forwards(model, kernel_used(model), layers=True)):
-            got = [hf.authors_forward(model, ids[:n]) for n in cuts]
+        return _matches(model, (1, KERNEL_ROWS.get(gemv.isa(), 3), 0),
+                        lambda: swapped(forwards(model, kernel_used(model), layers=True)))
     except Exception as e:          # (a release whose layers take other arguments: the model's own layers run)
         log.debug("spec.prepack: %s's plain layers failed (%s: %s); its own layers run", type(model).__name__,
                   type(e).__name__, e)
         _PACKED.pop(model, None)
         return False
-    return all(probe.close(g, w, probe.tolerance(model)) for g, w in zip(got, want))
 
 
 def _kernel_agrees(model) -> bool:
     """The kernel's logits (whatever torch's threads) are within the probe's tolerance of the model's
     own, over the probe's first id alone (1 row), its first 3 and its first KERNEL_ROWS[ISA]."""
-    from spec import hf, probe
-    ids = probe.ids(model, probe.probe_length(model), next(model.parameters()).device)
-    cuts = sorted({1, min(3, ids.numel()), min(KERNEL_ROWS[gemv.isa()], ids.numel())})
-    want = [hf.authors_forward(model, ids[:n]) for n in cuts]
-    with packed_linears(model, kernel=True), kernel_always():
-        got = [hf.authors_forward(model, ids[:n]) for n in cuts]
-    return all(probe.close(g, w, probe.tolerance(model)) for g, w in zip(got, want))
+    @contextlib.contextmanager
+    def kernel_everywhere():
+        with packed_linears(model, kernel=True), kernel_always():
+            yield
+    return _matches(model, (1, 3, KERNEL_ROWS[gemv.isa()]), kernel_everywhere)
 
 
 def _agrees(model) -> bool:
     """The model's linears are large enough to pay (MIN_BYTES), and the packed forward's logits are
     within the probe's tolerance of the model's own, over the probe's ids (many rows) and over its
     first id alone (one row, padded)."""
-    from spec import hf, probe
     size = sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if type(m) is torch.nn.Linear)
     if size < MIN_BYTES or not fits(size):
         return False
-    ids = probe.ids(model, probe.probe_length(model), next(model.parameters()).device)
-    want = [hf.authors_forward(model, ids), hf.authors_forward(model, ids[:1])]
-    with packed_linears(model):
-        got = [hf.authors_forward(model, ids), hf.authors_forward(model, ids[:1])]
-    return all(probe.close(g, w, probe.tolerance(model)) for g, w in zip(got, want))
+    return _matches(model, (0, 1), lambda: packed_linears(model))

@@ -265,31 +265,20 @@ static inline float dot(const float *a, const float *b, int64_t n) {
 
 /* v[i] = e^(v[i] - mx) for i < n; returns their sum */
 static float exp_shifted(float *v, int64_t n, float mx) {
-    float z = 0.f;
-    int64_t i = 0;
 #ifdef QD_VNNI
-    __m512 acc = _mm512_setzero_ps();
-    for (; i < n; i += 16) {
-        __mmask16 k = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
-        __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, v + i), _mm512_set1_ps(mx)));
-        _mm512_mask_storeu_ps(v + i, k, e);
-        acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(k, e));
-    }
-    z = _mm512_reduce_add_ps(acc);
-#endif
-    for (; i < n; i++) { v[i] = expf(v[i] - mx); z += v[i]; }
+    return exp_shift512(v, n, mx);
+#else
+    float z = 0.f;
+    for (int64_t i = 0; i < n; i++) { v[i] = expf(v[i] - mx); z += v[i]; }
     return z;
+#endif
 }
 
 /* g[i] = silu(g[i]) u[i] for i < n */
 static void silu_mul(float *g, const float *u, int64_t n) {
     int64_t i = 0;
 #ifdef QD_VNNI
-    for (; i + 16 <= n; i += 16) {
-        __m512 x = _mm512_loadu_ps(g + i);
-        __m512 s = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), x))));
-        _mm512_storeu_ps(g + i, _mm512_mul_ps(s, _mm512_loadu_ps(u + i)));
-    }
+    i = silu_mul512(g, u, g, n);
 #endif
     for (; i < n; i++) g[i] = g[i] / (1.f + expf(-g[i])) * u[i];
 }
