@@ -5,22 +5,22 @@ Variants, each a cached pass after the same 64-token prefix (the first seed prom
 greedy continuation), timed as a one-token step (keep=1) and as a 9-token pass (every position's logits):
   a        spec's target runner today (spec.choose.runs: KVRunner, a DynamicCache, oneDNN-prepacked linears)
   b        the model's own forward on transformers' StaticCache (hf.new_static_cache), eager
-  b+pack   (b) with spec.prepack's swapped forwards
+  b+pack   (b) with spec.cpu.prepack's swapped forwards
   c        (b) under torch.compile (inductor, dynamic=False), mode="default"
   c-mat    (b) under torch.compile, mode="max-autotune-no-cudagraphs"
   c-frz    (c) with inductor freezing (torch._inductor.config.freezing: weights become constants, linears
            prepacked by inductor; on x86 with MKL that is MKL's packed sgemm, torch.ops.mkl._mkl_linear)
   c-mat-frz  max-autotune with freezing (the CPP GEMM template is then a candidate for every linear)
   d-frz    (c-frz) with inductor's weight-pack pass switched to oneDNN (mkldnn._reorder_linear_weight +
-           _linear_pointwise, as inductor does on aarch64/ACL or for bf16): spec.prepack's kernel inside the
-           graph. spec.prepack's own swapped forwards cannot be kept inside an inductor graph: their packed
+           _linear_pointwise, as inductor does on aarch64/ACL or for bf16): spec.cpu.prepack's kernel inside the
+           graph. spec.cpu.prepack's own swapped forwards cannot be kept inside an inductor graph: their packed
            weights are oneDNN-layout tensors that reach the graph as inputs, and inductor's lowering of
            _linear_pointwise asserts the weight is a frozen constant (and _reorder_linear_weight has no fake
            kernel, so packing inside the traced graph fails too). The pass is switched by a proxy for the
            `mkldnn` name in torch/_inductor/fx_passes/mkldnn_fusion.py whose _is_mkldnn_acl_supported() is True,
            during this variant's compiles only. The weight's batch-size hint is then the pass's rows (1 or 9),
-           not spec.prepack's 16, and 1 row is not padded to 3.
-  d-brk    (c) with spec.prepack's swapped forwards kept as graph breaks (torch.compiler.disable around each)
+           not spec.cpu.prepack's 16, and 1 row is not padded to 3.
+  d-brk    (c) with spec.cpu.prepack's swapped forwards kept as graph breaks (torch.compiler.disable around each)
 Prefill runs eagerly in every variant. Compile time: the first call of each shape, in the order given, on a
 fresh inductor cache directory (--warm-cache keeps the usual one): graphs and C++ kernels identical to ones
 compiled earlier in the run are reused, as they would be for a user. TORCHINDUCTOR_COMPILE_THREADS=1 unless set.
@@ -58,7 +58,8 @@ os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 import torch  # noqa: E402
 
 import spec  # noqa: E402
-from spec import choose, hf, prepack, realmodel  # noqa: E402
+from spec import choose, hf, realmodel  # noqa: E402
+from spec.cpu import prepack  # noqa: E402
 from spec.models import encode_prompt  # noqa: E402
 from spec.prompts import SEED_PROMPTS  # noqa: E402
 

@@ -2,8 +2,8 @@
 
 One process, per seed prompt (chat-formatted), back to back in an order rotated prompt by prompt, every
 system decoding `--tokens` new tokens greedily (EOS ignored everywhere) at `--threads` threads:
-  spec greedy (fp32 PyTorch, oneDNN-prepacked linears: spec.prepack) and spec greedy with SPEC_PREPACK=0;
-  spec speculative with the model's own Q4_1 GGUF drafting on spec.qdraft's kernel (gamma 10, --real's
+  spec greedy (fp32 PyTorch, oneDNN-prepacked linears: spec.cpu.prepack) and spec greedy with SPEC_PREPACK=0;
+  spec speculative with the model's own Q4_1 GGUF drafting on spec.cpu.qdraft's kernel (gamma 10, --real's
   default) and in llama.cpp (gamma 6, its best before), with PromptLookup
   (gamma 8) and with LookupTree (gamma 8), each checked token for token against spec greedy;
   HF generate greedy and HF prompt lookup (prompt_lookup_num_tokens=10), through spec.hfref (an explicit
@@ -42,7 +42,8 @@ from pathlib import Path
 import torch
 
 import spec
-from spec import choose, prepack, probe, realmodel
+from spec import choose, probe, realmodel
+from spec.cpu import prepack
 from spec.conformance import llamacpp
 from spec.gguf_draft import GGUFDraft
 from spec.hfref import hf_generate, hf_greedy
@@ -301,7 +302,7 @@ def main() -> None:
     systems = {
         "spec greedy": spec_greedy,
         "spec greedy, SPEC_PREPACK=0": spec_greedy_unpacked,
-        "spec + Q4_1 GGUF draft, spec.qdraft (g10)": speculative(gguf_draft, 10),
+        "spec + Q4_1 GGUF draft, spec.cpu.qdraft (g10)": speculative(gguf_draft, 10),
         "spec + Q4_1 GGUF draft, llama.cpp (g6)": speculative(gguf_draft_llama, 6),
         "spec + PromptLookup (g8)": speculative(spec.PromptLookup(), 8),
         "spec + LookupTree (g8)": speculative(spec.LookupTree(), 8),

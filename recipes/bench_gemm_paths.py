@@ -20,7 +20,7 @@ F.linear's own error against an fp64 product (the scale of fp32 rounding).
 
 --model: SmolLM2's cached passes after a 64-token prefix through spec's target runner (spec.choose),
 1, 2, 3, 4, 5, 8, 9 and 16 tokens, linear against the paths in --model-paths applied to every nn.Linear
-by a context manager that swaps the module's forward and puts it back (path prepack: spec.prepack's
+by a context manager that swaps the module's forward and puts it back (path prepack: spec.cpu.prepack's
 packed_forward: dnn16P, bias included); each pass in one-token steps of
 its own path, the fitted verify line, and the one-token step's ratio between paths.
 
@@ -173,7 +173,7 @@ def prepare_module(path: str, m: torch.nn.Linear):
     """prepare() for a whole module: bias, and inputs of any leading shape (flattened to rows)."""
     w, b = m.weight, m.bias
     if path == "prepack":
-        from spec import prepack
+        from spec.cpu import prepack
         return prepack.packed_forward(m)
     if path[-1] in "pP":
         return padded(prepare_module(path[:-1], m), (2,) if path[-1] == "p" else (1, 2))

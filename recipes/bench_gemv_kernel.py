@@ -1,15 +1,15 @@
-"""Does a hand-written fp32 GEMV/small-GEMM kernel (spec.gemv) reach llama.cpp's bandwidth on SmolLM2's
+"""Does a hand-written fp32 GEMV/small-GEMM kernel (spec.cpu.gemv) reach llama.cpp's bandwidth on SmolLM2's
 linears? (issue 43.) SmolLM2-135M-Instruct's 211 nn.Linear weights (real, in forward order: 30 x q, k, v,
 o, gate, up, down, then the 49152-wide tied head; 538 MB fp32), one thread, at M = 1, 2, 3, 4, 8, 9 rows of
 x. Paths, interleaved: every repeat runs every path over all 211 products at every M, the paths in an
 order rotated repeat by repeat, so load from other processes falls on all of them alike:
 
     linear    F.linear(x, W, b) (MKL sgemm): what transformers runs
-    prepack   spec.prepack.packed_forward (oneDNN, weight reordered once, 1-2 rows padded to 3)
+    prepack   spec.cpu.prepack.packed_forward (oneDNN, weight reordered once, 1-2 rows padded to 3)
     numpy     x @ W.T in numpy (OpenBLAS), on views of the same memory
-    rows      spec.gemv.product(layout="rows"): W read in place, one row at a time against up to 8 rows
+    rows      spec.cpu.gemv.product(layout="rows"): W read in place, one row at a time against up to 8 rows
               of x (the best ISA this CPU has, no software prefetch)
-    panel     spec.gemv.product(layout="panel"), what spec.prepack runs: W reordered once into panels of 16
+    panel     spec.cpu.gemv.product(layout="panel"), what spec.cpu.prepack runs: W reordered once into panels of 16
               rows interleaved k by k (on transparent huge pages), up to 12 rows of x a turn, no horizontal
               sums; the kernel's own choice of code (AVX-512 CPU: the AVX2+FMA code for 1-2 rows, AVX-512F
               from 3 with a prefetch into L1 1024 floats ahead, from 7 rows 512 ahead into L1 and 8192
@@ -28,7 +28,7 @@ own figure beside it is the scale of fp32 rounding).
 
 --model: spec's whole one-token step and verify passes of --passes tokens on SmolLM2 (spec.choose.runs, after
 a 64-token prefix, every position's logits kept as recipes/bench_cpu_limit.py's verify_lines does), one
-runner whose linears run spec.gemv (`gemv`, what spec runs), the kernel as of 63683c8 (`gemv-prev`: no far
+runner whose linears run spec.cpu.gemv (`gemv`, what spec runs), the kernel as of 63683c8 (`gemv-prev`: no far
 prefetch, 4 KB pages) or oneDNN (`oneDNN`, as with SPEC_GEMV=0), swapped pass by pass, and llama.cpp's batch
 eval of the same tokens on the f32 GGUF (logits_all, one thread, the cache cut back to the prefix between),
 interleaved in a rotated order; paired ratios to oneDNN and each path's pass / its one-token step (the
@@ -51,7 +51,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from spec import gemv, prepack
+from spec.cpu import gemv, prepack
 
 
 def linears(model) -> list[torch.nn.Linear]:
@@ -160,7 +160,7 @@ def whole_model(model, tok, repeats: int, check_tokens: int, passes: list[int]) 
     print(f"prepack.used {prepack.used(model)}, kernel_used {prepack.kernel_used(model)}; {len(packed)} packed "
           f"linears, {kernel} with the kernel")
     if not kernel:
-        raise SystemExit("the runner does not run spec.gemv's kernel here")
+        raise SystemExit("the runner does not run spec.cpu.gemv's kernel here")
 
     def other(small):
         out = {}
@@ -265,7 +265,7 @@ def main() -> None:
     model, tok = realmodel.load()
     assert next(model.parameters()).dtype == torch.float32, "SmolLM2 fp32 expected"
     if gemv.library() is None:
-        raise SystemExit(f"spec.gemv's library is not available: {gemv.reason()}")
+        raise SystemExit(f"spec.cpu.gemv's library is not available: {gemv.reason()}")
     if not args.skip_micro:
         micro(model, args.repeats, [int(r) for r in args.rows.split(",")], args.paths.split(","))
     if args.model:

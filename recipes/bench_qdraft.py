@@ -1,11 +1,11 @@
-"""The Q4_1 self-draft on spec.qdraft's kernel against the same file in llama.cpp (issue 43).
+"""The Q4_1 self-draft on spec.cpu.qdraft's kernel against the same file in llama.cpp (issue 43).
 
 1. The draft alone, same process, one thread: a 10-token prefill, then `--steps` one-token steps on each
    engine (ms a step), a 40-token prefill on each, and how often the two engines' argmax agree along
    llama.cpp's own greedy continuation (and their largest logit difference).
 2. End to end on SmolLM2-135M-Instruct fp32 (one thread, seed prompts chat-formatted, `--tokens` new
    tokens, systems interleaved prompt by prompt): spec greedy, llama.cpp f32 greedy (the Q4_1 file
-   dequantized, the fp32 weights), spec + the Q4_1 draft on spec.qdraft at each `--gammas`, and on
+   dequantized, the fp32 weights), spec + the Q4_1 draft on spec.cpu.qdraft at each `--gammas`, and on
    llama.cpp at `--llama-gamma`; ms per new token (median over prompts), ratios, rounds per prompt, and
    every output checked against spec greedy.
 
@@ -26,7 +26,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import spec  # noqa: E402
-from spec import qdraft, realmodel  # noqa: E402
+from spec import realmodel  # noqa: E402
+from spec.cpu import qdraft  # noqa: E402
 from spec.gguf_draft import GGUFDraft, LlamaRun  # noqa: E402
 from spec.models import encode_prompt  # noqa: E402
 from spec.prompts import SEED_PROMPTS  # noqa: E402
@@ -44,7 +45,7 @@ def draft_alone(path: Path, steps: int) -> None:
         agree, worst = agree + int(a.argmax() == b.argmax()), max(worst, float((a - b).abs().max()))
     print(f"argmax equal on {agree} of 40 positions; largest logit difference {worst:.3g} (llama.cpp's logit std "
           f"{float(b.std()):.3g})")
-    for name, run in (("spec.qdraft", native), ("llama.cpp", ref)):
+    for name, run in (("spec.cpu.qdraft", native), ("llama.cpp", ref)):
         t0 = time.perf_counter()
         for _ in range(steps):
             run(torch.tensor([5]))
@@ -69,7 +70,7 @@ def end_to_end(args, path: Path) -> None:
     systems = {"spec greedy": lambda ids: spec.greedy_generate(target, torch.tensor(ids), max_new_tokens=N),
                "llama.cpp f32 greedy": lambda ids: llama_greedy(llm, ids, N)}
     for g in args.gammas:
-        systems[f"spec + Q4_1 draft, spec.qdraft, gamma {g}"] = speculative(native, g)
+        systems[f"spec + Q4_1 draft, spec.cpu.qdraft, gamma {g}"] = speculative(native, g)
     systems[f"spec + Q4_1 draft, llama.cpp, gamma {args.llama_gamma}"] = speculative(on_llama, args.llama_gamma)
     for f in systems.values():
         f(prompts[0])
@@ -108,7 +109,7 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(1)
     if qdraft.library() is None:
-        sys.exit(f"spec.qdraft cannot run here: {qdraft.reason()}")
+        sys.exit(f"spec.cpu.qdraft cannot run here: {qdraft.reason()}")
     path = realmodel.fetch()
     draft_alone(path, args.steps)
     end_to_end(args, path)

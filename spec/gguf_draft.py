@@ -1,4 +1,4 @@
-"""A GGUF file as the draft for a PyTorch target, run by spec's own quantized kernel (spec.qdraft)
+"""A GGUF file as the draft for a PyTorch target, run by spec's own quantized kernel (spec.cpu.qdraft)
 where it can, else by llama.cpp (llama-cpp-python, the `llama` extra): the target's own weights
 quantized (SmolLM2's Q4_1 GGUF drafting for its fp32 model) run several times faster than the
 target, and the acceptance rule keeps the output exactly the target's whatever the draft's engine,
@@ -9,7 +9,7 @@ precision or kernels.
   position from `keep` on from llama.cpp's KV cache, so a round after a rejection feeds only what
   the cache has not seen (nothing is re-evaluated from scratch).
 - `GGUFDraft(path, target, tokenizer, engine=...)`: a Drafter driving a spec.draft.ModelDraft over
-  one row of a LlamaRun or a spec.qdraft.QuantRun ("auto": the latter where `spec.qdraft.unsupported`
+  one row of a LlamaRun or a spec.cpu.qdraft.QuantRun ("auto": the latter where `spec.cpu.qdraft.unsupported`
   says nothing against it: a Llama of Q4_1/Q8_0 matrices on a CPU with AVX-512 VNNI), so it proposes
   exactly as a PyTorch draft model does: greedy, its argmax; sampling, a draw from its own
   softmax by `pick` (spec.draft.Pick: temperature / top-k / top-p / min-p and spec.processors,
@@ -97,8 +97,8 @@ class GGUFDraft(ModelSource):
     """A GGUF file as the draft for `target` (a Hugging Face causal LM with the same vocabulary).
     tokenizer: the target's, to check the GGUF's tokens against (without one only the sizes are
     compared). pick: how the draft picks (spec.draft.Pick; greedy by default). engine: "native"
-    (spec.qdraft's kernel; ValueError naming why where it cannot run this file here), "llama.cpp", or
-    "auto" (native where it can, else llama.cpp). threads: either engine's (spec.qdraft splits its products
+    (spec.cpu.qdraft's kernel; ValueError naming why where it cannot run this file here), "llama.cpp", or
+    "auto" (native where it can, else llama.cpp). threads: either engine's (spec.cpu.qdraft splits its products
     over them); n_batch: llama.cpp's; n_ctx: the positions
     a draft holds. Refuses a GGUF whose vocabulary does not match with a ValueError.
     A Drafter (spec.protocols) for one sequence; the loop serves it each row through
@@ -106,7 +106,7 @@ class GGUFDraft(ModelSource):
 
     def __init__(self, path, target, tokenizer=None, *, pick: Pick = Pick(), engine: str = "auto", threads: int = 1,
                  n_ctx: int = N_CTX, n_batch: int = N_BATCH):
-        from spec import qdraft
+        from spec.cpu import qdraft
 
         path = Path(path)
         if not path.is_file():
@@ -122,7 +122,7 @@ class GGUFDraft(ModelSource):
                 if engine == "native":
                     raise ValueError(f"engine='native': {path.name}: {e}") from None
                 why = str(e)
-        # native, or why not (spec.qdraft.unsupported's reason)
+        # native, or why not (spec.cpu.qdraft.unsupported's reason)
         self.engine_name: str = "native" if why is None else "llama.cpp"
         self.why_not_native: str | None = why
         if run is None:

@@ -38,7 +38,8 @@ from typing import Any, Callable
 import torch
 from transformers import PreTrainedModel
 
-from spec import hf, prepack
+from spec import hf
+from spec.cpu import prepack
 from spec import probe as probing
 from spec.options import Positions, RunnerPath
 from spec.protocols import Runner
@@ -67,13 +68,13 @@ class ModelRunner:
     def __init__(self, model, positions: Positions = Positions.EXPLICIT):
         self.model, self.positions = model, Positions(positions)
         self.held: torch.Tensor | None = None
-        self.packed: dict | None = None        # the packed linears (spec.prepack), decided at the first pass
+        self.packed: dict | None = None        # the packed linears (spec.cpu.prepack), decided at the first pass
 
     def _sink(self) -> list | None:
         return [] if self.layers is not None else None
 
     def _linears(self, rows: int | None = None):
-        """The context a pass of `rows` rows runs in: the model's linears prepacked where spec.prepack
+        """The context a pass of `rows` rows runs in: the model's linears prepacked where spec.cpu.prepack
         says so (fp32 on CPU: a pass of a few rows then costs about one one-token step)."""
         if self.packed is None:             # decided at the runner's first pass
             self.packed = prepack.forwards(self.model) if prepack.used(self.model) else {}

@@ -20,7 +20,8 @@ LONG_ALLOWED = {"speculative_generate"}  # the decode loop: Algorithm 1 on one s
 
 # The package by audience: the runtime (spec/*.py), the experiment (spec/experiment/) and the kit's
 # modules (spec/conformance/, its property modules test_*.py aside). Names are dotted below spec.
-PACKAGES = ("experiment", "conformance")
+PACKAGES = ("experiment", "conformance", "cpu")
+AUDIENCES = ("experiment", "conformance")   # what the runtime (spec/*.py and spec/cpu/) never imports
 COMMAND_LINES = {"__main__"}      # runtime-level files that drive the experiment (realmodel only fetches:
                                   # `--real` is a preset of spec.experiment.load, not a pipeline of its own)
 
@@ -64,8 +65,8 @@ def test_the_runtime_imports_neither_the_experiment_nor_the_kit():
     modules = _modules()
     for name, tree in modules.items():
         reached = {m.split(".")[0] for m in _spec_imports(tree)}
-        if "." not in name and name not in PACKAGES and name not in COMMAND_LINES:
-            assert not reached & set(PACKAGES), f"spec/{name}.py imports {sorted(reached & set(PACKAGES))}"
+        if ("." not in name or name.startswith("cpu.")) and name not in PACKAGES and name not in COMMAND_LINES:
+            assert not reached & set(AUDIENCES), f"spec/{name}.py imports {sorted(reached & set(AUDIENCES))}"
         if name.split(".")[0] == "experiment":
             assert "conformance" not in reached, f"{name} imports the conformance kit"
 
@@ -120,7 +121,8 @@ def test_no_long_functions_in_spec():
 
 def test_one_clock():
     """Only spec/clock.py reads the clock; everything else times through it (device sync included)."""
-    files = [p for p in sorted(SPEC.glob("*.py")) + sorted((ROOT / "tests" / "perf").glob("*.py"))
+    files = [p for p in sorted(SPEC.glob("*.py")) + sorted((SPEC / "cpu").glob("*.py"))
+             + sorted((ROOT / "tests" / "perf").glob("*.py"))
              if p.name != "clock.py"]
     readers = [f"{p.relative_to(ROOT)}:{i}" for p in files
                for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
@@ -157,7 +159,8 @@ def test_the_protocols_exist_and_every_runner_and_drafter_keeps_them():
 
     import torch
 
-    from spec import batch, choose, draft, gguf_draft, hf, lookup, neox, protocols, qdraft, runner, seq2seq
+    from spec import batch, choose, draft, gguf_draft, hf, lookup, neox, protocols, runner, seq2seq
+    from spec.cpu import qdraft
     for proto, methods in ((protocols.Runner, RUNNER_METHODS), (protocols.Drafter, DRAFTER_METHODS)):
         assert typing.Protocol in proto.__mro__ and proto.__doc__ and len(proto.__doc__) > 200
         assert methods <= set(vars(proto))
@@ -165,7 +168,7 @@ def test_the_protocols_exist_and_every_runner_and_drafter_keeps_them():
     assert {"KVRunner", "SnapshotRunner", "StepwiseSnapshotRunner", "RecomputeRunner", "NeoXDraft", "Cached",
             "Decoder"} <= set(runners)
     modules = dict(runner=runner, neox=neox, hf=hf, seq2seq=seq2seq, draft=draft, lookup=lookup, choose=choose,
-                   batch=batch, gguf_draft=gguf_draft, qdraft=qdraft)
+                   batch=batch, gguf_draft=gguf_draft, **{"cpu.qdraft": qdraft})
     for name, module in runners.items():
         assert RUNNER_METHODS <= set(dir(getattr(modules[module], name))), name
     # keep means one thing: every runner's keep defaults to 0 (every row fed)

@@ -1,4 +1,4 @@
-"""spec.qdraft: a GGUF Llama (Q4_1 matrices, Q8_0 embedding and output) drafting on spec's own
+"""spec.cpu.qdraft: a GGUF Llama (Q4_1 matrices, Q8_0 embedding and output) drafting on spec's own
 block-quantized kernel. On a tiny seeded Llama written by spec.conformance.llamacpp.llama_gguf:
 the forward against a NumPy forward of the same arithmetic (weights dequantized by the gguf package,
 not by spec's record packing; activations quantized per block of 32 as the kernel does), prefill in
@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from spec import greedy_generate, qdraft, speculative_generate
+from spec import greedy_generate, speculative_generate
+from spec.cpu import qdraft
 from spec.conformance import kit, llamacpp
 from spec.conformance.stats import goodness_of_fit, reference_probabilities
 from spec.draft import Pick
@@ -20,7 +21,7 @@ from spec.models import perturbed_copy
 
 from skewedq import SkewedQ
 
-pytestmark = pytest.mark.skipif(qdraft.library() is None, reason=f"spec.qdraft unavailable: {qdraft.reason()}")
+pytestmark = pytest.mark.skipif(qdraft.library() is None, reason=f"spec.cpu.qdraft unavailable: {qdraft.reason()}")
 
 PROMPTS = [[5, 9, 5, 9, 300, 12, 7, 7, 100], [3, 141, 59, 26, 53, 58, 97], [11, 400, 22]]
 

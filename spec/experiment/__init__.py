@@ -7,7 +7,7 @@ the command line, parses options, calls the steps in order and prints. The steps
   setup      seed, threads, transformers' own logging silenced, the output folder
   load       the target and its draft: a draft model (the shipped pair, the seeded stand-in, or
              paths), or a draft source: `--real` (SmolLM2-135M-Instruct with prompt lookup or its
-             own Q4_1 GGUF, spec.realmodel) and `--draft FILE.gguf` (spec.qdraft or llama.cpp) are this step's presets
+             own Q4_1 GGUF, spec.realmodel) and `--draft FILE.gguf` (spec.cpu.qdraft or llama.cpp) are this step's presets
   prompts    the prompt texts and their token ids, checked against the models' limits
   costs      warm-up, then c from interleaved one-token steps of draft and target (a draft
              source: the verify pass's cost line instead)
@@ -132,7 +132,7 @@ def is_gguf(draft: str | None) -> bool:
     return draft is not None and draft.lower().endswith(".gguf")
 
 
-# --real's drafts (prompt lookup, or SmolLM2's own Q4_1 GGUF on spec.qdraft's kernel, else llama.cpp)
+# --real's drafts (prompt lookup, or SmolLM2's own Q4_1 GGUF on spec.cpu.qdraft's kernel, else llama.cpp)
 # and each one's gamma, measured best on the seed prompts (docs/BENCHMARKS.md, "Plain-tensor decoder
 # layers": with the faster target step q4 at 8 beat 10 in --real and in recipes/bench_qdraft.py); a
 # --draft FILE.gguf run takes "q4"'s.
@@ -150,7 +150,7 @@ def _sourced(target: str | None, draft: str | None, *, real: bool, target_dtype:
              notice) -> tuple[models.Pair, PairInfo]:
     """The presets whose draft is a source, not a model: `real` (SmolLM2-135M-Instruct, fetched and
     converted on first use with `notice` saying so, drafted by prompt lookup or "q4", its own Q4_1
-    GGUF), or the target at `target` drafted by the GGUF file `draft` (spec.gguf_draft: spec.qdraft's kernel, else llama.cpp)."""
+    GGUF), or the target at `target` drafted by the GGUF file `draft` (spec.gguf_draft: spec.cpu.qdraft's kernel, else llama.cpp)."""
     from spec import realmodel
     from spec.lookup import PromptLookup
 
@@ -172,7 +172,7 @@ def _sourced(target: str | None, draft: str | None, *, real: bool, target_dtype:
             from spec.gguf_draft import GGUFDraft
             gguf = realmodel.fetch(notice) if kind == "q4" else Path(kind)
             source = GGUFDraft(gguf, model, tok, threads=torch.get_num_threads())
-            runs_as = "spec.qdraft" if source.engine_name == "native" else "llama.cpp"
+            runs_as = "spec.cpu.qdraft" if source.engine_name == "native" else "llama.cpp"
     except (RuntimeError, ImportError, OSError, ValueError) as err:
         raise UsageError(f"--draft {kind}: {err}") from None
     where = str(realmodel.fp32_dir()) if real else target

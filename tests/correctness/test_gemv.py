@@ -1,4 +1,4 @@
-"""spec.gemv: the hand-written few-row kernel computes nn.Linear's function within fp32 rounding for
+"""spec.cpu.gemv: the hand-written few-row kernel computes nn.Linear's function within fp32 rounding for
 every block size, layout and ISA this CPU has; a library that cannot be built, crashes or computes
 wrong is never used (a debug-level reason, oneDNN kept); the probe refuses a wrong kernel; and spec's
 runners use it on up to KERNEL_THREADS torch threads (1 to KERNEL_ROWS rows) with speculative output still equal to greedy's."""
@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from oracles import assert_logits_close
 
-from spec import gemv, hf, prepack, probe
+from spec import hf, probe
+from spec.cpu import gemv, prepack
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch")
 
@@ -34,7 +35,7 @@ def lib():
     if found is None:
         if shutil.which(gemv.compiler()) is None:
             pytest.skip(f"no C compiler ({gemv.compiler()}): {gemv.reason()}")
-        pytest.fail(f"spec.gemv's library is not available: {gemv.reason()}")
+        pytest.fail(f"spec.cpu.gemv's library is not available: {gemv.reason()}")
     return found
 
 
@@ -148,7 +149,7 @@ def test_bad_input_names_the_argument(lib):
 
 def test_no_compiler_leaves_onednn_with_a_debug_reason(fresh, monkeypatch, caplog):
     monkeypatch.setenv("CC", "/bin/false")
-    with caplog.at_level(logging.DEBUG, logger="spec.gemv"):
+    with caplog.at_level(logging.DEBUG, logger="spec.cpu.gemv"):
         assert gemv.library() is None
     assert "/bin/false" in gemv.reason() and any("not used" in r.getMessage() for r in caplog.records)
     assert not [r for r in caplog.records if r.levelno > logging.DEBUG]
@@ -356,7 +357,7 @@ def test_a_grouped_product_is_its_members_side_by_side(lib, rows, outs, bias):
 
 def test_a_group_that_cannot_share_panels_is_refused(lib):
     """A member other than the last whose rows are not a multiple of 16 (its last panel would hold the
-    next one's rows), or members of different K: None, and spec.prepack.group makes each its own."""
+    next one's rows), or members of different K: None, and spec.cpu.prepack.group makes each its own."""
     assert gemv.grouped([torch.randn(40, 64), torch.randn(16, 64)], [None, None]) is None
     assert gemv.grouped([torch.randn(16, 64), torch.randn(16, 32)], [None, None]) is None
     lins = (torch.nn.Linear(64, 40), torch.nn.Linear(64, 16))
@@ -368,7 +369,7 @@ def test_a_group_that_cannot_share_panels_is_refused(lib):
 
 
 def test_plain_layers_on_the_kernel_compute_the_models_layers(lib):
-    """spec.plainllama on the kernel's grouped products (q/k/v and gate/up each one product): the model's
+    """spec.cpu.plainllama on the kernel's grouped products (q/k/v and gate/up each one product): the model's
     own logits within fp32 rounding, cache-free and cached (1 and several rows)."""
     from spec import runner
     model = llama()

@@ -1,5 +1,5 @@
-"""spec.plainllama: Llama decoder layers in plain tensors compute the model's own layers (cache-free,
-cached, under a tree's mask, padded batches, hidden states), run where spec.prepack says so, fall back to
+"""spec.cpu.plainllama: Llama decoder layers in plain tensors compute the model's own layers (cache-free,
+cached, under a tree's mask, padded batches, hidden states), run where spec.cpu.prepack says so, fall back to
 the layer's own forward where they cannot follow it, and refuse the models they do not cover."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import pytest
 import torch
 from oracles import assert_logits_close
 
-from spec import hf, plainllama, prepack, probe, runner
+from spec import hf, probe, runner
+from spec.cpu import plainllama, prepack
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch")
 
@@ -50,10 +51,10 @@ IDS = torch.randint(0, 128, (24,), generator=torch.Generator().manual_seed(2))
 
 @pytest.fixture(params=["native", "torch"])
 def small_ops(request, monkeypatch):
-    """RMSNorm and rotary on spec.gemv's library where it is there ("native"), or as torch ops."""
-    from spec import gemv
+    """RMSNorm and rotary on spec.cpu.gemv's library where it is there ("native"), or as torch ops."""
+    from spec.cpu import gemv
     if request.param == "native" and gemv.library() is None:
-        pytest.skip(f"spec.gemv's library is not available: {gemv.reason()}")
+        pytest.skip(f"spec.cpu.gemv's library is not available: {gemv.reason()}")
     if request.param == "torch":
         monkeypatch.setattr(plainllama.gemv, "library", lambda: None)
     return request.param
@@ -200,7 +201,7 @@ def test_plain_layers_that_fail_leave_the_models_own_with_a_debug_reason(monkeyp
             raise TypeError("unexpected keyword argument 'cache'")
         return forward
     monkeypatch.setattr(plainllama, "layer_forward", broken)
-    with caplog.at_level(logging.DEBUG, logger="spec.prepack"):
+    with caplog.at_level(logging.DEBUG, logger="spec.cpu.prepack"):
         assert not prepack.layers_used(model)
     assert any("plain layers failed (TypeError" in r.getMessage() for r in caplog.records)
     assert not any(type(m).__name__ == "LlamaDecoderLayer" for m in prepack.forwards(model))

@@ -1,4 +1,4 @@
-"""spec.prepack: oneDNN-prepacked linears compute nn.Linear's function within fp32 rounding, pass the
+"""spec.cpu.prepack: oneDNN-prepacked linears compute nn.Linear's function within fp32 rounding, pass the
 runner probe's replay, and leave the model as it was."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from oracles import assert_logits_close
 
-from spec import hf, prepack, runner
+from spec import hf, runner
+from spec.cpu import prepack
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch")
 

@@ -1,6 +1,6 @@
 """SmolLM2-135M-Instruct (spec.realmodel), a real pretrained model: exactness of greedy,
 speculative decoding with the prompt-lookup draft and with its own Q4_1 GGUF (spec.gguf_draft: on
-spec.qdraft's kernel and in llama.cpp, each where it runs), and the HF peers, through its chat template.
+spec.cpu.qdraft's kernel and in llama.cpp, each where it runs), and the HF peers, through its chat template.
 
 Needs the model in the cache (`python -m spec.realmodel`; .ci/run does it); skipped with the
 reason otherwise. Loaded once per session (fp32, under a second from the converted folder), one
@@ -87,9 +87,9 @@ def test_hf_prompt_lookup_equals_greedy(smollm2, chat_prompts, greedy_outputs):
 
 @pytest.fixture(scope="session", params=["native", "llama.cpp"])
 def q4_draft(smollm2, request):
-    """SmolLM2's own Q4_1 GGUF (the file the fp32 folder was made from) on spec.qdraft's kernel and in
+    """SmolLM2's own Q4_1 GGUF (the file the fp32 folder was made from) on spec.cpu.qdraft's kernel and in
     llama.cpp (each skipped with the reason where it cannot run)."""
-    from spec import qdraft
+    from spec.cpu import qdraft
     from spec.conformance import llamacpp
     why = qdraft.unsupported(realmodel.gguf_path()) if request.param == "native" else llamacpp.available()
     if why is not None:

@@ -8,7 +8,7 @@ This module reads a GGUF written for llama.cpp's `llama` architecture (Q4_1 and 
 norms; the layout every llama.cpp Q4_1 export of a Llama has) into records of 16 rows x 32 inputs,
 quantizes each activation block of 32 to int8 as llama.cpp does, and sums products in int32 with
 VNNI (`dpbusd`), the whole forward (norms, RoPE, grouped attention over a float32 KV cache, SiLU
-MLP) in C (`SOURCE`), its products split over `threads` threads of spec.gemv's pool (POOL), the rest on
+MLP) in C (`SOURCE`), its products split over `threads` threads of spec.cpu.gemv's pool (POOL), the rest on
 the caller's. Where the GGUF has anything else (another architecture or
 quantization, biases, rope scaling) or the CPU lacks AVX-512 VNNI, `unsupported()` says why and the
 caller (spec.gguf_draft) runs llama.cpp instead.
@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from spec import gemv
+from spec.cpu import gemv
 
 log = logging.getLogger(__name__)
 
@@ -538,7 +538,7 @@ def _make():
 def library():
     """The VNNI build, self-tested, as a ctypes.CDLL, or None with `reason()` saying why (no AVX-512
     VNNI on this CPU, no compiler, a failed self-test); decided once per process. SPEC_QDRAFT=0: None."""
-    return gemv.decide_once(_STATE, _make, "spec.qdraft")
+    return gemv.decide_once(_STATE, _make, "spec.cpu.qdraft")
 
 
 def reason() -> str | None:
@@ -575,7 +575,7 @@ def _declare(lib) -> None:
 
 def records(kind: int, raw: np.ndarray, n: int, k: int) -> np.ndarray:
     """A GGUF matrix's raw blocks (Q4_1 when kind is 4, Q8_0 when 8; [n rows, bytes]) as the kernel's
-    records (SOURCE's comment), in memory asked for huge pages (spec.gemv.buffer)."""
+    records (SOURCE's comment), in memory asked for huge pages (spec.cpu.gemv.buffer)."""
     B, P = k // 32, n // 16
     d: np.ndarray
     m: np.ndarray
@@ -791,7 +791,7 @@ class QuantRun:
         rc = self.lib.spec_qd_forward(ctypes.byref(self.model), new.ctypes.data, len(new), self.n,
                                       self.logits.ctypes.data)
         if rc != 0:
-            raise RuntimeError(f"spec.qdraft's forward failed ({'out of memory' if rc == -2 else rc})")
+            raise RuntimeError(f"spec.cpu.qdraft's forward failed ({'out of memory' if rc == -2 else rc})")
         self.ids[self.n:self.n + len(new)] = new
         self.n += len(new)
         return torch.from_numpy(self.logits.copy())[None]

@@ -1,6 +1,6 @@
 """A hand-written fp32 few-row product, y[M, N] = x[M, K] W[N, K]^T (+ b), for CPU linears (issue 43).
 
-Two layouts (see SOURCE): "rows", nn.Linear's own weight read in place; "panel", what spec.prepack runs, a
+Two layouts (see SOURCE): "rows", nn.Linear's own weight read in place; "panel", what spec.cpu.prepack runs, a
 copy reordered once into panels of 16 rows interleaved k by k, each 64-byte line one zmm of 16 outputs
 FMA'd against up to 12 rows of x broadcast from L1, the accumulators in registers, the panel streamed
 once. The panel copies live on transparent huge pages where Linux gives them (`buffer`), and the kernel
@@ -151,7 +151,7 @@ static void pool_run_locked(pool_fn fn, void *arg, int parts) {
 }
 """
 
-# e^x in 16 AVX-512 lanes, and the softmax's and SiLU's loops on it, shared by this library and spec.qdraft's.
+# e^x in 16 AVX-512 lanes, and the softmax's and SiLU's loops on it, shared by this library and spec.cpu.qdraft's.
 VEXP = r"""
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -495,7 +495,7 @@ int spec_gemv_panel(const float *x, const float *wp, const float *b, float *y, i
     return 0;
 }
 
-/* The small ops around a Llama layer's products (spec.plainllama), in transformers' arithmetic: plain C,
+/* The small ops around a Llama layer's products (spec.cpu.plainllama), in transformers' arithmetic: plain C,
    no FMA contraction (the library is built without -march), so each product and sum rounds as torch's.
    RMSNorm over rows of n: y = w (x / sqrt(mean(x^2) + eps)); the sum of squares runs in 16 lanes (torch's
    own order differs: fp32 rounding apart). */
@@ -803,7 +803,7 @@ def run_selftest(script: str, argv: list[str], what: str) -> str | None:
 def decide_once(state: dict, make, name: str):
     """state["lib"], made once per process by `make()` -> (library or None, why not); a RuntimeError or
     OSError from it is a why-not too, logged at debug level under `name`. The native libraries' shared
-    decision (spec.gemv, spec.qdraft)."""
+    decision (spec.cpu.gemv, spec.cpu.qdraft)."""
     if "lib" not in state:
         try:
             lib, why = make()
@@ -840,7 +840,7 @@ def _make():
 def library():
     """The built, self-tested library (ctypes.CDLL), or None with `reason()` saying why; decided once
     per process."""
-    return decide_once(_STATE, _make, "spec.gemv")
+    return decide_once(_STATE, _make, "spec.cpu.gemv")
 
 
 def reason() -> str | None:
@@ -915,7 +915,7 @@ def buffer(numel: int, huge: bool = True) -> torch.Tensor:
                 _ARENA["used"] += nbytes
             return torch.frombuffer(mm, dtype=torch.float32, count=numel, offset=offset)
     except (OSError, ValueError) as e:
-        log.debug("spec.gemv: no huge-page mapping (%s); torch's memory", e)
+        log.debug("spec.cpu.gemv: no huge-page mapping (%s); torch's memory", e)
         return torch.empty(numel, dtype=torch.float32)
 
 
@@ -952,7 +952,7 @@ def product(weight: torch.Tensor, bias: torch.Tensor | None = None, layout: str 
     it reads alive (`keep`)."""
     lib = library()
     if lib is None:
-        raise RuntimeError(f"spec.gemv's library is not available: {reason()}")
+        raise RuntimeError(f"spec.cpu.gemv's library is not available: {reason()}")
     if layout not in ("rows", "panel"):
         raise ValueError(f"layout: 'rows' or 'panel', got {layout!r}")
     w = weight.detach()
@@ -979,7 +979,7 @@ def grouped(weights: list[torch.Tensor], biases: list[torch.Tensor | None], huge
     next weight's rows), or the weights differ in K or layout (fp32 contiguous on CPU, as `product`)."""
     lib = library()
     if lib is None:
-        raise RuntimeError(f"spec.gemv's library is not available: {reason()}")
+        raise RuntimeError(f"spec.cpu.gemv's library is not available: {reason()}")
     K = weights[0].shape[1]
     if any(w.dim() != 2 or w.shape[1] != K or w.dtype != torch.float32 or w.device.type != "cpu"
            or not w.is_contiguous() for w in weights) or any(w.shape[0] % 16 for w in weights[:-1]):

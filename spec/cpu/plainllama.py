@@ -1,6 +1,6 @@
 """Llama decoder layers in plain tensors, for the target's fp32 CPU passes (issue 43).
 
-On a CPU whose matrix products run on spec's packed linears (spec.prepack), a SmolLM2 step spent about
+On a CPU whose matrix products run on spec's packed linears (spec.cpu.prepack), a SmolLM2 step spent about
 8 ms of its ~28 outside them at one thread: module dispatch, kwargs plumbing, HF's RMSNorm, rotary and
 attention wrappers, and for a pass of several rows `repeat_kv`'s copies of the keys and values
 (docs/BENCHMARKS.md, "Plain-tensor decoder layers"). `layer_forward` is the same computation as
@@ -9,7 +9,7 @@ products, rotary (rotate-half), the cache's own `update`, SDPA under the mask th
 heads without copies), o, residual, RMSNorm, SiLU-gated MLP, residual. The model keeps its own embedding,
 cache object, mask, rotary tables, final norm and head; only each layer's body changes.
 
-`supports(model)` names why a model cannot run here (None: it can). spec.prepack swaps these forwards in
+`supports(model)` names why a model cannot run here (None: it can). spec.cpu.prepack swaps these forwards in
 beside the packed linears where `prepack.layers_used` says so: the model supported, not switched off
 (SPEC_PLAIN_LAYERS=0), and its logits within the probe's tolerance of the model's own (spec.probe
 'plain layers', once per model); spec.runner's probe then replays cached passes through them. A call
@@ -22,7 +22,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from spec import gemv, hf
+from spec import hf
+from spec.cpu import gemv
 
 # Layer arguments this code reads, or knows to change nothing here (the model passes them to every layer).
 KNOWN = frozenset({"position_ids", "use_cache", "cache_position", "output_attentions"})
@@ -93,9 +94,9 @@ def grouped_linears(model) -> list[tuple]:
 
 def layer_forward(layer, groups: dict, linears: dict, native: bool = False):
     """`layer`'s forward in plain tensors, its products through `groups` ({(q, k, v) or (gate, up): a
-    function x -> their outputs side by side}, spec.prepack.Group) and `linears` ({nn.Linear: its
+    function x -> their outputs side by side}, spec.cpu.prepack.Group) and `linears` ({nn.Linear: its
     forward}, for o and down): a function with the layer forward's arguments, to be set as the layer's
-    `forward` while a pass runs. `native`: RMSNorm, rotary, attention and the SiLU gate on spec.gemv's
+    `forward` while a pass runs. `native`: RMSNorm, rotary, attention and the SiLU gate on spec.cpu.gemv's
     library (one call each instead of two to six torch ops; see spec_rms, spec_rotary, spec_attend and
     spec_silu_mul), where it covers the call (attention: one sequence, an AVX-512F CPU), else torch's."""
     a, mlp = layer.self_attn, layer.mlp
@@ -148,7 +149,7 @@ def layer_forward(layer, groups: dict, linears: dict, native: bool = False):
 
 def forwards(model, groups: dict, linears: dict, native: bool | None = None) -> dict:
     """{decoder layer: its plain forward} for a model `supports` accepts (see `layer_forward`; `native`
-    None: where spec.gemv's library is there)."""
+    None: where spec.cpu.gemv's library is there)."""
     if native is None:
         native = gemv.library() is not None
     return {layer: layer_forward(layer, groups, linears, native) for layer in layers_of(model)}

@@ -13,7 +13,7 @@ packed copies are made once per model and kept while its weights are unchanged (
 (SPEC_PREPACK=0), linears of at least MIN_BYTES whose copies fit in half the memory available (`fits`), and the packed forward agreeing with the model's own within the probe's tolerance
 (spec.probe, once per model); spec.runner's passes then run inside `swapped(forwards(model))`.
 
-Few rows on few threads: spec.gemv's hand-written kernel (a panel-reordered copy of each weight,
+Few rows on few threads: spec.cpu.gemv's hand-written kernel (a panel-reordered copy of each weight,
 streamed once per pass) runs passes of 1 to KERNEL_ROWS rows (12 with AVX-512F, 6 with AVX2+FMA) when
 torch runs at most KERNEL_THREADS threads, faster there than oneDNN (docs/BENCHMARKS.md, "A hand-written
 few-row kernel"); at 2 torch threads its panels split over 2 threads of its own pool and the rest of the
@@ -21,7 +21,7 @@ pass runs at one torch thread (`pass_threads`; "The kernel on two threads"). Mor
 stay on oneDNN, whose copies are then made at their first use (a run that
 prefills more than KERNEL_ROWS rows holds both: the linears' weight memory twice more).
 `kernel_used(model)`: `used(model)`, not switched off (SPEC_GEMV=0), the library built and self-tested
-in a subprocess (spec.gemv.library: no compiler, a compile error or a failed self-test leaves oneDNN,
+in a subprocess (spec.cpu.gemv.library: no compiler, a compile error or a failed self-test leaves oneDNN,
 with a debug-level log line), a CPU with AVX2+FMA at least, and the kernel's logits within the probe's
 tolerance of the model's own (spec.probe 'gemv linears', once per model; a kernel off by more leaves
 oneDNN alone).
@@ -36,7 +36,7 @@ import weakref
 
 import torch
 
-from spec import gemv, plainllama
+from spec.cpu import gemv, plainllama
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ HINT = 16  # the batch size oneDNN picks the weight's layout for (4 and 16 measu
 # caches (the shipped pair: 6 MB) runs its many small products faster through F.linear.
 MIN_BYTES = 64 << 20
 MIN_ROWS = 3  # 1 and 2 rows are padded to 3: oneDNN's 3-row product is faster than its 1- and 2-row ones
-# spec.gemv's kernel runs 1 to KERNEL_ROWS[its ISA] rows, the rows its panel kernel takes in
+# spec.cpu.gemv's kernel runs 1 to KERNEL_ROWS[its ISA] rows, the rows its panel kernel takes in
 # one turn over the weight (AVX-512F 12, AVX2+FMA 6); more go to oneDNN. The plain-C variant is there for
 # correctness only: not used here (docs/BENCHMARKS.md, "A hand-written few-row kernel").
 KERNEL_ROWS = {2: 12, 1: 6}
@@ -77,7 +77,7 @@ def available(model) -> bool:
 
 
 def packed_forward(linear: torch.nn.Linear, kernel: bool = False, small=None):
-    """linear's function, x -> x W^T + b: on spec.gemv's kernel (its panel copy of the weight, made here,
+    """linear's function, x -> x W^T + b: on spec.cpu.gemv's kernel (its panel copy of the weight, made here,
     or `small`, a gemv Product made elsewhere) for 1 to KERNEL_ROWS[its ISA] rows when `kernel` and torch
     runs at most KERNEL_THREADS threads (or inside `kernel_always()`), else on a oneDNN-reordered copy of
     its weight (made at the first call that needs it)."""
@@ -91,7 +91,7 @@ def packed_forward(linear: torch.nn.Linear, kernel: bool = False, small=None):
 
 class Group:
     """Linears that read the same x (a layer's q, k, v; gate, up) as one function, x -> their outputs side
-    by side [..., N1 + N2 + ...]: one spec.gemv product over panels they share (gemv.grouped; each
+    by side [..., N1 + N2 + ...]: one spec.cpu.gemv product over panels they share (gemv.grouped; each
     column bit-identical to its own linear's) where the kernel runs the pass, else each member's packed
     forward, concatenated. `members`: the linears' packed forwards (each on its part of the panels)."""
 
@@ -120,7 +120,7 @@ def group(linears: tuple, kernel: bool = False) -> Group:
 
 
 class Packed:
-    """A linear's packed forward (made by packed_forward); `kernel`: whether it runs spec.gemv's kernel."""
+    """A linear's packed forward (made by packed_forward); `kernel`: whether it runs spec.cpu.gemv's kernel."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, small, most: int):
         self.weight, self.bias, self.small, self.most = weight, bias, small, most
@@ -150,9 +150,9 @@ _PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def forwards(model, kernel: bool | None = None, layers: bool | None = None) -> dict:
     """Each plain nn.Linear's packed forward, made once while the weights stay as they were (a walk
-    over the model: a runner asks once and keeps the dict). `kernel`: spec.gemv's kernel for few rows
+    over the model: a runner asks once and keeps the dict). `kernel`: spec.cpu.gemv's kernel for few rows
     (None: where `kernel_used(model)` says so). `layers`: each decoder layer's plain-tensor forward
-    too (spec.plainllama, its products on these linears, q/k/v and gate/up each as one `Group`; None:
+    too (spec.cpu.plainllama, its products on these linears, q/k/v and gate/up each as one `Group`; None:
     where `layers_used(model)` says so), after the linears."""
     if kernel is None:
         kernel = kernel_used(model)
@@ -178,7 +178,7 @@ def forwards(model, kernel: bool | None = None, layers: bool | None = None) -> d
 @contextlib.contextmanager
 def swapped(packed: dict, rows: int | None = None):
     """Within the context, each linear in `packed` runs its packed forward (from `forwards`). `rows`: the
-    rows of the pass to come, where known. A pass of 1 to KERNEL_ROWS rows whose linears run spec.gemv's
+    rows of the pass to come, where known. A pass of 1 to KERNEL_ROWS rows whose linears run spec.cpu.gemv's
     kernel at 2 to KERNEL_THREADS torch threads splits the kernel's panels over that many threads of the
     library's pool and runs the rest of the pass at one torch thread (see `pass_threads`)."""
     mods = [m for m in packed if "forward" not in vars(m)]
@@ -200,7 +200,7 @@ def swapped(packed: dict, rows: int | None = None):
 
 
 def pass_threads(packed: dict, rows: int | None) -> int:
-    """The threads spec.gemv's kernel splits a pass of `rows` rows over, or 0 where the pass runs as torch
+    """The threads spec.cpu.gemv's kernel splits a pass of `rows` rows over, or 0 where the pass runs as torch
     runs (one thread, no kernel in `packed`, more than KERNEL_ROWS rows, more than KERNEL_THREADS torch
     threads, or rows unknown). The small ops around the linears of a few-row pass then run at one torch
     thread: on the measured 2-core Zen 4, torch's second thread spinning beside the kernel's worker made a
@@ -249,9 +249,9 @@ def used(model) -> bool:
 
 
 def kernel_used(model) -> bool:
-    """Whether the packed linears run spec.gemv's kernel for 1 to KERNEL_ROWS rows (at up to KERNEL_THREADS
+    """Whether the packed linears run spec.cpu.gemv's kernel for 1 to KERNEL_ROWS rows (at up to KERNEL_THREADS
     torch threads): the model is run packed (`used`), not switched off (SPEC_GEMV=0), the library built and
-    self-tested (spec.gemv.library; else a debug-level reason) with an AVX2+FMA or AVX-512F variant for this CPU,
+    self-tested (spec.cpu.gemv.library; else a debug-level reason) with an AVX2+FMA or AVX-512F variant for this CPU,
     and the kernel's logits within the probe's tolerance of the model's own (spec.probe 'gemv linears',
     once per model)."""
     if os.environ.get("SPEC_GEMV", "1") == "0" or not used(model) or gemv.isa() not in KERNEL_ROWS:
@@ -261,16 +261,16 @@ def kernel_used(model) -> bool:
 
 
 def layers_used(model) -> bool:
-    """Whether the packed passes run `model`'s decoder layers in plain tensors (spec.plainllama): the
+    """Whether the packed passes run `model`'s decoder layers in plain tensors (spec.cpu.plainllama): the
     model is run packed (`used`), not switched off (SPEC_PLAIN_LAYERS=0), its layers of a kind
-    spec.plainllama runs (else a debug-level reason), and its logits that way within the probe's
+    spec.cpu.plainllama runs (else a debug-level reason), and its logits that way within the probe's
     tolerance of the model's own (spec.probe 'plain layers', once per model; an exception there is a no,
     logged at debug level)."""
     if os.environ.get("SPEC_PLAIN_LAYERS", "1") == "0" or not used(model):
         return False
     why = plainllama.supports(model)
     if why is not None:
-        log.debug("spec.prepack: %s's layers run as the model runs them: %s", type(model).__name__, why)
+        log.debug("spec.cpu.prepack: %s's layers run as the model runs them: %s", type(model).__name__, why)
         return False
     from spec import probe
     return probe.once(model, "plain layers", _layers_agree)
@@ -296,7 +296,7 @@ def _layers_agree(model) -> bool:
         return _matches(model, (1, KERNEL_ROWS.get(gemv.isa(), 3), 0),
                         lambda: swapped(forwards(model, kernel_used(model), layers=True)))
     except Exception as e:          # (a release whose layers take other arguments: the model's own layers run)
-        log.debug("spec.prepack: %s's plain layers failed (%s: %s); its own layers run", type(model).__name__,
+        log.debug("spec.cpu.prepack: %s's plain layers failed (%s: %s); its own layers run", type(model).__name__,
                   type(e).__name__, e)
         _PACKED.pop(model, None)
         return False
