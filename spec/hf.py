@@ -87,10 +87,36 @@ def layer_cache(kwargs: dict):
     return next((kwargs[k] for k in LAYER_CACHE_KWARGS if kwargs.get(k) is not None), None)
 
 
-def cache_update(cache, key: torch.Tensor, value: torch.Tensor, layer: int):
+# torch runs an op over fewer elements than this on the calling thread alone (at::internal::GRAIN_SIZE).
+GRAIN = 32768
+
+
+def cache_update(cache, key: torch.Tensor, value: torch.Tensor, layer: int, serial: bool = False):
     """The cache's own `update` for one layer's new keys and values: the layer's whole keys and values
-    back. (5.17 takes `cache_kwargs` after the layer, 5.24 `kwargs`; neither is needed here.)"""
+    back. (5.17 takes `cache_kwargs` after the layer, 5.24 `kwargs`; neither is needed here.)
+
+    `serial`: the same append done on the calling thread alone where torch's would split it over its
+    threads (a full layer of a DynamicCache on CPU past GRAIN elements: its torch.cat then wakes torch's
+    thread team, whose spinning afterwards takes a core from a pass whose products run on spec.cpu.gemv's
+    own threads). The layer's keys and values are then numpy's concatenation of the same tensors, the same
+    values in the same layout; nothing else of the cache changes (as DynamicLayer.update)."""
+    if serial and type(cache) is DynamicCache and layer < len(cache.layers) and not getattr(cache, "offloading", False):
+        lay = cache.layers[layer]
+        if (type(lay) is DynamicLayer and lay.is_initialized and lay.keys.device.type == "cpu"
+                and lay.keys.numel() + key.numel() >= GRAIN):
+            import numpy as np
+            lay.keys = torch.from_numpy(np.concatenate((lay.keys.detach().numpy(), key.detach().numpy()), axis=-2))
+            lay.values = torch.from_numpy(np.concatenate((lay.values.detach().numpy(), value.detach().numpy()),
+                                                         axis=-2))
+            return lay.keys, lay.values
     return cache.update(key, value, layer)
+
+
+def plain_cache(cache) -> bool:
+    """`cache` is a DynamicCache of full layers only (or of none yet): one whose positions are the
+    sequence's, from 0, every layer holding them all (what spec.cpu.executor runs a pass on)."""
+    return type(cache) is DynamicCache and not getattr(cache, "offloading", False) and \
+        all(type(layer) is DynamicLayer for layer in cache.layers)
 
 
 def cache_len(cache) -> int:
@@ -175,7 +201,8 @@ def step(model, ids: torch.Tensor, cache=None, *, position_ids: torch.Tensor | N
     given positions and no mask, transformers reads a step back as the start of another
     packed sequence and masks across it. hidden: a list that receives the hidden states of every
     position the forward ran at `layers` (indices into the output's hidden_states), [n, L, H] (for
-    drafters that read them)."""
+    drafters that read them). fn: what runs the call in the model's place, taking the forward's keywords (a
+    compiled step, spec.cpu.executor's Executor); None: the model."""
     params = forward_params(type(model))
     kwargs = {"input_ids": ids[None], "use_cache": use_cache}
     if hidden is not None:
@@ -210,16 +237,17 @@ def hidden_states(out, layers: tuple[int, ...] = (-1,)) -> torch.Tensor:
     return torch.stack([states[layer][0] for layer in layers], dim=1)
 
 
-def authors_forward(model, ids: torch.Tensor) -> torch.Tensor:
+def authors_forward(model, ids: torch.Tensor, fn=None) -> torch.Tensor:
     """Logits [n, vocab] of the model's forward over `ids` (1-D) called as its authors call it:
-    the ids and an all-ones attention mask, no positions, no cache. The reference spec reproduces."""
+    the ids and an all-ones attention mask, no positions, no cache. The reference spec reproduces.
+    `fn`: what runs the call in the model's place (spec.cpu.executor's Executor, in its probe)."""
     params = forward_params(type(model))
     kwargs = {"input_ids": ids[None]}
     if "attention_mask" in params:
         kwargs["attention_mask"] = torch.ones_like(ids)[None]
     if "use_cache" in params:
         kwargs["use_cache"] = False
-    return model(**kwargs).logits[0]
+    return (fn or model)(**kwargs).logits[0]
 
 
 def forward(model, ids: torch.Tensor, cache, keep: int = 0, step_fn=None) -> torch.Tensor:
@@ -308,7 +336,7 @@ def batch_step(model, ids: torch.Tensor, cache, *, position_ids: torch.Tensor, a
 
 
 def tree_step(model, ids: torch.Tensor, cache, *, position_ids: torch.Tensor, mask: torch.Tensor,
-              keep: int, hidden: list | None = None, layers: tuple[int, ...] = (-1,)) -> torch.Tensor:
+              keep: int, hidden: list | None = None, layers: tuple[int, ...] = (-1,), fn=None) -> torch.Tensor:
     """Run `ids` (1-D) on top of `cache` (whose positions are 0 .. cached - 1) with explicit
     `position_ids` [n] and a custom attention mask [n, cached + n] (True: may attend): masked_step
     for one row. Returns the logits of the last `keep` positions, [keep, V] (hidden: receives every
@@ -316,13 +344,13 @@ def tree_step(model, ids: torch.Tensor, cache, *, position_ids: torch.Tensor, ma
     cached = mask.shape[1] - ids.numel()
     keys = torch.cat([torch.arange(cached, device=position_ids.device), position_ids])
     out = masked_step(model, ids[None], cache, position_ids=position_ids[None], mask=mask[None],
-                      key_positions=keys[None], keep=keep, hidden=hidden, layers=layers)
+                      key_positions=keys[None], keep=keep, hidden=hidden, layers=layers, fn=fn)
     return out[0]
 
 
 def masked_step(model, ids: torch.Tensor, cache, *, position_ids: torch.Tensor, mask: torch.Tensor,
                 key_positions: torch.Tensor, keep: int, hidden: list | None = None,
-                layers: tuple[int, ...] = (-1,)) -> torch.Tensor:
+                layers: tuple[int, ...] = (-1,), fn=None) -> torch.Tensor:
     """Run `ids` [B, m] on top of `cache` with explicit `position_ids` [B, m] and a custom attention
     mask [B, m, cached + m] (True: may attend; `key_positions` [B, cached + m] the position of each
     key column), passed as HF's ready-made 4-D additive mask (0 or the dtype's minimum), which
@@ -330,7 +358,7 @@ def masked_step(model, ids: torch.Tensor, cache, *, position_ids: torch.Tensor, 
     window, so the window is put in here, counted in positions as a chain's pass counts it; a model
     with both kinds of layers (config.layer_types) gets one mask per kind, the mapping its forward
     takes. Returns the logits of the last `keep` columns, [B, keep, V] (hidden: receives, for a
-    single row, every position's states at `layers`, [m, L, H])."""
+    single row, every position's states at `layers`, [m, L, H]). fn: as step's."""
     dtype = next(model.parameters()).dtype
     cfg = text_config(model)
     window = getattr(cfg, "sliding_window", None)
@@ -354,7 +382,7 @@ def masked_step(model, ids: torch.Tensor, cache, *, position_ids: torch.Tensor, 
         kwargs["logits_to_keep"] = keep
     if hidden is not None:
         kwargs["output_hidden_states"] = True
-    out = model(**kwargs)
+    out = (fn or model)(**kwargs)
     if hidden is not None:
         hidden.append(hidden_states(out, layers))
     return out.logits[:, -keep:]
