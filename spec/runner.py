@@ -31,7 +31,6 @@ is refused with the reason, before any decoding.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 from typing import Any, Callable
 
@@ -39,7 +38,7 @@ import torch
 from transformers import PreTrainedModel
 
 from spec import hf
-from spec.cpu import prepack
+from spec.cpu.executor import Executor, executor_for
 from spec import probe as probing
 from spec.options import Positions, RunnerPath
 from spec.protocols import Runner
@@ -56,6 +55,9 @@ class UnsupportedModelError(ValueError):
         self.runs_uncached = runs_uncached
 
 
+_UNDECIDED: Any = object()         # a runner's executor before its first pass
+
+
 class ModelRunner:
     """What every runner shares: the model, how it counts positions (spec.positions), and
     the ids it holds (the "counted" positions are counted over the whole sequence)."""
@@ -68,26 +70,32 @@ class ModelRunner:
     def __init__(self, model, positions: Positions = Positions.EXPLICIT):
         self.model, self.positions = model, Positions(positions)
         self.held: torch.Tensor | None = None
-        self.packed: dict | None = None        # the packed linears (spec.cpu.prepack), decided at the first pass
+        self._executor: Executor | None = _UNDECIDED
 
     def _sink(self) -> list | None:
         return [] if self.layers is not None else None
 
-    def _linears(self, rows: int | None = None):
-        """The context a pass of `rows` rows runs in: the model's linears prepacked where spec.cpu.prepack
-        says so (fp32 on CPU: a pass of a few rows then costs about one one-token step)."""
-        if self.packed is None:             # decided at the runner's first pass
-            self.packed = prepack.forwards(self.model) if prepack.used(self.model) else {}
-        return prepack.swapped(self.packed, rows) if self.packed else contextlib.nullcontext()
+    @property
+    def executor(self) -> Executor | None:
+        """What runs the passes in the model's place: its spec.cpu.executor Executor (an fp32 CPU target on
+        packed weights: a pass of a few rows then costs about one one-token step), or None, the model's own
+        forward (spec.cpu.executor.describe says which and why). Decided at the runner's first pass, unless
+        set before."""
+        if self._executor is _UNDECIDED:
+            self._executor = executor_for(self.model)
+        return self._executor
+
+    @executor.setter
+    def executor(self, value: Executor | None) -> None:
+        self._executor = value
 
     def _step(self, ids: torch.Tensor, cache, start: int, keep: int):
         """hf.step over `ids` fed on top of the `start` positions held, positions as the model counts."""
         self.held = ids if start == 0 or self.held is None else torch.cat([self.held[:start], ids])
         sink = self._sink()
-        with self._linears(ids.numel()):
-            out = hf.step(self.model, ids, cache, keep=keep, hidden=sink, layers=self.layers or (-1,),
-                          position_ids=position_ids(self.positions, self.model, self.held, start),
-                          mask_len=mask_len(self.positions, self.held.numel()))
+        out = hf.step(self.model, ids, cache, keep=keep, hidden=sink, layers=self.layers or (-1,),
+                      position_ids=position_ids(self.positions, self.model, self.held, start),
+                      mask_len=mask_len(self.positions, self.held.numel()), fn=self.executor)
         self.hidden = sink[0][-ids.numel():] if sink else None
         return out
 
@@ -122,9 +130,8 @@ class KVRunner(ModelRunner):
         ids = torch.cat([before, tree.tokens])
         self.held = ids if start == 0 or self.held is None else torch.cat([self.held[:start], ids])
         sink = self._sink()
-        with self._linears(ids.numel()):
-            logits = hf.tree_step(self.model, ids, self.cache, position_ids=positions.to(ids.device), mask=mask,
-                                  keep=len(tree) + 1, hidden=sink, layers=self.layers or (-1,))
+        logits = hf.tree_step(self.model, ids, self.cache, position_ids=positions.to(ids.device), mask=mask,
+                              keep=len(tree) + 1, hidden=sink, layers=self.layers or (-1,), fn=self.executor)
         self.hidden = sink[0] if sink else None
         return logits
 
@@ -253,10 +260,9 @@ class RecomputeRunner(ModelRunner):
         self.held = held
         positions = position_ids(self.positions, self.model, held, 0)
         sink = self._sink()
-        with self._linears(held.numel()):
-            logits, _ = hf.step(self.model, held, position_ids=positions, keep=keep or ids.numel(), use_cache=False,
-                                mask_len=mask_len(self.positions, held.numel()), hidden=sink,
-                                layers=self.layers or (-1,))
+        logits, _ = hf.step(self.model, held, position_ids=positions, keep=keep or ids.numel(), use_cache=False,
+                            mask_len=mask_len(self.positions, held.numel()), hidden=sink,
+                            layers=self.layers or (-1,), fn=self.executor)
         self.hidden = sink[0][-ids.numel():] if sink else None
         return logits
 

@@ -8,6 +8,8 @@ block-quantized draft forward. The Python modules around it:
   variant this CPU runs, or the one SPEC_NATIVE_ISA forces); `library()` is None with one line saying why
   where it cannot be had, and spec stays exact on its torch path.
 - `gemv`: the fp32 products and small ops as torch-facing functions.
-- `prepack`, `plainllama`: a model's packed weights and plain-tensor Llama layers, used by spec.runner.
+- `executor`: an fp32 CPU target's passes, run by an object spec.runner calls in the model's place (no
+  module's forward replaced, no thread setting changed); `executor_for(model)` and `describe(model)`.
+- `prepack`, `plainllama`: the packed weights and the plain-tensor Llama layers the executor runs.
 - `qdraft`: a Q4_1 / Q8_0 GGUF Llama as a draft Runner (spec.gguf_draft picks it or llama.cpp).
 """

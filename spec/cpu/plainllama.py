@@ -1,20 +1,17 @@
 """Llama decoder layers in plain tensors, for the target's fp32 CPU passes (issue 43).
 
-On a CPU whose matrix products run on spec's packed linears (spec.cpu.prepack), a SmolLM2 step spent about
+On a CPU whose matrix products run on spec's packed weights (spec.cpu.prepack), a SmolLM2 step spent about
 8 ms of its ~28 outside them at one thread: module dispatch, kwargs plumbing, HF's RMSNorm, rotary and
 attention wrappers, and for a pass of several rows `repeat_kv`'s copies of the keys and values
 (docs/BENCHMARKS.md, "Plain-tensor decoder layers"). `layer_forward` is the same computation as
 transformers' `LlamaDecoderLayer.forward` with its SDPA attention, op for op: RMSNorm, the packed q/k/v
-products, rotary (rotate-half), the cache's own `update`, SDPA under the mask the model built (grouped
-heads without copies), o, residual, RMSNorm, SiLU-gated MLP, residual. The model keeps its own embedding,
-cache object, mask, rotary tables, final norm and head; only each layer's body changes.
+products, rotary (rotate-half), the cache's own update (spec.hf.cache_update), SDPA (grouped heads without
+copies), o, residual, RMSNorm, SiLU-gated MLP, residual.
 
-`supports(model)` names why a model cannot run here (None: it can). spec.cpu.prepack swaps these forwards in
-beside the packed linears where `prepack.layers_used` says so: the model supported, not switched off
-(SPEC_PLAIN_LAYERS=0), and its logits within the probe's tolerance of the model's own (spec.probe
-'plain layers', once per model); spec.runner's probe then replays cached passes through them. A call
-with anything this code does not do (hooks on the layer's parts, output_attentions, training, an
-argument it does not know) runs the layer's own forward.
+It is a function of plain arguments, called by spec.cpu.executor for each layer of a pass: no module's
+`forward` is replaced, and no module is called. What a layer call cannot follow (hooks, training, attention
+weights asked for) the executor decides once per pass, before any layer runs, by running the model's own
+forward instead. `supports(model)` names why a model cannot run here (None: it can).
 """
 
 from __future__ import annotations
@@ -24,9 +21,6 @@ import torch.nn.functional as F
 
 from spec import hf
 from spec.cpu import gemv
-
-# Layer arguments this code reads, or knows to change nothing here (the model passes them to every layer).
-KNOWN = frozenset({"position_ids", "use_cache", "cache_position", "output_attentions"})
 
 
 def _classes():
@@ -42,12 +36,15 @@ def layers_of(model) -> list:
 
 
 def supports(model) -> str | None:
-    """Why `model`'s layers cannot run as plain tensors here, or None where they can."""
+    """Why `model` cannot run as plain tensors here (its embedding, layers, final norm and head), or None
+    where it can."""
     layer_cls, attn_cls, mlp_cls, norm_cls = _classes()
-    cfg = hf.text_config(model)
     layers = layers_of(model)
     if not layers or any(type(layer) is not layer_cls for layer in layers):
         return f"{type(model).__name__}'s decoder layers are not transformers' LlamaDecoderLayer"
+    cfg = hf.text_config(model)
+    if len(layers) != getattr(cfg, "num_hidden_layers", len(layers)):
+        return "the config runs fewer decoder layers than the model holds"
     for layer in layers:
         parts = (layer.self_attn, layer.mlp, layer.input_layernorm, layer.post_attention_layernorm)
         if tuple(map(type, parts)) != (attn_cls, mlp_cls, norm_cls, norm_cls):
@@ -56,6 +53,13 @@ def supports(model) -> str | None:
                   [getattr(layer.mlp, n) for n in ("gate_proj", "up_proj", "down_proj")]
         if any(type(m) is not torch.nn.Linear for m in linears):
             return "a decoder layer's projections are not plain nn.Linear"
+    base = model.model
+    if type(getattr(base, "embed_tokens", None)) is not torch.nn.Embedding or base.embed_tokens.max_norm is not None:
+        return "its input embedding is not a plain nn.Embedding"
+    if type(getattr(base, "norm", None)) is not norm_cls:
+        return "its final norm is not Llama's RMSNorm"
+    if type(getattr(model, "lm_head", None)) is not torch.nn.Linear:
+        return "its LM head is not a plain nn.Linear"
     if getattr(cfg, "hidden_act", None) != "silu":
         return f"hidden_act {getattr(cfg, 'hidden_act', None)!r}: this code runs SiLU"
     if getattr(cfg, "_attn_implementation", None) != "sdpa":
@@ -76,7 +80,7 @@ def _silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate_up[..., :inner]) * gate_up[..., inner:]
 
 
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """LlamaRMSNorm's forward for fp32 x, in its order."""
     return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
@@ -92,64 +96,58 @@ def grouped_linears(model) -> list[tuple]:
     return [g for layer in layers_of(model) for g in _groups(layer)]
 
 
+def causal_mask(T: int, L: int) -> torch.Tensor:
+    """The bool mask [1, 1, T, L] of T rows fed after L - T cached positions (True: may attend): row t
+    sees keys up to L - T + t, as transformers builds it for one unpadded sequence."""
+    return torch.ones(T, L, dtype=torch.bool).tril(L - T)[None, None]
+
+
+def _sdpa(q, k, v, mask, scale: float, grouped: bool) -> torch.Tensor:
+    B, T = q.shape[0], q.shape[2]
+    L = k.shape[2]
+    if mask is None and 1 < T < L:             # (SDPA's is_causal is top-left: rows after a cache need the mask)
+        mask = causal_mask(T, L)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, is_causal=mask is None and T > 1,
+                                          enable_gqa=grouped).transpose(1, 2).reshape(B, T, -1)
+
+
 def layer_forward(layer, groups: dict, linears: dict, native: bool = False):
-    """`layer`'s forward in plain tensors, its products through `groups` ({(q, k, v) or (gate, up): a
-    function x -> their outputs side by side}, spec.cpu.prepack.Group) and `linears` ({nn.Linear: its
-    forward}, for o and down): a function with the layer forward's arguments, to be set as the layer's
-    `forward` while a pass runs. `native`: RMSNorm, rotary, attention and the SiLU gate on spec.cpu.gemv's
-    library (one call each instead of two to six torch ops; see spec_rms, spec_rotary, spec_attend and
-    spec_silu_mul), where it covers the call (attention: one sequence, an AVX-512F CPU), else torch's."""
+    """`layer`'s computation in plain tensors, its products through `groups` ({(q, k, v) or (gate, up): a
+    spec.cpu.prepack.Group, x -> their outputs side by side}) and `linears` ({nn.Linear: its
+    spec.cpu.prepack.Packed}, for o and down). Returns `forward(x, mask, cos, sin, cache, threads, serial)`:
+    x [B, T, H] the layer's input; mask None (one sequence, causal: row t sees keys up to L - T + t) or the
+    4-D mask to attend under; cos, sin the rotary tables [B, T, D]; cache the model's cache object (None:
+    none); threads the products' (spec.cpu.prepack.Packed: 0 oneDNN, n the kernel over n threads); serial:
+    the cache appended by one thread (hf.cache_update). `native`: RMSNorm, rotary, attention and the SiLU
+    gate on spec.cpu.gemv's library (one call each instead of two to six torch ops), where it covers the call
+    (attention: one sequence, an AVX-512F CPU), else torch's."""
     a, mlp = layer.self_attn, layer.mlp
     qkv_g, gate_up_g = (groups[g] for g in _groups(layer))
     o_p, down_p = linears[a.o_proj], linears[mlp.down_proj]
     n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
-    parts = (a, mlp, n1, n2, a.q_proj, a.k_proj, a.v_proj, a.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-    own = type(layer).forward.__get__(layer)
     D, index, scale, grouped = a.head_dim, a.layer_idx, a.scaling, a.num_key_value_groups > 1
     H, KV = a.q_proj.out_features // D, a.k_proj.out_features // D
-    norm, swiglu = (gemv.rms, gemv.silu_mul) if native else (_rms, _silu_mul)
+    norm, swiglu = (gemv.rms, gemv.silu_mul) if native else (rms, _silu_mul)
 
-    def forward(hidden_states, attention_mask=None, position_embeddings=None, **kwargs):
-        cache = hf.layer_cache(kwargs)
-        if (layer.training or position_embeddings is None or hidden_states.dtype != torch.float32
-                or any(k not in KNOWN and k not in hf.LAYER_CACHE_KWARGS and v is not None
-                       for k, v in kwargs.items())
-                or kwargs.get("output_attentions") or torch.nn.modules.module._global_forward_hooks
-                or torch.nn.modules.module._global_forward_pre_hooks
-                or any(p._forward_hooks or p._forward_pre_hooks for p in parts)):
-            return own(hidden_states, attention_mask=attention_mask, position_embeddings=position_embeddings, **kwargs)
-        x = hidden_states
+    def forward(x, mask, cos, sin, cache, threads: int, serial: bool = False):
         B, T = x.shape[:2]
-        cos, sin = position_embeddings
-        qkv = qkv_g(norm(x, n1.weight, n1.variance_epsilon))                # [B, T, heads q | k | v x D]
+        qkv = qkv_g(norm(x, n1.weight, n1.variance_epsilon), threads)       # [B, T, heads q | k | v x D]
         if native and cos.is_contiguous() and sin.is_contiguous() and cos.numel() == B * T * D:
             qkv = gemv.rotary_(qkv, H + KV, cos, sin).view(B, T, H + 2 * KV, D).transpose(1, 2)
             q, k, v = qkv[:, :H], qkv[:, H:H + KV], qkv[:, H + KV:]
         else:
             qkv = qkv.view(B, T, H + 2 * KV, D).transpose(1, 2)
-            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+            c, s = cos.unsqueeze(1), sin.unsqueeze(1)
             qk = qkv[:, :H + KV]
-            qk = qk * cos + _rotate_half(qk) * sin                         # q's heads and k's in one go
+            qk = qk * c + _rotate_half(qk) * s                             # q's heads and k's in one go
             q, k, v = qk[:, :H], qk[:, H:], qkv[:, H + KV:]
         if cache is not None:
-            k, v = hf.cache_update(cache, k, v, index)
-        causal = T > 1 and attention_mask is None
-        if causal and k.shape[2] > T:          # (as transformers' SDPA path: an empty static cache's prefill)
-            k, v = k[:, :, :T], v[:, :, :T]
-        o = gemv.attend(q, k, v, attention_mask, scale) if native else None       # [B, T, H * D], or None
+            k, v = hf.cache_update(cache, k, v, index, serial=serial)
+        o = gemv.attend(q, k, v, mask, scale) if native else None           # [B, T, H * D], or None
         if o is None:
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, scale=scale, is_causal=causal,
-                                               enable_gqa=grouped).transpose(1, 2).reshape(B, T, -1)
-        x = x + o_p(o)
+            o = _sdpa(q, k, v, mask, scale, grouped)
+        x = x + o_p(o, threads)
         h = norm(x, n2.weight, n2.variance_epsilon)
-        return x + down_p(swiglu(gate_up_g(h)))
+        return x + down_p(swiglu(gate_up_g(h, threads)), threads)
 
     return forward
-
-
-def forwards(model, groups: dict, linears: dict, native: bool | None = None) -> dict:
-    """{decoder layer: its plain forward} for a model `supports` accepts (see `layer_forward`; `native`
-    None: where spec.cpu.gemv's library is there)."""
-    if native is None:
-        native = gemv.library() is not None
-    return {layer: layer_forward(layer, groups, linears, native) for layer in layers_of(model)}

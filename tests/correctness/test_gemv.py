@@ -1,7 +1,8 @@
 """spec.cpu.gemv: the hand-written few-row kernel computes nn.Linear's function within fp32 rounding for
 every block size, layout and ISA this CPU has; a library that cannot be built, crashes or computes
 wrong is never used (a debug-level reason, oneDNN kept); the probe refuses a wrong kernel; and spec's
-runners use it on up to KERNEL_THREADS torch threads (1 to KERNEL_ROWS rows) with speculative output still equal to greedy's."""
+runners use it (through spec.cpu.executor) on up to KERNEL_THREADS torch threads (1 to KERNEL_ROWS rows) with
+speculative output still equal to greedy's."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch.nn.functional as F
 from oracles import assert_logits_close
 
 from spec import hf, probe
-from spec.cpu import gemv, prepack
+from spec.cpu import executor, gemv, prepack
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch")
 
@@ -159,8 +160,9 @@ def test_no_compiler_leaves_onednn_with_a_debug_reason(fresh, monkeypatch, caplo
     model = llama()
     probe.forget(model)
     monkeypatch.setattr(prepack, "MIN_BYTES", 0)
-    assert prepack.used(model) and not prepack.kernel_used(model)
-    assert not any(f.kernel for f in prepack.forwards(model).values() if isinstance(f, prepack.Packed))
+    ex = executor.executor_for(model)
+    assert ex is not None and not ex.most and not any(f.kernel for f in ex.linears.values())
+    assert "no kernel: spec.cpu.gemv's library is not available" in executor.describe(model)
     probe.forget(model)
 
 
@@ -187,72 +189,66 @@ def test_a_wrong_kernel_is_refused_by_the_probe(lib, monkeypatch):
     probe.forget(model)
     monkeypatch.setattr(prepack, "MIN_BYTES", 0)
     real = gemv.product
-    monkeypatch.setattr(gemv, "product", lambda *a, **k: (lambda x, f=real(*a, **k): f(x) * 1.001))
-    prepack._PACKED.pop(model, None)
-    assert prepack.used(model) and not prepack.kernel_used(model)
-    assert probe.memo(model, "gemv linears")[1] is False
-    assert not any(f.kernel for f in prepack.forwards(model).values() if isinstance(f, prepack.Packed))
+    monkeypatch.setattr(gemv, "product", lambda *a, **k: (lambda x, threads=1, f=real(*a, **k): f(x, threads=threads)
+                                                          * 1.001))
+    ex = executor.executor_for(model)
+    assert ex is not None and not ex.most and not any(f.kernel for f in ex.linears.values())
+    assert "no kernel: the kernel's logits were off the model's own" in executor.describe(model)
     monkeypatch.setattr(gemv, "product", real)
     probe.forget(model)
-    prepack._PACKED.pop(model, None)
-    assert prepack.kernel_used(model)                # the control: the real kernel passes
+    assert executor.executor_for(model).most == prepack.kernel_rows() > 0      # the control: the real kernel passes
     probe.forget(model)
-    prepack._PACKED.pop(model, None)
 
 
 def test_spec_runs_the_kernel_on_few_threads_and_stays_exact(lib, monkeypatch):
     """At one thread the runners' passes of 1 to KERNEL_ROWS[ISA] rows run the kernel (prefill above that on
-    oneDNN), speculative output equals greedy's; at KERNEL_THREADS (2) still; above it the kernel is not
+    oneDNN), speculative output equals greedy's; at KERNEL_THREADS (2) still, the kernel's panels split over the
+    2 threads named per call while torch's own setting stays 2 (never changed); above it the kernel is not
     called."""
     from spec import greedy_generate, speculative_generate
     from spec.models import perturbed_copy
     model = llama()
     probe.forget(model)
-    prepack._PACKED.pop(model, None)
     monkeypatch.setattr(prepack, "MIN_BYTES", 0)
-    rows, inside = [], []
+    calls = []                  # (rows, N, threads named, torch's threads) of each kernel product
     real = gemv.product
 
     def counted(*a, **k):
         f = real(*a, **k)
-        return lambda x: rows.append(x.numel() // x.shape[-1]) or inside.append((f.N, torch.get_num_threads())) or f(x)
+        return lambda x, threads=1: calls.append((x.numel() // x.shape[-1], f.N, threads, torch.get_num_threads())) \
+            or f(x, threads=threads)
     monkeypatch.setattr(gemv, "product", counted)
     draft = perturbed_copy(model, noise=0.05, seed=3)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        assert prepack.kernel_used(model) and prepack.kernel_used(draft)    # (the probes run the kernel unsplit)
-        rows.clear()
+        assert executor.executor_for(model).most and executor.executor_for(draft).most   # (probes: the kernel unsplit)
+        calls.clear()
         prompt = list(range(3, 3 + 14))               # a 14-token prefill: above KERNEL_ROWS, oneDNN's
         for p in (prompt, [7, 7, 1, 2, 8]):
             out = speculative_generate(model, draft, p, gamma=3, max_new_tokens=16)
             assert out.tokens == greedy_generate(model, p, max_new_tokens=16).tokens and out.accepted > 0
-        assert rows and max(rows) <= prepack.KERNEL_ROWS[gemv.isa()] and 1 in rows and max(rows) > 1, sorted(set(rows))
+        rows = {r for r, *_ in calls}
+        assert rows and max(rows) <= prepack.KERNEL_ROWS[gemv.isa()] and 1 in rows and max(rows) > 1, sorted(rows)
+        assert {(t, tt) for *_, t, tt in calls} == {(1, 1)}
         torch.set_num_threads(prepack.KERNEL_THREADS)
-        rows.clear()
-        inside.clear()
-        before, seen = gemv.worked(), []
-        real_set = gemv.set_threads
-        monkeypatch.setattr(gemv, "set_threads", lambda n: seen.append((n, torch.get_num_threads())) or real_set(n))
+        calls.clear()
+        before = gemv.worked()
         for p in (prompt, [7, 7, 1, 2, 8]):       # the kernel's panels split over the pool, still exact
             out = speculative_generate(model, draft, p, gamma=3, max_new_tokens=16)
             assert out.tokens == greedy_generate(model, p, max_new_tokens=16).tokens and out.accepted > 0
-        assert rows and 1 in rows and gemv.worked() > before
-        assert torch.get_num_threads() == prepack.KERNEL_THREADS       # given back after each pass
-        # each few-row pass: the pool at torch's threads, the pass itself at one torch thread; then the pool
-        # back to one
-        assert (prepack.KERNEL_THREADS, prepack.KERNEL_THREADS) in seen and (1, prepack.KERNEL_THREADS) in seen
-        # (the kernel calls at torch's threads: the head's kept rows of a pass above KERNEL_ROWS, which runs
-        # as torch runs)
-        assert {t for _, t in inside} == {1, 2} and {n for n, t in inside if t == 2} == {model.config.vocab_size}
+        assert calls and gemv.worked() > before
+        assert {tt for *_, tt in calls} == {prepack.KERNEL_THREADS}           # torch's threads as they were set
+        # few-row passes: the kernel over KERNEL_THREADS threads; the head's kept rows of a pass above
+        # KERNEL_ROWS (the prefill, on oneDNN): the kernel on one
+        assert {t for *_, t, _ in calls} == {1, 2} and {n for _, n, t, _ in calls if t == 1} == {model.config.vocab_size}
         torch.set_num_threads(prepack.KERNEL_THREADS + 1)
-        rows.clear()
+        calls.clear()
         greedy_generate(model, [5, 9, 14, 3], max_new_tokens=4)
-        assert rows == []
+        assert calls == []
     finally:
         torch.set_num_threads(threads)
         probe.forget(model)
-        prepack._PACKED.pop(model, None)
 
 
 @pytest.mark.parametrize("isa,most", [(0, 0), (1, 6), (2, 12)])
@@ -263,23 +259,21 @@ def test_the_rows_the_kernel_takes_follow_the_isa(lib, monkeypatch, isa, most):
         pytest.skip(f"this CPU runs ISA {gemv.isa()}")
     model = llama()
     probe.forget(model)
-    prepack._PACKED.pop(model, None)
     monkeypatch.setattr(prepack, "MIN_BYTES", 0)
     monkeypatch.setattr(gemv, "isa", lambda: isa)
-    assert prepack.kernel_used(model) is (most > 0)
+    assert executor.executor_for(model).most == most
     lin = model.model.layers[0].mlp.up_proj
     calls = []
     real = gemv.product
-    monkeypatch.setattr(gemv, "product", lambda *a, **k: (lambda x, f=real(*a, variant=isa, **k): calls.append(
-        x.numel() // x.shape[-1]) or f(x)))
+    monkeypatch.setattr(gemv, "product", lambda *a, **k: (lambda x, threads=1, f=real(*a, variant=isa, **k): calls.append(
+        x.numel() // x.shape[-1]) or f(x, threads=threads)))
     f = prepack.packed_forward(lin, kernel=True)
-    with torch.inference_mode(), prepack.kernel_always():
+    with torch.inference_mode():
         for M in range(1, 15):
             x = torch.randn(M, lin.in_features)
-            assert_logits_close(f(x), F.linear(x, lin.weight, lin.bias), torch.float32, what=f"M={M}")
+            assert_logits_close(f(x, 1), F.linear(x, lin.weight, lin.bias), torch.float32, what=f"M={M}")
     assert calls == list(range(1, most + 1))
     probe.forget(model)
-    prepack._PACKED.pop(model, None)
 
 
 @pytest.mark.parametrize("N,K", [(17, 71), (33, 16), (96, 64), (2000, 600), (1, 1)])
@@ -363,27 +357,27 @@ def test_a_group_that_cannot_share_panels_is_refused(lib):
     lins = (torch.nn.Linear(64, 40), torch.nn.Linear(64, 16))
     g = prepack.group(lins, kernel=True)
     x = torch.randn(3, 64)
-    with torch.inference_mode(), prepack.kernel_always():
+    with torch.inference_mode():
         assert g.whole is None and all(m.kernel for m in g.members)
-        check(g(x), x, torch.cat([m.weight for m in lins]).detach(), torch.cat([m.bias for m in lins]).detach(), "own")
+        check(g(x, 1), x, torch.cat([m.weight for m in lins]).detach(), torch.cat([m.bias for m in lins]).detach(),
+              "own")
 
 
 def test_plain_layers_on_the_kernel_compute_the_models_layers(lib):
     """spec.cpu.plainllama on the kernel's grouped products (q/k/v and gate/up each one product): the model's
     own logits within fp32 rounding, cache-free and cached (1 and several rows)."""
-    from spec import runner
     model = llama()
     ids = torch.randint(0, 128, (20,), generator=torch.Generator().manual_seed(4))
+    ex = executor.Executor(model, kernel=True)
+    assert len(ex.layers) == 2 and ex.most and all(f.kernel for f in ex.linears.values())
+    fn = lambda **kwargs: ex.forward(kwargs, 1)        # noqa: E731 - the kernel wherever it runs, unsplit
     with torch.inference_mode():
         want = hf.authors_forward(model, ids)
-        packed = prepack.forwards(model, kernel=True, layers=True)
-        assert sum(type(m).__name__ == "LlamaDecoderLayer" for m in packed) == 2
-        with prepack.swapped(packed), prepack.kernel_always():
-            assert_logits_close(hf.authors_forward(model, ids[:9]), want[:9], torch.float32, what="9 ids")
-            run = runner.KVRunner(model)
-            run(ids[:8])
-            assert_logits_close(run(ids[8:9]), want[8:9], torch.float32, what="1 row after 8")
-            assert_logits_close(run(ids[9:20]), want[9:], torch.float32, what="11 rows after 9")
+        assert_logits_close(hf.authors_forward(model, ids[:9], fn), want[:9], torch.float32, what="9 ids")
+        cache = hf.new_cache(model)
+        hf.step(model, ids[:8], cache, fn=fn)
+        assert_logits_close(hf.step(model, ids[8:9], cache, fn=fn)[0], want[8:9], torch.float32, what="1 row after 8")
+        assert_logits_close(hf.step(model, ids[9:20], cache, fn=fn)[0], want[9:], torch.float32, what="11 rows after 9")
 
 
 @pytest.mark.parametrize("T,L,H,KV,masked", [(1, 70, 9, 3, False), (9, 73, 9, 3, True), (5, 5, 4, 4, False),

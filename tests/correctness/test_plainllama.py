@@ -1,6 +1,7 @@
-"""spec.cpu.plainllama: Llama decoder layers in plain tensors compute the model's own layers (cache-free,
-cached, under a tree's mask, padded batches, hidden states), run where spec.cpu.prepack says so, fall back to
-the layer's own forward where they cannot follow it, and refuse the models they do not cover."""
+"""spec.cpu.plainllama: Llama decoder layers in plain tensors, as spec.cpu.executor runs them, compute the
+model's own layers (cache-free, cached, under a tree's mask, hidden states), run where the executor's probe
+says so, leave calls they cannot follow (hooks, attention weights, a padded batch) to the model's own
+forward, and refuse the models they do not cover."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 from oracles import assert_logits_close
 
 from spec import hf, probe, runner
-from spec.cpu import plainllama, prepack
+from spec.cpu import executor, plainllama, prepack
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch")
 
@@ -27,13 +28,9 @@ def llama(bias=False, kv_heads=2, **extra):
     return model
 
 
-def plain(model):
-    """The model's linears packed (oneDNN) and its layers plain, as a pass runs them."""
-    return prepack.swapped(prepack.forwards(model, kernel=False, layers=True))
-
-
-def unpacked(model):
-    return prepack.swapped(prepack.forwards(model, kernel=False, layers=False))
+def plain(model, native=None):
+    """An Executor of the model on oneDNN's packed weights (its layers plain, as a pass runs them)."""
+    return executor.Executor(model, kernel=False, native=native)
 
 
 @pytest.fixture
@@ -50,41 +47,46 @@ IDS = torch.randint(0, 128, (24,), generator=torch.Generator().manual_seed(2))
 
 
 @pytest.fixture(params=["native", "torch"])
-def small_ops(request, monkeypatch):
-    """RMSNorm and rotary on spec.cpu.gemv's library where it is there ("native"), or as torch ops."""
+def small_ops(request):
+    """RMSNorm, rotary, attention and the SiLU gate on spec.cpu.gemv's library where it is there ("native":
+    True), or as torch ops (False)."""
     from spec.cpu import gemv
     if request.param == "native" and gemv.library() is None:
         pytest.skip(f"spec.cpu.gemv's library is not available: {gemv.reason()}")
-    if request.param == "torch":
-        monkeypatch.setattr(plainllama.gemv, "library", lambda: None)
-    return request.param
+    return request.param == "native"
 
 
 @pytest.mark.parametrize("bias,kv_heads", [(False, 2), (True, 4), (False, 1)])
 def test_plain_layers_compute_the_models_layers(bias, kv_heads, small_ops):
     model = llama(bias, kv_heads)
+    ex = plain(model, small_ops)
+
+    def on(run):
+        run.executor = ex
+        return run
     with torch.inference_mode():
         want = {n: hf.authors_forward(model, IDS[:n]) for n in (1, 5, 24)}
-        with plain(model):
-            for n, w in want.items():
-                assert_logits_close(hf.authors_forward(model, IDS[:n]), w, torch.float32, what=f"{n} ids, cache-free")
-            assert runner._replay(runner.KVRunner(model), IDS, want[24], 1e-5) is None      # cached, 1 and more rows
-            # a 9-row pass on a 15-position cache (a verify pass: the model builds a mask)
-            run = runner.KVRunner(model)
-            run(IDS[:15])
-            assert_logits_close(run(IDS[15:24]), want[24][15:], torch.float32, what="9 rows after 15 cached")
+        for n, w in want.items():
+            assert_logits_close(hf.authors_forward(model, IDS[:n], ex), w, torch.float32, what=f"{n} ids, cache-free")
+        assert runner._replay(on(runner.KVRunner(model)), IDS, want[24], 1e-5) is None      # cached, 1 and more rows
+        # a 9-row pass on a 15-position cache (a verify pass: the model builds a mask)
+        run = on(runner.KVRunner(model))
+        run(IDS[:15])
+        assert_logits_close(run(IDS[15:24]), want[24][15:], torch.float32, what="9 rows after 15 cached")
+    assert not ex.passes[executor.TRANSFORMERS]
 
 
 def test_the_plain_path_runs_and_is_not_the_layers_own(own_forward_forbidden):
-    """Not vacuous: with the layer's own forward made to fail, a packed pass still runs (plain), and
-    outside the swap the model's own forward is what runs."""
+    """Not vacuous: with the layer's own forward made to fail, a pass on the Executor still runs (plain), and
+    the model's own forward is what fails."""
     model = llama()
+    ex = plain(model)
     with torch.inference_mode():
-        with plain(model):
-            hf.authors_forward(model, IDS[:7])
-            run = runner.KVRunner(model)
-            run(IDS[:4])
-            run(IDS[4:9])
+        hf.authors_forward(model, IDS[:7], ex)
+        run = runner.KVRunner(model)
+        run.executor = ex
+        run(IDS[:4])
+        run(IDS[4:9])
         with pytest.raises(AssertionError, match="own forward ran"):
             hf.authors_forward(model, IDS[:7])
 
@@ -94,44 +96,50 @@ def test_a_tree_pass_sees_each_nodes_path():
     from spec.tree import Tree
     model = llama()
     tree = Tree(torch.tensor([5, 9, 17, 3, 40, 41]), (-1, -1, 0, 0, 2, 1))
+    ex = plain(model)
     with torch.inference_mode():
         logits = {}
-        for name, context in (("own", unpacked), ("plain", plain)):
+        for name, fn in (("own", None), ("plain", ex)):
             run = runner.KVRunner(model)
-            with context(model):
-                run(IDS[:10])
-                logits[name] = run.feed_tree(IDS[10:12], tree)
+            run.executor = fn
+            run(IDS[:10])
+            logits[name] = run.feed_tree(IDS[10:12], tree)
         assert_logits_close(logits["plain"], logits["own"], torch.float32, what="tree pass")
+    assert ex.passes[executor.ONEDNN] == 2 and not ex.passes[executor.TRANSFORMERS]
 
 
-def test_a_padded_batch_and_hidden_states_match():
-    """A left-padded batch of two rows (a 4-D padding mask) and the hidden states a drafter reads."""
+def test_hidden_states_match_and_a_padded_batch_is_the_models_own():
+    """The hidden states a drafter reads (every layer's, the last after the final norm) match the model's
+    own; a left-padded batch of two rows is left to the model's own forward."""
     model = llama()
+    ex = plain(model)
     ids = torch.stack([IDS[:8], torch.cat([torch.zeros(3, dtype=torch.long), IDS[8:13]])])
     mask = torch.ones_like(ids)
     mask[1, :3] = 0
     with torch.inference_mode():
-        out = {}
-        for name, context in (("own", unpacked), ("plain", plain)):
-            with context(model):
-                o = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
-            out[name] = (o.logits, o.hidden_states[-1])
-        assert_logits_close(out["plain"][0][0], out["own"][0][0], torch.float32, what="row 0")
-        assert_logits_close(out["plain"][0][1, 3:], out["own"][0][1, 3:], torch.float32, what="row 1, unpadded")
-        assert_logits_close(out["plain"][1][1, 3:], out["own"][1][1, 3:], torch.float32, what="hidden states")
+        own = model(input_ids=IDS[None, :8], output_hidden_states=True)
+        mine = ex(input_ids=IDS[None, :8], output_hidden_states=True)
+        assert len(mine.hidden_states) == len(own.hidden_states) == 3
+        for i, (a, b) in enumerate(zip(mine.hidden_states, own.hidden_states)):
+            assert_logits_close(a[0], b[0], torch.float32, what=f"hidden state {i}")
+        batch = ex(input_ids=ids, attention_mask=mask)
+        assert torch.equal(batch.logits, model(input_ids=ids, attention_mask=mask).logits)
+    assert ex.declined == {"not one sequence of ids": 1}
 
 
-def test_what_the_plain_code_does_not_follow_runs_the_layers_own_forward():
-    """A hook on a layer's part, or attention weights asked for: the layer's own forward, hook fired."""
+def test_what_the_plain_code_does_not_follow_runs_the_models_own_forward():
+    """A hook on a layer's part, or attention weights asked for: the model's own forward, hook fired."""
     model = llama()
+    ex = plain(model)
     fired = []
     handle = model.model.layers[1].mlp.register_forward_hook(lambda *a: fired.append(1))
-    with torch.inference_mode(), plain(model):
-        want = hf.authors_forward(model, IDS[:6])
+    with torch.inference_mode():
+        want = hf.authors_forward(model, IDS[:6], ex)
         assert fired == [1]
         handle.remove()
-        o = model(input_ids=IDS[None, :6], output_attentions=True)
+        o = ex(input_ids=IDS[None, :6], output_attentions=True)
     assert_logits_close(o.logits[0], want, torch.float32)
+    assert ex.declined == {"hooks on a LlamaMLP": 1, "the call passes output_attentions": 1}
 
 
 @pytest.mark.parametrize("change,reason", [
@@ -153,42 +161,35 @@ def test_other_architectures_are_not_taken():
 
 
 def test_spec_uses_the_plain_layers_where_they_agree(monkeypatch):
-    """With the model's linears packed, the runners run its layers plain (probed once); switched off
-    (SPEC_PLAIN_LAYERS=0), or when the plain forward is off by 0.1%, they run the model's own."""
+    """The runners run the model's layers plain on its Executor (probed once); switched off
+    (SPEC_PLAIN_LAYERS=0), or when the plain layers are off by 0.1%, they run the model's own forward."""
     from spec import greedy_generate, speculative_generate
     from spec.models import perturbed_copy
     model = llama()
     monkeypatch.setattr(prepack, "MIN_BYTES", 0)      # as if it were large
     probe.forget(model)
-    assert prepack.layers_used(model) and probe.memo(model, "plain layers")[1] is True
-    calls = []
-    real = prepack.swapped
-
-    def counted(packed, rows=None):
-        if rows is not None:                         # a runner's pass (a probe's swap gives no rows)
-            calls.append(sum(type(m).__name__ == "LlamaDecoderLayer" for m in packed))
-        return real(packed, rows)
-    monkeypatch.setattr(prepack, "swapped", counted)
+    ex = executor.executor_for(model)
+    assert ex is not None and len(ex.layers) == 2
     draft = perturbed_copy(model, noise=0.05, seed=3)
+    before = sum(ex.passes.values())
     out = speculative_generate(model, draft, [5, 9, 14, 3], gamma=3, max_new_tokens=16)
     assert out.tokens == greedy_generate(model, [5, 9, 14, 3], max_new_tokens=16).tokens and out.accepted > 0
-    assert calls and all(c == 2 for c in calls), calls       # both layers plain, every pass
+    assert sum(ex.passes.values()) > before and not ex.passes[executor.TRANSFORMERS]     # every pass plain
     monkeypatch.setenv("SPEC_PLAIN_LAYERS", "0")
-    assert not prepack.layers_used(model)
+    probe.forget(model)
+    assert executor.executor_for(model) is None
     monkeypatch.delenv("SPEC_PLAIN_LAYERS")
     probe.forget(model)
     real_layer = plainllama.layer_forward
     monkeypatch.setattr(plainllama, "layer_forward", lambda *a, **k: (
         lambda *x, f=real_layer(*a, **k), **y: f(*x, **y) * 1.001))
-    prepack._PACKED.pop(model, None)
-    assert not prepack.layers_used(model)
+    assert executor.executor_for(model) is None
     probe.forget(model)
-    prepack._PACKED.pop(model, None)
 
 
 def test_plain_layers_that_fail_leave_the_models_own_with_a_debug_reason(monkeypatch, caplog):
-    """A plain forward that raises in the probe (a transformers release whose layers take other arguments)
-    is a no: the runners run the model's own layers, and the output stays exact."""
+    """A plain layer that raises in the probe (a transformers release whose parts take other arguments) is a
+    no: the runners run the model's own forward, and the output stays exact."""
     import logging
     from spec import greedy_generate, speculative_generate
     from spec.models import perturbed_copy
@@ -201,12 +202,11 @@ def test_plain_layers_that_fail_leave_the_models_own_with_a_debug_reason(monkeyp
             raise TypeError("unexpected keyword argument 'cache'")
         return forward
     monkeypatch.setattr(plainllama, "layer_forward", broken)
-    with caplog.at_level(logging.DEBUG, logger="spec.cpu.prepack"):
-        assert not prepack.layers_used(model)
-    assert any("plain layers failed (TypeError" in r.getMessage() for r in caplog.records)
-    assert not any(type(m).__name__ == "LlamaDecoderLayer" for m in prepack.forwards(model))
+    with caplog.at_level(logging.DEBUG, logger="spec.cpu.executor"):
+        assert executor.executor_for(model) is None
+    assert any("passes failed here (TypeError" in r.getMessage() for r in caplog.records)
+    assert "its passes failed here (TypeError: unexpected keyword argument 'cache')" in executor.describe(model)
     draft = perturbed_copy(model, noise=0.05, seed=3)
     out = speculative_generate(model, draft, [5, 9, 14, 3], gamma=3, max_new_tokens=12)
     assert out.tokens == greedy_generate(model, [5, 9, 14, 3], max_new_tokens=12).tokens
     probe.forget(model)
-    prepack._PACKED.pop(model, None)

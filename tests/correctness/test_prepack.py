@@ -1,5 +1,6 @@
-"""spec.cpu.prepack: oneDNN-prepacked linears compute nn.Linear's function within fp32 rounding, pass the
-runner probe's replay, and leave the model as it was."""
+"""spec.cpu.prepack: packed weights (oneDNN's reordered copies) compute nn.Linear's function within fp32
+rounding; spec's runners run an fp32 CPU model on them (through spec.cpu.executor) where they pay and agree
+with the model's own forward, pass the runner probe's replay, and leave the model as it was."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from oracles import assert_logits_close
 
-from spec import hf, runner
-from spec.cpu import prepack
+from spec import hf, probe, runner
+from spec.cpu import executor, prepack
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch")
 
@@ -34,86 +35,94 @@ def test_packed_forward_is_the_linear(shape, bias):
 
 
 def test_the_runner_probe_accepts_the_packed_model():
+    """The runner probe's replay (feeds and crops like the decode loop's) through the Executor on oneDNN."""
     model = llama()
     ids = torch.randint(0, 128, (24,), generator=torch.Generator().manual_seed(2))
+    ex = executor.Executor(model, kernel=False)
     with torch.inference_mode():
         full = hf.authors_forward(model, ids)
-        with prepack.packed_linears(model):
-            assert runner._replay(runner.KVRunner(model), ids, full, 1e-5) is None
-            assert_logits_close(hf.authors_forward(model, ids), full, torch.float32)
+        run = runner.KVRunner(model)
+        run.executor = ex
+        assert runner._replay(run, ids, full, 1e-5) is None
+        assert ex.passes[executor.ONEDNN] > 0 and not ex.passes[executor.TRANSFORMERS]
+        assert_logits_close(hf.authors_forward(model, ids, ex), full, torch.float32)
 
 
-def test_the_model_is_put_back_even_on_error():
+def test_the_model_is_left_as_it_was_even_on_error(monkeypatch):
+    """A pass that fails inside leaves every module as it was (nothing was replaced to put back), and the
+    model's own forward gives what it gave before."""
     model = llama()
+    ex = executor.Executor(model, kernel=False)
     ids = torch.randint(0, 128, (1, 7), generator=torch.Generator().manual_seed(3))
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+
+    def broken(self, x, threads=0):
+        raise RuntimeError("inside")
     with torch.inference_mode():
         before = model(ids).logits
+        monkeypatch.setattr(prepack.Packed, "__call__", broken)
         with pytest.raises(RuntimeError, match="inside"):
-            with prepack.packed_linears(model):
-                assert all("forward" in vars(m) for m in linears)
-                raise RuntimeError("inside")
-        assert not any("forward" in vars(m) for m in linears)
+            ex(input_ids=ids)
+        monkeypatch.undo()
+        assert not any("forward" in vars(m) for m in model.modules())
         assert torch.equal(model(ids).logits, before)
 
 
 def test_a_model_not_fp32_on_cpu_is_left_alone():
     model = llama(torch.float64)
     assert not prepack.available(model)
-    with prepack.packed_linears(model):
-        assert not any("forward" in vars(m) for m in model.modules())
+    assert executor.executor_for(model) is None
+    assert "not fp32" in executor.describe(model)
 
 
 def test_spec_runs_an_fp32_cpu_model_packed_and_stays_exact(monkeypatch):
-    """The runners use the packed linears where the model agrees with its own forward (probed once):
-    greedy and speculative decoding then run packed, and speculative output equals greedy's."""
-    from spec import greedy_generate, probe, speculative_generate
+    """The runners use the Executor where the model agrees with its own forward (probed once): greedy and
+    speculative decoding then run packed, and speculative output equals greedy's."""
+    from spec import greedy_generate, speculative_generate
     from spec.models import perturbed_copy
     model = llama()
     probe.forget(model)
-    assert not prepack.used(model)                    # its 60 KB of linears fit in any cache: F.linear is faster
+    assert executor.executor_for(model) is None           # its 60 KB of linears fit in any cache: F.linear is faster
     probe.forget(model)
     monkeypatch.setattr(prepack, "MIN_BYTES", 0)      # as if it were large
-    assert prepack.used(model) and probe.memo(model, "packed linears")[1] is True
-    calls = []
-    real = prepack.swapped
-    monkeypatch.setattr(prepack, "swapped", lambda packed, rows=None: calls.append(
-        sum(type(m) is torch.nn.Linear for m in packed)) or real(packed, rows))
+    ex = executor.executor_for(model)
+    assert ex is not None and probe.memo(model, "executor")[1][1] is not None
+    assert set(ex.linears) == {m for m in model.modules() if type(m) is torch.nn.Linear}       # all 15 packed
     draft = perturbed_copy(model, noise=0.05, seed=3)
     for prompt in ([5, 9, 14, 3], [7, 7, 1, 2, 8]):
         out = speculative_generate(model, draft, prompt, gamma=3, max_new_tokens=16)
         assert out.tokens == greedy_generate(model, prompt, max_new_tokens=16).tokens and out.accepted > 0
-    assert calls and all(count == 15 for count in calls), calls     # every pass, all 15 linears packed
-    assert all("forward" not in vars(m) for m in model.modules())       # put back after every pass
+    assert sum(ex.passes.values()) > 0 and not ex.passes[executor.TRANSFORMERS]      # every pass on the Executor
+    assert all("forward" not in vars(m) for m in model.modules())
+    probe.forget(model)
 
 
 def test_packing_is_off_when_asked_or_when_the_packed_forward_disagrees(monkeypatch):
-    from spec import probe
     model = llama()
     probe.forget(model)
     monkeypatch.setattr(prepack, "MIN_BYTES", 0)
     monkeypatch.setenv("SPEC_PREPACK", "0")
-    assert not prepack.used(model)
+    assert executor.executor_for(model) is None
     monkeypatch.delenv("SPEC_PREPACK")
-    real = prepack.packed_forward
-    monkeypatch.setattr(prepack, "packed_forward", lambda lin, kernel=False: (lambda x, f=real(lin, kernel): f(x) * 1.001))
-    prepack._PACKED.pop(model, None)
-    assert not prepack.used(model)                   # 0.1% off the model's own: not used, the plain path runs
-    assert runner.verdict(model)[0] == "kv-cache"
     probe.forget(model)
-    prepack._PACKED.pop(model, None)
+    real = prepack.Packed.__call__
+    monkeypatch.setattr(prepack.Packed, "__call__", lambda self, x, threads=0: real(self, x, threads) * 1.001)
+    assert executor.executor_for(model) is None          # 0.1% off the model's own: not used, its own forward runs
+    assert "off the model's own" in executor.describe(model)
+    assert runner.verdict(model)[0] == "kv-cache"
+    monkeypatch.undo()
+    probe.forget(model)
 
 
-def test_a_model_whose_copies_do_not_fit_in_memory_runs_its_own_linears(monkeypatch):
+def test_a_model_whose_copies_do_not_fit_in_memory_runs_its_own_forward(monkeypatch):
     """Packing costs up to twice the linears' bytes more (the kernel's panels and oneDNN's copy): a model
-    whose copies would take more than half the memory available runs unpacked; unknown memory packs."""
-    from spec import probe
+    whose copies would take more than half the memory available runs its own forward; unknown memory packs."""
     model = llama()
-    size = sum(m.weight.numel() * 4 for m in model.modules() if type(m) is torch.nn.Linear)
+    size = prepack.linear_bytes(model)
+    assert size == sum(m.weight.numel() * 4 for m in model.modules() if type(m) is torch.nn.Linear)
     monkeypatch.setattr(prepack, "MIN_BYTES", 0)
     for free, packs in ((4 * size - 1, False), (4 * size, True), (None, True)):
         monkeypatch.setattr(prepack, "memory_available", lambda free=free: free)
         probe.forget(model)
-        assert prepack.used(model) is packs, (free, size)
+        assert (executor.executor_for(model) is not None) is packs, (free, size)
     probe.forget(model)
     assert prepack.memory_available() is None or prepack.memory_available() > 0

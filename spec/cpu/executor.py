@@ -1,0 +1,401 @@
+"""An fp32 CPU target's passes on packed weights, run by an object spec.runner calls (issue 43).
+
+`executor_for(model)` gives the model's Executor (made once per model and its weights, probed once per
+model, dtype and device: spec.probe), or None where the model's own forward runs its passes, and
+`describe(model)` says which path produces its logits and why:
+
+  kernel        spec.cpu.gemv's few-row kernel runs every product of a pass of 1 to KERNEL_ROWS rows (12 with
+                AVX-512F, 6 with AVX2+FMA) at up to KERNEL_THREADS torch threads, its panels split over the
+                caller's torch threads (named per call: no setting is changed)
+  oneDNN        every product of a longer pass (or of any pass above KERNEL_THREADS threads, or without the
+                kernel) on oneDNN's reordered weights; the head's kept rows on the kernel where they are few
+  transformers  the model's own forward, unchanged: a model this code does not run (not fp32 on CPU, not a
+                plain Llama, linears too small to pay, a probe that disagreed, switched off), or one call it
+                does not follow (hooks on the model's modules, training mode, attention weights asked for,
+                a batch, a padded mask, a cache other than a DynamicCache of full layers)
+
+An Executor is called as the model's forward is (spec.hf.step, tree_step and authors_forward take it as
+`fn`) and returns what that forward returns there: the logits of the kept rows, the cache object it was
+given (updated), the hidden states where asked. It runs the embedding, each decoder layer's plain-tensor
+computation (spec.cpu.plainllama), the final norm and the head on its own packed weights (spec.cpu.prepack)
+and the model's own cache object and rotary tables: no module's `forward` is replaced and no module is
+called, so another thread using the model sees it as it is, and each thread's passes are its own (all
+a pass's state lives in its call). Global module hooks (torch.nn.modules.module.register_module_forward_hook)
+do not see its passes; a module's own hooks send every pass to the model's own forward.
+
+Threads: a kernel pass at 2 torch threads splits the kernel's panels over 2 threads of spec.cpu.gemv's pool,
+and keeps its torch ops on the calling thread (their tensors are small, and the cache is appended by one
+thread: hf.cache_update's `serial`), so that torch's own thread team never wakes to spin beside the pool's
+worker (docs/BENCHMARKS.md, "The kernel on two threads"); torch's thread setting is never changed.
+
+Switches: SPEC_PREPACK=0 or SPEC_PLAIN_LAYERS=0 leave the model's own forward, SPEC_GEMV=0 leaves oneDNN for
+every pass.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import operator
+import os
+import threading
+import weakref
+from collections import Counter
+
+import torch
+import torch.nn.functional as F
+
+from spec import hf, probe
+from spec.cpu import gemv, plainllama, prepack
+
+log = logging.getLogger(__name__)
+
+KERNEL, ONEDNN, TRANSFORMERS = "kernel", "oneDNN", "transformers"
+# The keywords of the model's forward a pass here follows (spec.hf passes no others); any other that is
+# not None runs the model's own forward.
+FOLLOWED = frozenset({"input_ids", "attention_mask", "position_ids", "use_cache", "logits_to_keep",
+                      "output_hidden_states", *hf.LAYER_CACHE_KWARGS})
+
+
+class Output:
+    """A pass's result, named as the model's forward names it: logits [1, rows kept, V], the cache it was
+    given (None: none), hidden_states (a tuple, where asked)."""
+    __slots__ = ("logits", "cache", "hidden_states")
+
+    def __init__(self, logits, cache, hidden_states=None):
+        self.logits, self.cache, self.hidden_states = logits, cache, hidden_states
+
+
+def _recorder(hook) -> bool:
+    """A forward hook transformers installs on a model's layers to collect their outputs when hidden states
+    or attention weights are asked for (transformers.utils.output_capturing): it does nothing outside the
+    model's own forward, and the executor gives hidden states itself."""
+    return getattr(hook, "__module__", "").startswith("transformers.utils.")
+
+
+def weights_key(model) -> tuple:
+    """What the packed copies were made from: every linear's weight, by identity and version."""
+    return tuple((id(m.weight), m.weight._version) for m in model.modules() if type(m) is torch.nn.Linear)
+
+
+class Executor:
+    """A supported model's passes on packed weights (see the module docstring). `kernel`: with
+    spec.cpu.gemv's panels for few-row passes; `native`: the layers' small ops on its library (None: where it
+    is there). `passes`: the passes run so far by path (kernel, oneDNN, transformers); `declined`: why
+    calls went to the model's own forward, by reason."""
+
+    def __init__(self, model, kernel: bool, native: bool | None = None):
+        self._model = weakref.ref(model)          # (the model's own forward, for the calls not followed)
+        base = model.model
+        self.embed, self.norm, self.rotary = base.embed_tokens, base.norm, base.rotary_emb
+        self.config = model.config
+        groups = self.groups = {g: prepack.group(g, kernel) for g in plainllama.grouped_linears(model)}
+        self.linears: dict = {}
+        for g, packed in groups.items():
+            self.linears.update(zip(g, packed.members))
+        for m in model.modules():
+            if type(m) is torch.nn.Linear and m not in self.linears:
+                self.linears[m] = prepack.packed_forward(m, kernel)
+        self.head = self.linears[model.lm_head]
+        self.native = gemv.library() is not None if native is None else native
+        self.layers = [plainllama.layer_forward(layer, groups, self.linears, self.native)
+                       for layer in plainllama.layers_of(model)]
+        self.most = self.head.most
+        self.modules = list(model.modules())[1:]    # (its parts: the model itself only through the weak reference)
+        self._hook_dicts = [d for m in [model, *self.modules] for d in (m._forward_pre_hooks, m._forward_hooks,
+                                                                         m._backward_pre_hooks, m._backward_hooks)]
+        self._vars = [vars(m) for m in [model, *self.modules]]
+        self._dropping = [layer.self_attn for layer in plainllama.layers_of(model)]
+        self._recorders: frozenset = frozenset()     # the hook ids last found to be transformers' recorders alone
+        self.key = weights_key(model)
+        self.passes: Counter = Counter()
+        self.declined: Counter = Counter()
+        self._count = threading.Lock()
+        self._table: tuple | None = None         # the rotary tables: (inv_freq's identity and version, cos, sin)
+
+    # --- the calls it follows ----------------------------------------------------------------------
+
+    def declines(self, kwargs: dict) -> str | None:
+        """Why a forward call with `kwargs` runs the model's own forward, or None where this runs it."""
+        other = [k for k, v in kwargs.items() if k not in FOLLOWED and v is not None]
+        if other:
+            return f"the call passes {other[0]}"
+        ids = kwargs.get("input_ids")
+        if ids is None or ids.dim() != 2 or ids.shape[0] != 1 or not ids.shape[1]:
+            return "not one sequence of ids"
+        if not isinstance(kwargs.get("logits_to_keep", 0), int):
+            return "logits_to_keep is not a count"
+        if kwargs.get("output_hidden_states") not in (None, False, True):
+            return "hidden states asked for by index"
+        cache = hf.layer_cache(kwargs)
+        if cache is not None and self._use_cache(kwargs) and not hf.plain_cache(cache):
+            return f"its cache is a {type(cache).__name__}, not a DynamicCache of full layers"
+        cfg = self.config
+        if getattr(cfg, "_attn_implementation", None) != "sdpa" or getattr(cfg, "output_attentions", False):
+            return "attention other than SDPA's, or its weights asked for"
+        return self._modules_decline()
+
+    def _modules_decline(self) -> str | None:
+        """A module of the model with hooks of its own (transformers' output recorders aside) or its forward
+        replaced, or its attention in training mode (dropout): each of these is honoured by the model's own
+        forward only. (Checked every call: hooks come and go; the common case, none, is one pass over the
+        hook dicts in C.)"""
+        model = self._model()
+        patched = any(map(operator.contains, self._vars, itertools.repeat("forward")))
+        if patched or any(self._hook_dicts):
+            # (hooks' handle ids are never reused: the same ids are the same hooks, found recorders last time)
+            ids = frozenset(itertools.chain.from_iterable(self._hook_dicts))
+            if patched or ids != self._recorders:
+                for m in [model, *self.modules]:
+                    if m._forward_pre_hooks or m._backward_pre_hooks or m._backward_hooks or \
+                            not all(map(_recorder, m._forward_hooks.values())):
+                        return f"hooks on a {type(m).__name__}"
+                    if "forward" in vars(m):
+                        return f"a {type(m).__name__}'s forward is replaced"
+                self._recorders = ids
+        if (model is not None and model.training) or any(m.training for m in self._dropping):
+            return "the model is in training mode"
+        return None
+
+    def _use_cache(self, kwargs: dict) -> bool:
+        use = kwargs.get("use_cache")
+        return bool(getattr(self.config, "use_cache", True) if use is None else use)
+
+    def _mask(self, mask, position_ids, past: int, T: int):
+        """The mask the layers attend under: None (one sequence, causal), a 4-D mask (bool where it is
+        allowed/blocked only, as spec.hf.masked_step's), or False where this does not follow it (padding)."""
+        if mask is None:
+            if position_ids is not None and T > 1 and not bool((position_ids[0, 1:] - position_ids[0, :-1] == 1).all()):
+                return False                     # (transformers may read a step back as another packed sequence)
+            return None
+        if mask.dim() == 2:
+            return None if mask.shape == (1, past + T) and bool(mask.all()) else False
+        if mask.dim() != 4 or mask.shape[0] != 1 or tuple(mask.shape[-2:]) != (T, past + T):
+            return False
+        if mask.dtype == torch.bool or not mask.is_floating_point():
+            return mask.bool()
+        allowed = mask == 0
+        blocked = mask <= torch.finfo(mask.dtype).min
+        return allowed if bool((allowed | blocked).all()) else mask
+
+    def __call__(self, **kwargs) -> Output:
+        """The model's forward over `kwargs` (as spec.hf passes them), run here or, where this does not
+        follow the call, by the model itself."""
+        return self.forward(kwargs)
+
+    def forward(self, kwargs: dict, threads: int | None = None):
+        """As __call__; `threads`: the products' (0 oneDNN everywhere, n the kernel over n threads for
+        few rows), forced whatever the pass (the probes); None: as the pass's rows and torch's threads say."""
+        why = self.declines(kwargs)
+        if why is None:
+            ids, cache = kwargs["input_ids"], hf.layer_cache(kwargs)
+            if not self._use_cache(kwargs):
+                cache = None
+            elif cache is None:
+                cache = hf.new_cache(self._model())
+            past = hf.cache_len(cache) if cache is not None else 0
+            mask = self._mask(kwargs.get("attention_mask"), kwargs.get("position_ids"), past, ids.shape[1])
+            if mask is not False:
+                return self.run(ids, cache, kwargs.get("position_ids"), mask, kwargs.get("logits_to_keep") or 0,
+                                bool(kwargs.get("output_hidden_states")), threads, past)
+            why = "an attention mask over padding, or positions that step back"
+        with self._count:
+            self.passes[TRANSFORMERS] += 1
+            self.declined[why] += 1
+        model = self._model()
+        assert model is not None
+        return model(**kwargs)
+
+    # --- a pass ------------------------------------------------------------------------------------
+
+    def threads(self, rows: int) -> tuple[int, bool]:
+        """(the products' threads for a pass of `rows` rows: 0 oneDNN, n > 0 the kernel split over n threads
+        for its products of 1 to `most` rows; whether the pass's torch ops stay on the calling thread)."""
+        if not self.most:
+            return 0, False
+        torch_threads = torch.get_num_threads()
+        if torch_threads > prepack.KERNEL_THREADS:
+            return 0, False
+        if rows <= self.most:
+            return torch_threads, torch_threads > 1
+        return 1, False                          # (a longer pass: its head's few kept rows on the kernel, unsplit)
+
+    def path(self, rows: int) -> str:
+        """The path a pass of `rows` rows takes at torch's threads now: "kernel" or "oneDNN"."""
+        return KERNEL if self.threads(rows)[0] and rows <= self.most else ONEDNN
+
+    def rotary_tables(self, position_ids: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [1, T, D] at `position_ids`: rows of the model's rotary module's own tables, made by it once
+        for the first positions and again past them (each position's row is its own: freqs = position x
+        inv_freq), where its rope type is static; a dynamic one's module is called per pass."""
+        rotary = self.rotary
+        kind = getattr(rotary, "rope_type", "default")
+        if "dynamic" in kind or kind == "longrope":
+            return rotary(x, position_ids)
+        inv = rotary.inv_freq
+        table, need = self._table, int(position_ids.max()) + 1
+        if table is None or table[0] != (id(inv), inv._version) or table[1].shape[1] < need:
+            length = max(need, 256, 2 * table[1].shape[1] if table is not None else 0)
+            cos, sin = rotary(x, torch.arange(length, device=x.device)[None])
+            table = self._table = ((id(inv), inv._version), cos, sin)
+        index = position_ids[0]
+        return table[1][:, index], table[2][:, index]
+
+    def run(self, ids: torch.Tensor, cache, position_ids, mask, keep: int, hidden: bool,
+            threads: int | None = None, past: int = 0) -> Output:
+        """One pass of `ids` [1, T] on top of `cache` (None: none; `past` positions held), positions
+        `position_ids` [1, T] (None: past, past + 1, ...), under `mask` (see `_mask`); the logits of the last
+        `keep` rows (0: all), the hidden states where `hidden`."""
+        T = ids.shape[1]
+        kernel, serial = self.threads(T) if threads is None else (threads, threads > 1)
+        if threads is None:
+            with self._count:
+                self.passes[KERNEL if kernel and T <= self.most else ONEDNN] += 1
+        with torch.no_grad():
+            x = F.embedding(ids, self.embed.weight)
+            if position_ids is None:
+                position_ids = torch.arange(past, past + T, device=ids.device)[None]
+            cos, sin = self.rotary_tables(position_ids, x)
+            states = [x] if hidden else None
+            for layer in self.layers:
+                x = layer(x, mask, cos, sin, cache, kernel, serial)
+                if states is not None:
+                    states.append(x)
+            if states is None and keep:
+                x = x[:, -keep:]
+            norm = gemv.rms if self.native else plainllama.rms
+            x = norm(x, self.norm.weight, self.norm.variance_epsilon)
+            if states is not None:
+                states[-1] = x
+                x = x[:, -keep:] if keep else x
+            return Output(self.head(x, kernel), cache, tuple(states) if states is not None else None)
+
+
+# --- which models get one ---------------------------------------------------------------------------
+
+# model -> its Executor (made once per model and weights; the decision itself is spec.probe's memo)
+_MADE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def executor_for(model) -> Executor | None:
+    """`model`'s Executor, or None where its own forward runs its passes (`describe` says why)."""
+    return decision(model)[0]
+
+
+def decision(model) -> tuple[Executor | None, str | None]:
+    """(the Executor or None, why None or why no kernel: None where the kernel runs), decided once per model,
+    dtype and device (spec.probe: 'executor'), the Executor made again if the linears' weights changed."""
+    if not isinstance(model, torch.nn.Module) or next(model.parameters(), None) is None:
+        return None, "not a torch model with parameters"
+    with _LOCK:
+        why, kernel = probe.once(model, "executor", _decide)
+        if kernel is None:
+            return None, why
+        made = _MADE.get(model)
+        if made is None or made.key != weights_key(model) or bool(made.most) != kernel:
+            made = _MADE[model] = Executor(model, kernel)
+        return made, why
+
+
+def describe(model) -> str:
+    """Which path produces `model`'s logits in spec's runners, and why (for the report)."""
+    ex, why = decision(model)
+    if ex is None:
+        return f"{TRANSFORMERS} (the model's own forward): {why}"
+    made = "spec.cpu.executor: plain Llama layers on packed weights"
+    threads = torch.get_num_threads()
+    if ex.most and threads <= prepack.KERNEL_THREADS:
+        split = f"panels over {threads} threads" if threads > 1 else "one thread"
+        return (f"{KERNEL} (spec.cpu.gemv, {prepack.ISA_NAMES.get(gemv.isa(), 'ISA ' + str(gemv.isa()))}, {split}) "
+                f"for passes of 1-{ex.most} rows, {ONEDNN} above ({made})")
+    if ex.most:
+        why = f"{threads} torch threads, above the kernel's {prepack.KERNEL_THREADS}"
+    return f"{ONEDNN} for every pass (no kernel: {why}) ({made})"
+
+
+def passes(model) -> dict:
+    """The passes `model`'s Executor has run, by path, and why calls went to the model's own forward
+    ({} where it has none)."""
+    made = _MADE.get(model) if isinstance(model, torch.nn.Module) else None
+    if made is None:
+        return {}
+    with made._count:
+        out = dict(made.passes)
+        if made.declined:
+            out["declined"] = dict(made.declined)
+        return out
+
+
+def _refusal(model) -> str | None:
+    """Why `model` gets no Executor before any probe (None: it may)."""
+    if os.environ.get("SPEC_PREPACK", "1") == "0" or os.environ.get("SPEC_PLAIN_LAYERS", "1") == "0":
+        return "switched off (SPEC_PREPACK=0 or SPEC_PLAIN_LAYERS=0)"
+    if not prepack.available(model):
+        return "not fp32 on a CPU with oneDNN"
+    if hf.tensor_parallel_size(model) > 1 or hf.device_map(model) is not None:
+        return "split over processes or devices"
+    size = prepack.linear_bytes(model)
+    if size < prepack.MIN_BYTES:
+        return (f"its linears are {size / 2 ** 20:.1f} MB, under the {prepack.MIN_BYTES >> 20} MB where packed "
+                f"weights pay (they fit in the CPU's caches)")
+    if not prepack.fits(size):
+        return f"the packed copies of its {size >> 20} MB of linears would take more than half the memory available"
+    return plainllama.supports(model)
+
+
+def _kernel_refusal() -> str | None:
+    if os.environ.get("SPEC_GEMV", "1") == "0":
+        return "SPEC_GEMV=0"
+    if gemv.library() is None:
+        return f"spec.cpu.gemv's library is not available ({gemv.reason()})"
+    if gemv.isa() not in prepack.KERNEL_ROWS:
+        return "this CPU has neither AVX-512F nor AVX2+FMA"
+    return None
+
+
+def _decide(model) -> tuple[str | None, bool | None]:
+    """(why, kernel): kernel None where the model gets no Executor (why says why), else whether it runs the
+    kernel (why: why not, or None). The Executor's logits are held to the model's own forward's within the
+    probe's tolerance (`agrees`): on oneDNN everywhere, then on the kernel everywhere it runs."""
+    why = _refusal(model)
+    if why is not None:
+        return why, None
+    no_kernel = _kernel_refusal()
+    try:
+        ex = Executor(model, kernel=no_kernel is None)
+        if not agrees(model, ex, threads=0):
+            return "its logits on packed weights were off the model's own by more than the probe's tolerance", None
+        if no_kernel is None and not agrees(model, ex, threads=1):
+            no_kernel = "the kernel's logits were off the model's own by more than the probe's tolerance"
+    except Exception as e:       # (a transformers release whose parts take other arguments: its own forward runs)
+        log.debug("spec.cpu.executor: %s's passes failed here (%s: %s); its own forward runs", type(model).__name__,
+                  type(e).__name__, e)
+        return f"its passes failed here ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})", None
+    if no_kernel is not None:
+        log.debug("spec.cpu.executor: %s runs oneDNN alone: %s", type(model).__name__, no_kernel)
+    if bool(ex.most) == (no_kernel is None):
+        _MADE[model] = ex                        # (the one probed: its copies are not made twice)
+    return no_kernel, no_kernel is None
+
+
+def agrees(model, ex: Executor, threads: int) -> bool:
+    """`ex`'s logits with its products on `threads` (0 oneDNN, 1 the kernel for 1 to `most` rows) are within
+    the probe's tolerance of the model's own forward's over the probe's ids: cache-free for the first id,
+    the first 3 and the first `most` (all of them on oneDNN), and cached, fed as a prefix, one row, then the
+    rest (at most `most` rows)."""
+    ids = probe.ids(model, probe.probe_length(model), next(model.parameters()).device)
+    tol = probe.tolerance(model)
+    fn = lambda **kwargs: ex.forward(kwargs, threads)      # noqa: E731
+    cuts = sorted({min(n, ids.numel()) for n in (1, 3, ex.most if threads else ids.numel())})
+    for n in cuts:
+        if not probe.close(hf.authors_forward(model, ids[:n], fn), hf.authors_forward(model, ids[:n]), tol):
+            return False
+    end = min(ids.numel(), 1 + 2 * ex.most) if threads else ids.numel()
+    full = hf.authors_forward(model, ids[:end])
+    cache = hf.new_cache(model)
+    for start, stop in ((0, end // 2), (end // 2, end // 2 + 1), (end // 2 + 1, end)):
+        got = hf.step(model, ids[start:stop], cache, position_ids=torch.arange(start, stop)[None], fn=fn)[0]
+        if not probe.close(got, full[start:stop], tol):
+            return False
+    return True

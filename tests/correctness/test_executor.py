@@ -1,0 +1,283 @@
+"""spec.cpu.executor: an fp32 CPU target's passes run by an object the runner calls, on packed weights it owns:
+its logits within the probe's tolerance of the model's own on every path (1, 9 and many rows; cached and
+cache-free; hidden states), two Python threads decoding at once on one model each get their own output, a
+pass replaces no module's forward and leaves torch's threads as they were, calls it does not follow run the
+model's own forward, and the report names the path that produced the logits and why."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from oracles import assert_logits_close
+
+from spec import greedy_generate, hf, probe, runner
+from spec.cpu import executor, gemv, prepack
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch")
+
+
+def llama(layers=2, hidden=64, vocab=128, seed=0, **extra):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 3 // 2,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, **extra)
+    model = LlamaForCausalLM(cfg).float().eval()
+    with torch.no_grad():                       # norms of their own (a fresh model's are all ones)
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    return model
+
+
+@pytest.fixture
+def packed(monkeypatch):
+    """The tiny models count as large (MIN_BYTES 0): spec's runners run them on an Executor."""
+    monkeypatch.setattr(prepack, "MIN_BYTES", 0)
+    made = []
+
+    def make(*args, **kwargs):
+        model = llama(*args, **kwargs)
+        probe.forget(model)
+        made.append(model)
+        return model
+    yield make
+    for model in made:
+        probe.forget(model)
+
+
+@pytest.fixture
+def threads():
+    """torch's threads set by the test, given back after it."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+IDS = torch.randint(0, 128, (40,), generator=torch.Generator().manual_seed(2))
+KERNEL = pytest.param(1, id="kernel", marks=pytest.mark.skipif(prepack.kernel_rows() == 0,
+                                                                reason="no kernel on this CPU or build"))
+
+
+def forced(ex, threads):
+    """`ex` as the model's forward with its products on `threads` (0 oneDNN, n the kernel over n threads)."""
+    return lambda **kwargs: ex.forward(kwargs, threads)
+
+
+@pytest.mark.parametrize("threads", [0, KERNEL, pytest.param(2, id="kernel-split", marks=KERNEL.marks)])
+@pytest.mark.parametrize("rows", [1, 9, 40])
+def test_the_executors_logits_are_the_models_own(packed, rows, threads):
+    """Cache-free, and cached (a prefix, then `rows` more on top of it), on oneDNN, the kernel and the kernel
+    split over 2 threads (rows above the kernel's run on oneDNN), within the probe's tolerance; and the hidden
+    states a drafter reads (the last one after the final norm, as transformers gives them)."""
+    model = packed()
+    ex = executor.Executor(model, kernel=threads > 0)
+    fn, tol = forced(ex, threads), probe.tolerance(model)
+    with torch.inference_mode():
+        want = hf.authors_forward(model, IDS)
+        got = hf.authors_forward(model, IDS[:rows], fn)
+        assert_logits_close(got, want[:rows], torch.float32, what=f"{rows} rows, cache-free")
+        assert probe.close(got, want[:rows], tol)
+        cache = hf.new_cache(model)
+        start = 40 - rows if rows < 40 else 0
+        if start:
+            hf.step(model, IDS[:start], cache, position_ids=torch.arange(start)[None], fn=fn)
+        mine, own = [], []
+        got, back = hf.step(model, IDS[start:], cache, position_ids=torch.arange(start, 40)[None], fn=fn, hidden=mine,
+                            layers=(0, 1, -1))
+        assert back is cache and hf.cache_len(cache) == 40
+        assert_logits_close(got, want[start:], torch.float32, what=f"{rows} rows after {start} cached")
+        hf.step(model, IDS, None, hidden=own, layers=(0, 1, -1))
+        assert_logits_close(mine[0], own[0][start:], torch.float32, what="hidden states")
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_two_threads_decoding_at_once_each_get_their_own_output(packed, threads, monkeypatch):
+    """Two Python threads decode two prompts at once on the same target, each several times: every
+    pass's logits are bit for bit those of the same prompt decoded alone, and greedy's tokens too. (A pass's
+    state lives in its call; the kernel's threads are named per call.)"""
+    model = packed(layers=3)
+    prompts = [[5, 9, 14, 3], list(range(20, 36))]          # the second's prefill runs on oneDNN (16 rows)
+
+    def decode(prompt, n=20):
+        run = runner.KVRunner(model)
+        logits = [run(torch.tensor(prompt))]
+        for _ in range(n):
+            logits.append(run(logits[-1][-1:].argmax(-1)))
+        return torch.cat(logits), greedy_generate(model, prompt, max_new_tokens=n).tokens
+
+    set_threads = torch.set_num_threads
+    before = torch.get_num_threads()
+    try:
+        set_threads(threads)
+        with torch.inference_mode():
+            alone = [decode(p) for p in prompts]
+        assert executor.executor_for(model) is not None
+        assert executor.passes(model).get("kernel", 0) > 0 or not prepack.kernel_rows()
+        got: dict = {0: [], 1: [], "error": []}
+        start = threading.Barrier(2)
+
+        def worker(i):
+            try:
+                start.wait()
+                with torch.inference_mode():
+                    for _ in range(3):
+                        got[i].append(decode(prompts[i]))
+            except BaseException as e:        # noqa: BLE001 - reported below
+                got["error"].append(e)
+        workers = [threading.Thread(target=worker, args=(i,)) for i in (0, 1)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    finally:
+        set_threads(before)
+    assert not got["error"], got["error"]
+    for i in (0, 1):
+        for logits, tokens in got[i]:
+            assert tokens == alone[i][1]
+            assert torch.equal(logits, alone[i][0]), f"prompt {i}: a pass's logits differ from the prompt's alone"
+
+
+def test_a_pass_replaces_no_forward_and_leaves_torchs_threads(packed, threads, monkeypatch):
+    """While a pass runs (seen from inside its products), no module of the model has a forward of its own
+    and torch's thread count is the caller's: the kernel's threads are named per call."""
+    model = packed()
+    threads(2)
+    runner.verdict(model)                       # (the probes' passes, their threads forced, come before)
+    seen = []
+    real = prepack.Packed.__call__
+
+    def watched(self, x, threads=0):
+        seen.append((torch.get_num_threads(), threads, any("forward" in vars(m) for m in model.modules())))
+        return real(self, x, threads)
+    monkeypatch.setattr(prepack.Packed, "__call__", watched)
+    with torch.inference_mode():
+        greedy_generate(model, [5, 9, 14, 3], max_new_tokens=6)
+    assert seen and all(t == 2 and not patched for t, _, patched in seen), seen
+    if prepack.kernel_rows():
+        assert {n for _, n, _ in seen} == {2}              # few rows: the kernel over the caller's 2 threads
+
+
+def test_calls_it_does_not_follow_run_the_models_own_forward(packed):
+    """A hook on any module (fired), the model in training mode, attention weights asked for, a padded batch:
+    the model's own forward, with the reason counted; transformers' own output recorders (installed once
+    hidden states are asked of the model's forward) do not count as hooks."""
+    model = packed()
+    ex = executor.executor_for(model)
+    assert ex is not None
+    with torch.inference_mode():
+        want = hf.authors_forward(model, IDS[:6])
+        model(input_ids=IDS[None, :6], output_hidden_states=True)       # transformers installs its recorders
+        before = dict(ex.passes)
+        assert_logits_close(hf.authors_forward(model, IDS[:6], ex), want, torch.float32)
+        assert ex.passes[executor.TRANSFORMERS] == before.get(executor.TRANSFORMERS, 0)
+        fired = []
+        handle = model.model.layers[1].mlp.down_proj.register_forward_hook(lambda *a: fired.append(1))
+        assert_logits_close(hf.authors_forward(model, IDS[:6], ex), want, torch.float32)
+        handle.remove()
+        assert fired == [1] and ex.declined["hooks on a Linear"] == 1
+        handle = model.register_forward_pre_hook(lambda *a: fired.append(2))
+        hf.authors_forward(model, IDS[:6], ex)
+        handle.remove()
+        assert fired == [1, 2]
+        ex(input_ids=IDS[None, :6], output_attentions=True)
+        mask = torch.ones(2, 6, dtype=torch.long)
+        mask[1, :2] = 0
+        ex(input_ids=IDS[:12].view(2, 6), attention_mask=mask)
+        model.train()
+        ex(input_ids=IDS[None, :6])
+        model.eval()
+    assert set(ex.declined) == {"hooks on a Linear", "hooks on a LlamaForCausalLM", "the call passes output_attentions",
+                                "not one sequence of ids", "the model is in training mode"}, ex.declined
+    assert not any("forward" in vars(m) for m in model.modules())
+
+
+def test_the_path_is_named_with_its_reason(threads, monkeypatch):
+    """executor.describe: the kernel with its ISA and threads for few rows and oneDNN above; oneDNN alone,
+    with why; or transformers, with why."""
+    small = llama()
+    probe.forget(small)
+    assert executor.describe(small).startswith("transformers (the model's own forward): its linears are 0.")
+    assert "under the 64 MB" in executor.describe(small)
+    wide = llama().double()
+    assert executor.describe(wide) == "transformers (the model's own forward): not fp32 on a CPU with oneDNN"
+    monkeypatch.setattr(prepack, "MIN_BYTES", 0)
+    model = llama()
+    if prepack.kernel_rows():
+        isa = prepack.ISA_NAMES[gemv.isa()]
+        threads(1)
+        assert executor.describe(model) == (f"kernel (spec.cpu.gemv, {isa}, one thread) for passes of "
+                                            f"1-{prepack.kernel_rows()} rows, oneDNN above (spec.cpu.executor: plain "
+                                            "Llama layers on packed weights)")
+        threads(2)
+        assert f"kernel (spec.cpu.gemv, {isa}, panels over 2 threads)" in executor.describe(model)
+        threads(3)
+        assert executor.describe(model).startswith("oneDNN for every pass (no kernel: 3 torch threads, above the "
+                                                   "kernel's 2)")
+    monkeypatch.setenv("SPEC_GEMV", "0")
+    probe.forget(model)
+    assert executor.describe(model).startswith("oneDNN for every pass (no kernel: SPEC_GEMV=0)")
+    monkeypatch.setenv("SPEC_PLAIN_LAYERS", "0")
+    probe.forget(model)
+    assert executor.describe(model) == ("transformers (the model's own forward): switched off (SPEC_PREPACK=0 or "
+                                        "SPEC_PLAIN_LAYERS=0)")
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    qwen = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=1))
+    monkeypatch.delenv("SPEC_PLAIN_LAYERS")
+    assert "decoder layers are not transformers' LlamaDecoderLayer" in executor.describe(qwen)
+    probe.forget(model)
+
+
+def test_the_runners_count_each_pass_by_path(packed, threads):
+    """A greedy decode at one thread: the prefill of 16 rows on oneDNN, each step on the kernel (where there is
+    one), nothing on the model's own forward; the report's summary prints the counts."""
+    from spec.experiment import report
+    model = packed()
+    threads(1)
+    runner.verdict(model)                       # (the runner probe's own passes counted before)
+    before = executor.passes(model)
+    greedy_generate(model, list(range(3, 19)), max_new_tokens=5)
+    counts = {k: v - before.get(k, 0) for k, v in executor.passes(model).items() if v != before.get(k, 0)}
+    if prepack.kernel_rows():
+        assert counts == {"oneDNN": 1, "kernel": 4}, counts
+    else:
+        assert counts == {"oneDNN": 5}, counts
+    s = type("S", (), {"target_passes": counts})()
+    assert report._passes_lines(s)[0].startswith("target's passes by path: ")
+
+
+def test_a_one_thread_append_is_the_caches_own_update():
+    """hf.cache_update(serial=True) (a kernel pass at 2 threads: no torch op may wake torch's thread team)
+    leaves the cache exactly as DynamicCache.update does, past torch's grain size and below it."""
+    g = torch.Generator().manual_seed(5)
+    for held, new in ((600, 1), (600, 9), (3, 2)):
+        caches = [hf.new_cache(None), hf.new_cache(None)]
+        k0, v0 = torch.randn(1, 2, held, 64, generator=g), torch.randn(1, 2, held, 64, generator=g)
+        qkv = torch.randn(1, new, 8, 64, generator=g).transpose(1, 2)      # strided views, as a layer has them
+        k, v = qkv[:, 2:4], qkv[:, 4:6]
+        for cache in caches:
+            cache.update(k0.clone(), v0.clone(), 0)
+        want = hf.cache_update(caches[0], k, v, 0)
+        got = hf.cache_update(caches[1], k, v, 0, serial=True)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b) and a.is_contiguous()
+        assert hf.cache_len(caches[1]) == held + new
+        assert all(torch.equal(a, b) for a, b in zip((caches[1].layers[0].keys, caches[1].layers[0].values), want))
+
+
+def test_positions_past_the_first_rotary_tables(packed):
+    """The rotary tables are the model's own rows, made for the first 256 positions and again past them: a
+    sequence of 300 fed in pieces on the kernel and on oneDNN is the model's own."""
+    model = packed(layers=1, vocab=64)
+    ex = executor.Executor(model, kernel=prepack.kernel_rows() > 0)
+    ids = torch.randint(0, 64, (300,), generator=torch.Generator().manual_seed(6))
+    with torch.inference_mode():
+        want = hf.authors_forward(model, ids)
+        cache = hf.new_cache(model)
+        for start, stop, threads in ((0, 100, 0), (100, 250, 0), (250, 259, 1), (259, 260, 2), (260, 300, 0)):
+            got = hf.step(model, ids[start:stop], cache, position_ids=torch.arange(start, stop)[None],
+                          fn=forced(ex, threads if ex.most else 0))[0]
+            assert_logits_close(got, want[start:stop], torch.float32, what=f"positions {start}..{stop - 1}")
