@@ -336,3 +336,56 @@ def test_one_acceptance_path_one_probe_memo_and_no_capability_flags():
     found = [f"spec/{name}.py: {m.group(0)}" for name, text in sources.items() if not name.startswith("conformance")
              for m in re.finditer(r"\b(?:getattr|hasattr)\([^'\n]*?'(\w+)'", text) if m.group(1) in flags]
     assert not found, found
+
+
+# --- issue 43: an executor, not patches ------------------------------------------------------------
+
+PASS_MODULES = ("runner", "cpu.")     # where a pass runs: no torch thread setting changed there
+
+
+def _patches(module: str, tree: ast.Module) -> list[str]:
+    """Lines of `module` that replace a module's `forward` (object.__setattr__ / setattr(m, "forward", ...),
+    an assignment to `x.forward`, `vars(m).pop("forward")` or `m.__dict__.pop("forward")`), read torch's
+    private global hook dicts (`torch.nn.modules.module._global_*`), or, in spec.runner and spec/cpu/, set
+    torch's thread count (`torch.set_num_threads`)."""
+    out = []
+
+    def forward_named(arg) -> bool:
+        return isinstance(arg, ast.Constant) and arg.value == "forward"
+    for node in ast.walk(tree):
+        where = f"spec/{module.replace('.', '/')}.py:{getattr(node, 'lineno', '?')}"
+        if isinstance(node, ast.Call):
+            f, args = node.func, node.args
+            name = ast.unparse(f)
+            if name.endswith("__setattr__") or name == "setattr":
+                if len(args) > 1 and forward_named(args[1]):
+                    out.append(f"{where} sets a forward ({name})")
+            if isinstance(f, ast.Attribute) and f.attr in ("pop", "__delitem__") and args and forward_named(args[0]):
+                holder = ast.unparse(f.value)
+                if holder.startswith("vars(") or holder.endswith("__dict__"):
+                    out.append(f"{where} pops a forward ({holder}.pop)")
+            if name.split(".")[-1] == "set_num_threads" and (module == "runner" or module.startswith("cpu.")):
+                out.append(f"{where} sets torch's threads")
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            out += [f"{where} assigns a forward" for t in targets if isinstance(t, ast.Attribute) and t.attr == "forward"]
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_global_"):
+            out.append(f"{where} reads torch's private {node.attr}")
+    return out
+
+
+def test_passes_run_on_an_executor_not_on_patches():
+    """Issue 43: spec runs a pass by calling an object (spec.cpu.executor), so no module's `forward` is
+    replaced anywhere in spec/, no torch thread count is set in spec.runner or spec/cpu/ (a pass's threads are
+    named per call), and torch's private global hook dicts are read nowhere."""
+    found = [line for module, tree in _modules().items() for line in _patches(module, tree)]
+    assert not found, "patches instead of an executor:\n" + "\n".join(found)
+
+
+def test_the_patch_finder_finds_patches():
+    tree = ast.parse("def swap(m, f):\n    object.__setattr__(m, 'forward', f)\n    vars(m).pop('forward', None)\n"
+                     "    m.__dict__.pop('forward')\n    setattr(m, 'forward', f)\n    m.forward = f\n"
+                     "    torch.set_num_threads(1)\n    return torch.nn.modules.module._global_forward_hooks\n")
+    assert len(_patches("cpu.prepack", tree)) == 7
+    assert len(_patches("experiment", tree)) == 6           # (the experiment's setup sets the run's threads)
+    assert not _patches("cpu.prepack", ast.parse("vars(m).pop('other')\nobject.__setattr__(m, 'x', 1)\n"))
