@@ -247,7 +247,7 @@ def run_experiment(args, experiment, say):
                                 device=args.device, peers=peers, **decoding)
     records = experiment.compare(pair, ps, runs, settings, say)
     summary = experiment.summarize(records, gamma, calibration, cost, gamma_option=gamma_option,
-                                   draft_impl=args.draft_impl,
+                                   draft_impl=args.draft_impl, target=pair.target,
                                    peer_gamma=experiment.peer_gamma(gamma) if "hf_assisted" in peers else None)
     results = experiment.results(options(args), pair_info, ps, records, summary, report.machine_info(args.device))
     print()

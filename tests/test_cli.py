@@ -76,6 +76,10 @@ def test_end_to_end(pair_dirs, tmp_path, capsys):
     res = _results(out)
     assert [r["prompt"] for r in res["prompts"]] == SEED_PROMPTS  # real checkpoints: the seed's prompts
     assert res["pair"]["source"] == "paths" and res["eos_token_id"] is None
+    # which path produced the target's logits, and why: a tiny GPT-NeoX runs its own forward
+    assert res["pair"]["target_logits"].startswith("transformers (the model's own forward): its linears are ")
+    assert f"target's logits: {res['pair']['target_logits']}" in stdout
+    assert res["summary"]["target_passes"] == {}
     assert res["options"]["max_new_tokens"] == N and res["options"]["gamma"] == 3
     assert res["machine"]["torch_threads"] == 1
     for key in ("platform", "python", "torch", "transformers", "cpu", "device"):

@@ -31,6 +31,7 @@ from typing import Callable
 import torch
 
 from spec import choose, clock, decode, defaults, hf, hfref, models, parallel, seq2seq, theory, validate
+from spec.cpu import executor
 from spec.diagnose import first_difference
 from spec.experiment import measure
 from spec.experiment.records import (Calibration, Difference, InRun, PairInfo, Peer, PeerSummary, PromptRecord,
@@ -217,6 +218,7 @@ def _described(pair: models.Pair, info: PairInfo, draft_impl: str, peer, feature
     info.target_split = parallel.describe(pair.target)  # whole, tensor parallel, or a device map
     target_path, draft_path = runner_paths(pair, draft_impl)
     info.target_path, info.draft_path = target_path, info.draft_path or draft_path
+    info.target_logits = executor.describe(pair.target)
     info.target_params = sum(p.numel() for p in pair.target.parameters())
     info.draft_params = 0 if choose.is_drafter(pair.draft) else sum(p.numel() for p in pair.draft.parameters())
     info.tokenizer = pair.tokenizer is not None
@@ -660,9 +662,10 @@ def verify_fit(records: list[PromptRecord], line: measure.VerifyLine | None) -> 
 
 
 def summarize(records: list[PromptRecord], gamma, calibration: Calibration | None, cost: measure.Costs, *,
-              gamma_option, draft_impl: str = "auto", peer_gamma: int | None = None) -> Summary:
+              gamma_option, draft_impl: str = "auto", peer_gamma: int | None = None, target=None) -> Summary:
     """The pooled figures; peer_gamma: HF assisted generation's gamma, None when it did not run.
-    A draft source's c (cost.c None) is the timed runs' (runs_c)."""
+    A draft source's c (cost.c None) is the timed runs' (runs_c). target: the model whose passes by path
+    (spec.cpu.executor.passes) the summary keeps."""
     alpha, rate, per_round = pooled(records)
     g_th = theory_gamma(gamma, records)
     c = cost.c if cost.c is not None else runs_c(records)
@@ -678,7 +681,7 @@ def summarize(records: list[PromptRecord], gamma, calibration: Calibration | Non
         threads=torch.get_num_threads(), all_identical=all(r.identical for r in records), ties=ties,
         failures=sum(1 for r in records if not r.identical) - ties, peers=peer_summaries(records),
         peer_gamma=peer_gamma, rounds_drafting_nothing=sum(g == 0 for g in drafted) / len(drafted),
-        verify=verify_fit(records, cost.verify))
+        verify=verify_fit(records, cost.verify), target_passes=executor.passes(target) if target is not None else {})
 
 
 def consistency_warnings(summary: Summary) -> list[str]:

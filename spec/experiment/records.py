@@ -49,6 +49,7 @@ class PairInfo:
     target_params: int = 0
     draft_params: int = 0
     tokenizer: bool = False
+    target_logits: str = ""        # which path produces the target's logits, and why (spec.cpu.executor.describe)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -256,6 +257,9 @@ class Summary:
     peer_gamma: int | None = None  # HF assisted generation's gamma, when it ran
     rounds_drafting_nothing: float | None = None
     verify: VerifyFit | None = None
+    # the target's passes by the path that produced their logits (kernel, oneDNN, transformers: those its
+    # spec.cpu.executor ran, and "declined": why calls went to the model's own forward); {}: no executor
+    target_passes: dict = field(default_factory=dict)
 
     @property
     def peer(self) -> PeerSummary | None:
@@ -296,6 +300,7 @@ class Summary:
                        ours_vs_hf=self.peer.ours_vs, peer_gamma=self.peer_gamma)
         out["exit_status"] = self.exit_status
         out["rounds_drafting_nothing"] = self.rounds_drafting_nothing
+        out["target_passes"] = self.target_passes
         if self.peers:
             out["peers"] = {name: dataclasses.asdict(p) for name, p in self.peers.items()}
         if self.verify is not None:

@@ -167,6 +167,8 @@ def header(pair_info: PairInfo, ps: Prompts, *, device: str, target_dtype: str, 
         lines.append(f"target split: {info.target_split} | draft: whole on every rank")
     lines.append(f"runs as: target {info.target_path} | draft {info.draft_path} "
                  "(spec.runner: how each model's state is rolled back)")
+    if info.target_logits:
+        lines.append(f"target's logits: {info.target_logits}")
     lines.append(f"prompts: {len(ps.texts)} ({ps.name}) | max new tokens: {max_new_tokens}"
                  + (f" (default on {'CUDA' if device.startswith('cuda') else 'CPU'})" if max_new_tokens_default
                     else "")
@@ -251,7 +253,19 @@ def summary_lines(s: Summary) -> list[str]:
         f"measured {fmt(s.measured_speedup)}x (total greedy s / total spec s; "
         f"per prompt {fmt(min(s.speedups))}x to {fmt(max(s.speedups))}x{spread})",
     ]
-    return lines + _in_run_lines(s) + [_optimal_line(s)] + _verify_lines(s)
+    return lines + _in_run_lines(s) + [_optimal_line(s)] + _verify_lines(s) + _passes_lines(s)
+
+
+def _passes_lines(s: Summary) -> list[str]:
+    """The target's passes by the path that produced their logits (spec.cpu.executor), where it had one."""
+    counts = {k: v for k, v in s.target_passes.items() if k != "declined"}
+    if not counts:
+        return []
+    line = "target's passes by path: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+    declined = s.target_passes.get("declined") or {}
+    if declined:
+        line += " (its own forward: " + "; ".join(f"{why}: {n}" for why, n in declined.items()) + ")"
+    return [line]
 
 
 def _peer_title(name: str, peer: PeerSummary, s: Summary) -> str:
