@@ -142,3 +142,33 @@ def test_a_gguf_of_another_model_is_refused(smollm2, tmp_path):
     path = llamacpp.llama_gguf(copy.deepcopy(kit.zoo("llama")["target"]).float(), tmp_path / "tiny.gguf")
     with pytest.raises(ValueError, match="its vocabulary has 640 tokens but the target's logits are 49152 wide"):
         GGUFDraft(path, model, tok)
+
+
+def test_the_target_runs_on_its_executor_and_two_threads_decode_at_once(smollm2, chat_prompts, greedy_outputs):
+    """SmolLM2 (538 MB of linears, a Llama) runs on spec.cpu.executor, named in the report with its path; its
+    logits are the model's own within the probe's tolerance for 1, 9 and many rows; and two Python threads
+    decoding the two chat prompts at once on it each get their own greedy output."""
+    import threading
+
+    from spec import hf, probe
+    from spec.cpu import executor, prepack
+    model, _ = smollm2
+    ex = executor.executor_for(model)
+    assert ex is not None
+    assert executor.describe(model).startswith("kernel (spec.cpu.gemv, " if prepack.kernel_rows() else "oneDNN")
+    ids = torch.tensor(chat_prompts[0])
+    with torch.inference_mode():
+        for n in (1, 9, ids.numel()):
+            assert probe.close(hf.authors_forward(model, ids[:n], ex), hf.authors_forward(model, ids[:n]),
+                               probe.tolerance(model)), n
+    got: dict = {}
+
+    def decode(i):
+        got[i] = greedy_generate(model, chat_prompts[i], max_new_tokens=NEW).tokens
+    workers = [threading.Thread(target=decode, args=(i,)) for i in (0, 1)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert [got[0], got[1]] == greedy_outputs
+    assert not ex.passes[executor.TRANSFORMERS]
