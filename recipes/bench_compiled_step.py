@@ -5,7 +5,7 @@ Variants, each a cached pass after the same 64-token prefix (the first seed prom
 greedy continuation), timed as a one-token step (keep=1) and as a 9-token pass (every position's logits):
   a        spec's target runner today (spec.choose.runs: KVRunner, a DynamicCache, oneDNN-prepacked linears)
   b        the model's own forward on transformers' StaticCache (hf.new_static_cache), eager
-  b+pack   (b) with spec.cpu.prepack's swapped forwards
+  b+pack   (b) with spec.cpu.prepack's packed forwards swapped in (this recipe's `swapped`)
   c        (b) under torch.compile (inductor, dynamic=False), mode="default"
   c-mat    (b) under torch.compile, mode="max-autotune-no-cudagraphs"
   c-frz    (c) with inductor freezing (torch._inductor.config.freezing: weights become constants, linears
@@ -20,7 +20,7 @@ greedy continuation), timed as a one-token step (keep=1) and as a 9-token pass (
            `mkldnn` name in torch/_inductor/fx_passes/mkldnn_fusion.py whose _is_mkldnn_acl_supported() is True,
            during this variant's compiles only. The weight's batch-size hint is then the pass's rows (1 or 9),
            not spec.cpu.prepack's 16, and 1 row is not padded to 3.
-  d-brk    (c) with spec.cpu.prepack's swapped forwards kept as graph breaks (torch.compiler.disable around each)
+  d-brk    (c) with spec.cpu.prepack's packed forwards swapped in (this recipe's `swapped`) kept as graph breaks (torch.compiler.disable around each)
 Prefill runs eagerly in every variant. Compile time: the first call of each shape, in the order given, on a
 fresh inductor cache directory (--warm-cache keeps the usual one): graphs and C++ kernels identical to ones
 compiled earlier in the run are reused, as they would be for a user. TORCHINDUCTOR_COMPILE_THREADS=1 unless set.
@@ -59,7 +59,7 @@ import torch  # noqa: E402
 
 import spec  # noqa: E402
 from spec import choose, hf, realmodel  # noqa: E402
-from spec.cpu import prepack  # noqa: E402
+from spec.cpu import executor, prepack  # noqa: E402
 from spec.models import encode_prompt  # noqa: E402
 from spec.prompts import SEED_PROMPTS  # noqa: E402
 
@@ -109,7 +109,7 @@ class SpecRunner:
     def __init__(self, target, prefix):
         chosen = choose.runs({"target": target}, prefix)
         self.run, self.prompt = chosen.runs[0], chosen.prompt
-        self.packed = prepack.used(target)
+        self.packed = executor.executor_for(target) is not None
 
     def prefill(self):
         self.run.crop(0)
@@ -135,7 +135,7 @@ class Static:
     def _call(self, ids, keep, fn):
         start = hf.cache_len(self.cache)
         pos = torch.arange(start, start + ids.numel(), device=ids.device)[None]
-        with prepack.swapped(self.packed) if self.packed else contextlib.nullcontext():
+        with swapped(self.packed) if self.packed else contextlib.nullcontext():
             return hf.step(self.model, ids, self.cache, position_ids=pos, keep=keep, fn=fn)[0]
 
     def prefill(self):
@@ -155,14 +155,33 @@ class Static:
         hf.crop(self.cache, n)
 
 
+def packed_linears(target) -> dict:
+    """Each nn.Linear's packed forward (spec.cpu.prepack.packed_forward: oneDNN), for the variants that swap
+    them into the model's own forward (spec itself no longer does: spec.cpu.executor calls them)."""
+    return {m: prepack.packed_forward(m) for m in target.modules() if type(m) is torch.nn.Linear}
+
+
+@contextlib.contextmanager
+def swapped(packed: dict):
+    """Within the context each linear in `packed` runs its packed forward (this recipe's experiment only:
+    the way spec.cpu.prepack ran them before spec.cpu.executor)."""
+    for m, f in packed.items():
+        object.__setattr__(m, "forward", f)
+    try:
+        yield
+    finally:
+        for m in packed:
+            vars(m).pop("forward", None)
+
+
 def build(name, target, prefix, length):
     if name == "a":
         return SpecRunner(target, prefix)
     packed = None
     if name == "b+pack":
-        packed = prepack.forwards(target, layers=False)
+        packed = packed_linears(target)
     elif name == "d-brk":
-        packed = {m: torch.compiler.disable(f) for m, f in prepack.forwards(target, layers=False).items()}
+        packed = {m: torch.compiler.disable(f) for m, f in packed_linears(target).items()}
     fn = None
     if name in COMPILE:
         fn = torch.compile(target.forward, dynamic=False, fullgraph=False, **COMPILE[name])

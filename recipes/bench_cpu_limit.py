@@ -43,7 +43,7 @@ import torch
 
 import spec
 from spec import choose, probe, realmodel
-from spec.cpu import prepack
+from spec.cpu import executor
 from spec.conformance import llamacpp
 from spec.gguf_draft import GGUFDraft
 from spec.hfref import hf_generate, hf_greedy
@@ -225,7 +225,7 @@ def verify_lines(target, llms: dict, prefix: list[int], cont: list[int], repeats
                 os.environ.pop("SPEC_PREPACK", None)
             else:
                 os.environ["SPEC_PREPACK"] = "0"
-            check[name] = prepack.used(target)
+            check[name] = (executor.executor_for(target) is not None)
             with torch.inference_mode():
                 time.sleep(SETTLE)
                 t0 = time.perf_counter()
@@ -292,7 +292,7 @@ def main() -> None:
     def spec_greedy_unpacked(ids):
         set_prepack(target, False)
         spec.greedy_generate(target, torch.tensor(ids), max_new_tokens=2)   # re-probe, untimed
-        assert not prepack.used(target)
+        assert not (executor.executor_for(target) is not None)
         return ("timed", lambda: spec.greedy_generate(target, torch.tensor(ids), max_new_tokens=N).tokens)
 
     def speculative(draft, gamma):
@@ -339,7 +339,7 @@ def main() -> None:
                 s = time.perf_counter() - t0
                 set_prepack(target, True)
                 spec.greedy_generate(target, torch.tensor(ids), max_new_tokens=2)   # re-probe, untimed
-                assert prepack.used(target)
+                assert (executor.executor_for(target) is not None)
             elif isinstance(r, tuple) and r[0] == "measured":  # vLLM: its own clock, in the worker
                 r, s = r[1], r[2]
             assert len(r) == N, f"{name}: {len(r)} tokens, not {N}"
@@ -408,7 +408,7 @@ def main() -> None:
     for name, v in verify.items():
         print(f"| {name} | " + " | ".join(f"{v['ms'][n]:.1f} ms ({v['steps'][n]:.2f})" for n in SIZES) + " |")
     checks = {k: v["prepack_used"] for k, v in verify.items() if v["prepack_used"] is not None}
-    print(f"prepack.used(target) during the passes: {checks}")
+    print(f"(executor.executor_for(target) is not None) during the passes: {checks}")
 
     if vllm is not None:
         vllm.close()

@@ -28,8 +28,8 @@ own figure beside it is the scale of fp32 rounding).
 
 --model: spec's whole one-token step and verify passes of --passes tokens on SmolLM2 (spec.choose.runs, after
 a 64-token prefix, every position's logits kept as recipes/bench_cpu_limit.py's verify_lines does), one
-runner whose linears run spec.cpu.gemv (`gemv`, what spec runs), the kernel as of 63683c8 (`gemv-prev`: no far
-prefetch, 4 KB pages) or oneDNN (`oneDNN`, as with SPEC_GEMV=0), swapped pass by pass, and llama.cpp's batch
+runner whose spec.cpu.executor runs spec.cpu.gemv (`gemv`, what spec runs), the kernel as of 63683c8 (`gemv-prev`:
+no far prefetch, 4 KB pages, no grouped products) or oneDNN (`oneDNN`, as with SPEC_GEMV=0), swapped pass by pass, and llama.cpp's batch
 eval of the same tokens on the f32 GGUF (logits_all, one thread, the cache cut back to the prefix between),
 interleaved in a rotated order; paired ratios to oneDNN and each path's pass / its one-token step (the
 median of the per-repeat ratios, and best over best); and spec
@@ -51,7 +51,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from spec.cpu import gemv, prepack
+from spec.cpu import executor, gemv, prepack
 
 
 def linears(model) -> list[torch.nn.Linear]:
@@ -155,19 +155,22 @@ def whole_model(model, tok, repeats: int, check_tokens: int, passes: list[int]) 
     run = chosen.runs[0]
     with torch.inference_mode():
         run(chosen.prompt, keep=1)
-    packed = run.packed or {}
-    kernel = sum(bool(getattr(f, "kernel", False)) for f in packed.values())
-    print(f"prepack.used {prepack.used(model)}, kernel_used {prepack.kernel_used(model)}; {len(packed)} packed "
-          f"linears, {kernel} with the kernel")
-    if not kernel:
+    made = run.executor
+    print(f"target's logits: {executor.describe(model)}")
+    if not made or not made.most:
         raise SystemExit("the runner does not run spec.cpu.gemv's kernel here")
 
     def other(small):
-        out = {}
-        for m, f in packed.items():
-            out[m] = prepack.Packed(f.weight, f.bias, small(f.weight, f.bias) if small else None, f.most if small else 0)
-        return out
-    packs = {"gemv": packed,
+        """An Executor of the model whose products run `small`'s kernel (None: oneDNN alone), each linear
+        its own product (no grouped panels)."""
+        ex = executor.Executor(model, kernel=small is not None)
+        if small is not None:
+            for f in ex.linears.values():
+                f.small = small(f.weight, f.bias)
+            for g in ex.groups.values():
+                g.whole, g.most = None, 0
+        return ex
+    packs = {"gemv": made,
              "gemv-prev": other(lambda w, b: gemv.product(w, b, "panel", far=0, huge=False)),
              "oneDNN": other(None)}
     names = list(packs)
@@ -186,14 +189,14 @@ def whole_model(model, tok, repeats: int, check_tokens: int, passes: list[int]) 
                         llm.eval([int(t) for t in ids[P:P + n]])
                         t = time.perf_counter() - t0
                     else:
-                        run.packed = packs[name]
+                        run.executor = packs[name]
                         t0 = time.perf_counter()
                         run(ids[P:P + n], keep=n)
                         t = time.perf_counter() - t0
                         run.crop(P)
                     if r >= 0:
                         times[name, n].append(t)
-    run.packed = packed
+    run.executor = made
     print(f"load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     print("ms median / best; [pass / its step: paired median, best / best]; (paired ratio to oneDNN)")
     print("n   " + "".join(f"{name:>36}" for name in names))
@@ -244,7 +247,6 @@ def set_gemv(model, on: bool) -> None:
     else:
         os.environ["SPEC_GEMV"] = "0"
     probe.forget(model)
-    prepack._PACKED.pop(model, None)
 
 
 def main() -> None:
