@@ -44,7 +44,8 @@ def forget() -> None:
 
 def set_threads(n: int) -> int:
     """The threads a Product splits its panels over when its call names none (the caller's and n - 1
-    workers of the library's pool); the result does not depend on it. Returns the count in force."""
+    workers of the library's pool); the result does not depend on it. Returns the count in force. A Python
+    default for callers that do not pass `threads` to the Product: the library itself keeps no count."""
     _THREADS[0] = max(1, min(64, int(n)))
     return _THREADS[0]
 
