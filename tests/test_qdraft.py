@@ -267,6 +267,30 @@ def test_what_it_cannot_run_is_refused_by_name(target, tmp_path):
     assert "no GGUF magic" in qdraft.unsupported(tmp_path / "not.gguf")
 
 
+def test_auto_takes_the_kernel_where_it_runs(target, q4_gguf):
+    """Where the kernel runs (this test is skipped only on a CPU without it), engine="auto" is the kernel:
+    a broken library cannot hide behind llama.cpp."""
+    from spec.gguf_draft import GGUFDraft
+    d = GGUFDraft(q4_gguf, target)
+    assert d.engine_name == "native" and d.why_not_native is None, d.why_not_native
+
+
+@pytest.mark.parametrize("isa", [0, 2])
+def test_each_variant_of_the_forward_is_the_arithmetic(q4_gguf, monkeypatch, isa):
+    """The plain-C products (and, at 2, the AVX-512F attention and SiLU around them), forced: the same
+    NumPy forward's logits, prefill and steps."""
+    if isa > nativecheck.native.isa():
+        pytest.skip(f"this CPU runs variant {nativecheck.native.isa()} at most")
+    monkeypatch.setenv("SPEC_NATIVE_ISA", str(isa))
+    ids = PROMPTS[0] + PROMPTS[1][:3]
+    want = reference_logits(q4_gguf, ids)
+    run = qdraft.QuantRun(q4_gguf, n_ctx=32)
+    assert run.model.isa == isa
+    assert_close(run(torch.tensor(ids[:9]), keep=1)[0], want[8], f"variant {isa}, prefill of 9")
+    for i in range(9, len(ids)):
+        assert_close(run(torch.tensor(ids[i:i + 1]))[0], want[i], f"variant {isa}, position {i}")
+
+
 def test_without_the_kernel_auto_runs_llama_cpp_and_says_why(target, q4_gguf, monkeypatch):
     if llamacpp.available() is not None:
         pytest.skip(str(llamacpp.available()))
