@@ -4,7 +4,8 @@ the forward against a NumPy forward of the same arithmetic (weights dequantized 
 not by spec's record packing; activations quantized per block of 32 as the kernel does), prefill in
 blocks and one at a time, the cache cut back and fed again; greedy speculative decoding with it
 equals greedy and rejects some proposals; its sampled law is the target's; the refusals and the
-self-test. Skipped with the reason where the kernel cannot run (no AVX-512 VNNI, no compiler)."""
+self-test. Skipped with the reason where the kernel cannot run (no AVX-512 VNNI, no compiler); failed
+where it should run and does not."""
 
 from __future__ import annotations
 
@@ -19,9 +20,15 @@ from spec.conformance.stats import goodness_of_fit, reference_probabilities
 from spec.draft import Pick
 from spec.models import perturbed_copy
 
+import nativecheck
 from skewedq import SkewedQ
 
-pytestmark = pytest.mark.skipif(qdraft.library() is None, reason=f"spec.cpu.qdraft unavailable: {qdraft.reason()}")
+
+
+@pytest.fixture(autouse=True)
+def kernel():
+    """Skipped where the kernel cannot run (no AVX-512 VNNI, no compiler); failed where it should and does not."""
+    return nativecheck.require_qdraft()
 
 PROMPTS = [[5, 9, 5, 9, 300, 12, 7, 7, 100], [3, 141, 59, 26, 53, 58, 97], [11, 400, 22]]
 
@@ -260,6 +267,30 @@ def test_what_it_cannot_run_is_refused_by_name(target, tmp_path):
     assert "no GGUF magic" in qdraft.unsupported(tmp_path / "not.gguf")
 
 
+def test_auto_takes_the_kernel_where_it_runs(target, q4_gguf):
+    """Where the kernel runs (this test is skipped only on a CPU without it), engine="auto" is the kernel:
+    a broken library cannot hide behind llama.cpp."""
+    from spec.gguf_draft import GGUFDraft
+    d = GGUFDraft(q4_gguf, target)
+    assert d.engine_name == "native" and d.why_not_native is None, d.why_not_native
+
+
+@pytest.mark.parametrize("isa", [0, 2])
+def test_each_variant_of_the_forward_is_the_arithmetic(q4_gguf, monkeypatch, isa):
+    """The plain-C products (and, at 2, the AVX-512F attention and SiLU around them), forced: the same
+    NumPy forward's logits, prefill and steps."""
+    if isa > nativecheck.native.isa():
+        pytest.skip(f"this CPU runs variant {nativecheck.native.isa()} at most")
+    monkeypatch.setenv("SPEC_NATIVE_ISA", str(isa))
+    ids = PROMPTS[0] + PROMPTS[1][:3]
+    want = reference_logits(q4_gguf, ids)
+    run = qdraft.QuantRun(q4_gguf, n_ctx=32)
+    assert run.model.isa == isa
+    assert_close(run(torch.tensor(ids[:9]), keep=1)[0], want[8], f"variant {isa}, prefill of 9")
+    for i in range(9, len(ids)):
+        assert_close(run(torch.tensor(ids[i:i + 1]))[0], want[i], f"variant {isa}, position {i}")
+
+
 def test_without_the_kernel_auto_runs_llama_cpp_and_says_why(target, q4_gguf, monkeypatch):
     if llamacpp.available() is not None:
         pytest.skip(str(llamacpp.available()))
@@ -277,28 +308,23 @@ def test_without_the_kernel_auto_runs_llama_cpp_and_says_why(target, q4_gguf, mo
     assert qdraft.library() is not None
 
 
-@pytest.mark.parametrize("fault, says", [
-    ("s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(xb[g]));", "largest error"),
-    ("qmv_c(j->W", "return code"),
-    ("    if (n <= 0 || pos0 < 0 || pos0 + n > m->n_ctx) return -1;", "return code"),
+@pytest.mark.parametrize("old, new, says", [
+    ("s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(xb[g]));", "s0 = _mm512_setzero_si512();",
+     "qd_matvec"),
+    ("    qmv_c(j->W, j->kind, N, K, j->xq, j->xd, j->xs, j->R, j->y, p0, p1);\n}",
+     "    qmv_c(j->W, j->kind, N, K, j->xq, j->xd, j->xs, j->R, j->y, p0, p1);\n    if (j->R == 3) *(volatile int *)0 = 1;\n}",
+     "return code"),
+    ("    if (n <= 0 || pos0 < 0 || pos0 + n > m->n_ctx) return -1;",
+     "    if (n <= 0 || pos0 < 0 || pos0 + n > m->n_ctx) return -1;\n    if (n == 5) *(volatile int *)0 = 1;",
+     "return code"),
 ], ids=["vnni-sum-drops-half", "crash", "forward-crash"])
-def test_a_broken_kernel_is_caught_by_the_self_test(monkeypatch, tmp_path, fault, says):
-    """The self-test runs each build in a subprocess: a wrong sum or a segfault (in a product or in the
+def test_a_broken_kernel_is_caught_by_the_self_test(monkeypatch, tmp_path, old, new, says):
+    """The self-test runs the library in a subprocess: a wrong sum or a segfault (in a product or in the
     whole forward) becomes a reason, and library() None (spec.gguf_draft then runs llama.cpp)."""
-    if fault.startswith("s0"):
-        source = qdraft.SOURCE.replace(fault, "s0 = _mm512_setzero_si512();")
-    elif "pos0" in fault:
-        source = qdraft.SOURCE.replace(fault, fault + "\n    if (n == 5) *(volatile int *)0 = 1;")
-    else:
-        line = "    qmv_c(j->W, j->kind, N, K, j->xq, j->xd, j->xs, j->R, j->y, p0, p1);\n}"
-        source = qdraft.SOURCE.replace(line, line[:-2] + "\n    if (j->R == 3) *(volatile int *)0 = 1;\n}")
-    assert source != qdraft.SOURCE, "the fault was not planted"
-    monkeypatch.setattr(qdraft, "SOURCE", source)
-    monkeypatch.setenv("SPEC_CACHE", str(tmp_path))
-    qdraft.forget()
+    nativecheck.plant(monkeypatch, tmp_path, "qdraft.c", old, new)
     try:
         assert qdraft.library() is None
-        assert "self-test failed" in qdraft.reason() and says in qdraft.reason()
+        assert "self-test of" in qdraft.reason() and says in qdraft.reason(), qdraft.reason()
     finally:
         monkeypatch.undo()
         qdraft.forget()

@@ -7,11 +7,11 @@ speculative output still equal to greedy's."""
 from __future__ import annotations
 
 import logging
-import shutil
 
 import pytest
 import torch
 import torch.nn.functional as F
+import nativecheck
 from oracles import assert_logits_close
 
 from spec import hf, probe
@@ -32,12 +32,7 @@ def fresh(monkeypatch, tmp_path):
 @pytest.fixture(scope="module")
 def lib():
     """The library; skipped only where there is no C compiler (a build or self-test failure fails)."""
-    found = gemv.library()
-    if found is None:
-        if shutil.which(gemv.compiler()) is None:
-            pytest.skip(f"no C compiler ({gemv.compiler()}): {gemv.reason()}")
-        pytest.fail(f"spec.cpu.gemv's library is not available: {gemv.reason()}")
-    return found
+    return nativecheck.require_library()
 
 
 def llama(bias=True):
@@ -150,7 +145,7 @@ def test_bad_input_names_the_argument(lib):
 
 def test_no_compiler_leaves_onednn_with_a_debug_reason(fresh, monkeypatch, caplog):
     monkeypatch.setenv("CC", "/bin/false")
-    with caplog.at_level(logging.DEBUG, logger="spec.cpu.gemv"):
+    with caplog.at_level(logging.DEBUG, logger="spec.cpu.native"):
         assert gemv.library() is None
     assert "/bin/false" in gemv.reason() and any("not used" in r.getMessage() for r in caplog.records)
     assert not [r for r in caplog.records if r.levelno > logging.DEBUG]
@@ -166,19 +161,15 @@ def test_no_compiler_leaves_onednn_with_a_debug_reason(fresh, monkeypatch, caplo
     probe.forget(model)
 
 
-@pytest.mark.parametrize("plant,found", [
-    ("    int automatic = isa < 0;\n", "return code -"),                      # the panel entry crashes
-    ("y[m * N + n] += b[n];", "fp64"),                                         # the bias added twice
+@pytest.mark.parametrize("file,old,new,found", [
+    ("gemv.c", "    int automatic = isa < 0;\n", "    *(volatile int *)0 = 0;\n    int automatic = isa < 0;\n",
+     "return code -"),                                                                      # the panel entry crashes
+    ("gemv.c", "y[m * N + n] += b[n];", "y[m * N + n] += 2 * b[n];", "fp64"),              # the bias added twice
 ])
-def test_a_crashing_or_wrong_library_is_refused_in_a_subprocess(fresh, monkeypatch, plant, found):
+def test_a_crashing_or_wrong_library_is_refused_in_a_subprocess(fresh, monkeypatch, tmp_path, file, old, new, found):
     """The self-test runs the library in a subprocess: a segfault there is a return code here and a
     wrong product a refusal; this process carries on with library() None."""
-    if plant.startswith("    int automatic"):
-        planted = gemv.SOURCE.replace(plant, "    *(volatile int *)0 = 0;\n" + plant)
-    else:
-        planted = gemv.SOURCE.replace(plant, "y[m * N + n] += 2 * b[n];")
-    assert planted != gemv.SOURCE
-    monkeypatch.setattr(gemv, "SOURCE", planted)
+    nativecheck.plant(monkeypatch, tmp_path, file, old, new)
     assert gemv.library() is None
     assert "self-test" in gemv.reason() and found in gemv.reason(), gemv.reason()
 

@@ -51,8 +51,9 @@ def small_ops(request):
     """RMSNorm, rotary, attention and the SiLU gate on spec.cpu.gemv's library where it is there ("native":
     True), or as torch ops (False)."""
     from spec.cpu import gemv
-    if request.param == "native" and gemv.library() is None:
-        pytest.skip(f"spec.cpu.gemv's library is not available: {gemv.reason()}")
+    if request.param == "native":
+        import nativecheck
+        nativecheck.require_library()
     return request.param == "native"
 
 

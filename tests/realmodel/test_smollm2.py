@@ -91,6 +91,9 @@ def q4_draft(smollm2, request):
     llama.cpp (each skipped with the reason where it cannot run)."""
     from spec.cpu import qdraft
     from spec.conformance import llamacpp
+    if request.param == "native":
+        import nativecheck
+        nativecheck.require_qdraft()          # a skip only where this CPU cannot run it, a failure where it should
     why = qdraft.unsupported(realmodel.gguf_path()) if request.param == "native" else llamacpp.available()
     if why is not None:
         pytest.skip(why)

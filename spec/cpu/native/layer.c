@@ -1,0 +1,173 @@
+/* A Llama layer's small ops, written once for the fp32 target's plain layers (spec.cpu.plainllama) and
+   the quantized draft's forward (qdraft.c): RMSNorm, rotary (rotate-half), attention over a cache, the
+   SiLU gate. In transformers' arithmetic: the library is built without FMA contraction, so each product
+   and sum rounds as torch's; the 16-lane sums and the vector exponential differ from torch's by fp32
+   rounding only (the probe checks the plain layers against the model's own forward). */
+#include "spec_native.h"
+#include "vexp.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+/* RMSNorm over rows of n: y = w (x / sqrt(mean(x^2) + eps)); the sum of squares runs in 16 lanes (torch's
+   own order differs: fp32 rounding apart). */
+void spec_rms(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float acc[16] = {0}, ss = 0.f;
+        int64_t i = 0;
+        for (; i + 16 <= n; i += 16)
+            for (int j = 0; j < 16; j++) acc[j] += xr[i + j] * xr[i + j];
+        for (int j = 0; j < 16; j++) ss += acc[j];
+        for (; i < n; i++) ss += xr[i] * xr[i];
+        const float s = 1.f / sqrtf(ss / (float)n + eps);
+        for (i = 0; i < n; i++) y[r * n + i] = w[i] * (xr[i] * s);
+    }
+}
+
+/* Rotary embedding, rotate-half form, in place on the first `heads` heads of D of each row (rows `stride`
+   floats apart), cos and sin [rows][D]: v*cos + rotate_half(v)*sin as transformers computes it. */
+void spec_rotary(float *x, int64_t rows, int64_t heads, int64_t stride, int64_t D, const float *cos,
+                 const float *sin) {
+    const int64_t half = D / 2;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *c = cos + r * D, *s = sin + r * D;
+        for (int64_t h = 0; h < heads; h++) {
+            float *v = x + r * stride + h * D;
+            for (int64_t i = 0; i < half; i++) {
+                const float a = v[i], b = v[i + half];
+                const float lo_c = a * c[i], lo_s = -b * s[i], hi_c = b * c[i + half], hi_s = a * s[i + half];
+                v[i] = lo_c + lo_s;
+                v[i + half] = hi_c + hi_s;
+            }
+        }
+    }
+}
+
+/* One query row's attention over keys 0 .. n-1 (key l at k + l kt, its value at v + l kt; m: a mask row,
+   nonzero may attend, or NULL), s scratch of n floats: softmax(scale q.k) v into o. Returns 0 where no key
+   may be attended (o unwritten). Plain C: */
+static int attend_row_c(const float *qv, const float *k, const float *v, int64_t kt, int64_t n, const uint8_t *m,
+                        float *o, int64_t D, float scale, float *s) {
+    float mx = -INFINITY, z = 0.f;
+    for (int64_t l = 0; l < n; l++) {
+        float a = 0.f;
+        for (int64_t d = 0; d < D; d++) a += qv[d] * scale * k[l * kt + d];
+        s[l] = m && !m[l] ? -INFINITY : a;
+        if (s[l] > mx) mx = s[l];
+    }
+    if (mx == -INFINITY) return 0;
+    for (int64_t l = 0; l < n; l++) z += s[l] = s[l] == -INFINITY ? 0.f : expf(s[l] - mx);
+    for (int64_t d = 0; d < D; d++) o[d] = 0.f;
+    for (int64_t l = 0; l < n; l++)
+        for (int64_t d = 0; d < D; d++) o[d] += s[l] * v[l * kt + d];
+    for (int64_t d = 0; d < D; d++) o[d] *= 1.f / z;
+    return 1;
+}
+
+#if defined(__x86_64__)
+/* v[i] = e^(v[i] - mx) for i < n (-inf: exactly 0), 16 lanes at a time; returns their sum */
+static T512 float exp_shift512(float *v, int64_t n, float mx) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 k = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 x = _mm512_maskz_loadu_ps(k, v + i);
+        const __mmask16 live = k & _mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_NEQ_UQ);
+        const __m512 e = _mm512_maskz_mov_ps(live, exp512(_mm512_sub_ps(x, _mm512_set1_ps(mx))));
+        _mm512_mask_storeu_ps(v + i, k, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+/* attend_row_c in 16 lanes: D a multiple of 16 up to 256 */
+static T512 int attend_row512(const float *qv, const float *k, const float *v, int64_t kt, int64_t n,
+                              const uint8_t *m, float *o, int64_t D, float scale, float *s) {
+    const int64_t C = D / 16;
+    __m512 qr[16], acc[16];
+    for (int64_t c = 0; c < C; c++) qr[c] = _mm512_mul_ps(_mm512_loadu_ps(qv + 16 * c), _mm512_set1_ps(scale));
+    float mx = -INFINITY;
+    for (int64_t l = 0; l < n; l++) {
+        const float *kl = k + l * kt;
+        __m512 a = _mm512_mul_ps(qr[0], _mm512_loadu_ps(kl));
+        for (int64_t c = 1; c < C; c++) a = _mm512_fmadd_ps(qr[c], _mm512_loadu_ps(kl + 16 * c), a);
+        s[l] = m && !m[l] ? -INFINITY : _mm512_reduce_add_ps(a);
+        if (s[l] > mx) mx = s[l];
+    }
+    if (mx == -INFINITY) return 0;
+    const float z = exp_shift512(s, n, mx);
+    for (int64_t c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t l = 0; l < n; l++) {
+        if (s[l] == 0.f) continue;                 /* masked (e^-inf), or underflowed: adds nothing */
+        const __m512 p = _mm512_set1_ps(s[l]);
+        for (int64_t c = 0; c < C; c++) acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + l * kt + 16 * c), acc[c]);
+    }
+    const __m512 inv = _mm512_set1_ps(1.f / z);
+    for (int64_t c = 0; c < C; c++) _mm512_storeu_ps(o + 16 * c, _mm512_mul_ps(acc[c], inv));
+    return 1;
+}
+
+/* o[i] = silu(g[i]) u[i] = g[i] / (1 + e^-g[i]) u[i], 16 lanes at a time; returns the i done (the rest: the
+   caller's, in scalar code) */
+static T512 int64_t silu_mul512(const float *g, const float *u, float *o, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 x = _mm512_loadu_ps(g + i);
+        const __m512 s = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.f),
+                                                        exp512(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+        _mm512_storeu_ps(o + i, _mm512_mul_ps(s, _mm512_loadu_ps(u + i)));
+    }
+    return i;
+}
+#endif
+
+/* Attention of one sequence's T query rows of H heads over L keys of KV heads (head h reads key head
+   h / (H / KV)): q[t * qt + h * qh + d]; key l of head j at k[j * kh + l * kt], its value likewise in v;
+   mask [T][L] (nonzero: may attend) or NULL: row t sees keys 0 .. L - T + t (one row: all of them; T = L:
+   causal). out [T][H][D]. The scores' maximum is subtracted before the exponential. Returns the (row,
+   head) pairs with no key to attend (out left unwritten for them), or -1 for shapes it does not take (D
+   over 256; the AVX-512F variant: D a multiple of 16; otherwise plain C). */
+int64_t spec_attend(const float *q, int64_t qt, int64_t qh, const float *k, const float *v, int64_t kh, int64_t kt,
+                    int64_t L, const uint8_t *mask, float *out, int64_t T, int64_t H, int64_t KV, int64_t D,
+                    float scale, int isa) {
+    if (D <= 0 || D > 256 || KV <= 0 || H % KV || L < T) return -1;
+    isa = spec_pick_isa(isa);
+    const int wide = isa >= SPEC_ISA_AVX512 && D % 16 == 0;
+    (void)wide;                                    /* (no AVX-512 variant off x86-64) */
+    float *s = (float *)malloc((size_t)(L + 16) * sizeof(float));
+    if (!s) return -1;
+    int64_t empty = 0;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t h = 0; h < H; h++) {
+            const int64_t j = h / (H / KV), n = mask ? L : L - T + t + 1;
+            const uint8_t *m = mask ? mask + t * L : NULL;
+            const float *qv = q + t * qt + h * qh;
+            float *o = out + (t * H + h) * D;
+#if defined(__x86_64__)
+            if (wide) {
+                empty += !attend_row512(qv, k + j * kh, v + j * kh, kt, n, m, o, D, scale, s);
+                continue;
+            }
+#endif
+            empty += !attend_row_c(qv, k + j * kh, v + j * kh, kt, n, m, o, D, scale, s);
+        }
+    free(s);
+    return empty;
+}
+
+/* SwiGLU's gate: out[r][i] = silu(gu[r][i]) gu[r][inner + i] (gate and up side by side in each row of gu),
+   silu(x) = x / (1 + e^-x); e^x in 16 AVX-512 lanes in that variant (exp512: within a few 1e-7 of expf),
+   else expf. */
+void spec_silu_mul(const float *gu, float *out, int64_t rows, int64_t inner, int isa) {
+    const int wide = spec_pick_isa(isa) >= SPEC_ISA_AVX512;
+    (void)wide;                                    /* (no AVX-512 variant off x86-64) */
+    for (int64_t r = 0; r < rows; r++) {
+        const float *g = gu + r * 2 * inner, *u = g + inner;
+        float *o = out + r * inner;
+        int64_t i = 0;
+#if defined(__x86_64__)
+        if (wide) i = silu_mul512(g, u, o, inner);
+#endif
+        for (; i < inner; i++) o[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+    }
+}
