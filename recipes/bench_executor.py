@@ -10,9 +10,11 @@ Both on the same packed weights' code (spec.cpu.gemv), the same KVRunner and the
 step and a 9-row pass on top of P cached positions, at 1 and 2 torch threads; the configurations alternate
 within each round, and each figure is the median over rounds of a round's median. Also the old code at 2
 threads without its thread switch ("old-noswitch": what keeping torch's threads costs a pass whose torch ops
-go parallel), with --noswitch.
+go parallel), with --noswitch. With --qwen2, a random Qwen2 of SmolLM2's shapes (not a plain Llama: the new
+code runs it on executor.Linears, its own forward with its products packed) and its own forward unpacked
+beside ("own").
 
-    python recipes/bench_executor.py [--rounds 7] [--passes 8] [--cached 64 256] [--noswitch]
+    python recipes/bench_executor.py [--rounds 7] [--passes 8] [--cached 64 256] [--noswitch] [--qwen2]
 """
 
 from __future__ import annotations
@@ -88,14 +90,22 @@ def main(argv=None) -> int:
     p.add_argument("--passes", type=int, default=8)
     p.add_argument("--cached", type=int, nargs="+", default=[64, 256])
     p.add_argument("--noswitch", action="store_true")
+    p.add_argument("--qwen2", action="store_true")
     args = p.parse_args(argv)
-    model, _ = realmodel.load(lambda msg: print(msg, file=sys.stderr))
+    if args.qwen2:
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(Qwen2Config(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                                             num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                                             tie_word_embeddings=True)).float().eval()
+    else:
+        model, _ = realmodel.load(lambda msg: print(msg, file=sys.stderr))
     old = load_old()
     ids = torch.randint(0, 49152, (max(args.cached) + 16,), generator=torch.Generator().manual_seed(0))
     torch.set_num_threads(1)
     with torch.inference_mode():
         print("new:", executor.describe(model))
-        assert old.used(model) and old.kernel_used(model) and old.layers_used(model)
+        assert old.used(model) and old.kernel_used(model) and old.layers_used(model) != args.qwen2
         packed = old.forwards(model)
     real_pass_threads = old.pass_threads
 
@@ -109,14 +119,15 @@ def main(argv=None) -> int:
             run.crop(P)
         return statistics.median(out)
 
-    configs = [("old", 1), ("new", 1), ("old", 2), ("new", 2)] + ([("old-noswitch", 2)] if args.noswitch else [])
+    configs = [("old", 1), ("new", 1), ("old", 2), ("new", 2)] + ([("old-noswitch", 2)] if args.noswitch else []) \
+        + ([("own", 1), ("own", 2)] if args.qwen2 else [])
     results: dict = {}
     with torch.inference_mode():
         runs = {}
-        for name in ("old", "new"):
+        for name in ("old", "new", "own"):
             for P in args.cached:
                 r = runner.KVRunner(model)
-                r.executor = None if name == "old" else executor.executor_for(model)
+                r.executor = executor.executor_for(model) if name == "new" else None
                 r(ids[:P])
                 runs[name, P] = r
         for _ in range(args.rounds):
@@ -131,7 +142,7 @@ def main(argv=None) -> int:
                 for P in args.cached:
                     for n in (1, 9):
                         results.setdefault((name, threads, P, n), []).append(
-                            timed(runs["old" if name.startswith("old") else "new", P], P, n, context))
+                            timed(runs["old" if name.startswith("old") else name, P], P, n, context))
                 old.pass_threads = real_pass_threads
                 old.gemv.threads = 1
     torch.set_num_threads(1)
@@ -145,7 +156,9 @@ def main(argv=None) -> int:
             for n in (1, 9):
                 ratios = [b / a for a, b in zip(results["old", threads, P, n], results["new", threads, P, n])]
                 print(f"  {threads} threads, {P} cached, {n} rows: {statistics.median(ratios):.3f} "
-                      f"({min(ratios):.3f}-{max(ratios):.3f})")
+                      f"({min(ratios):.3f}-{max(ratios):.3f})"
+                      + (f"; own / old {statistics.median([b / a for a, b in zip(results['old', threads, P, n], results['own', threads, P, n])]):.3f}"
+                         if args.qwen2 else ""))
     return 0
 
 

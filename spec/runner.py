@@ -38,7 +38,7 @@ import torch
 from transformers import PreTrainedModel
 
 from spec import hf
-from spec.cpu.executor import Executor, executor_for
+from spec.cpu.executor import Passes, executor_for
 from spec import probe as probing
 from spec.options import Positions, RunnerPath
 from spec.protocols import Runner
@@ -70,14 +70,14 @@ class ModelRunner:
     def __init__(self, model, positions: Positions = Positions.EXPLICIT):
         self.model, self.positions = model, Positions(positions)
         self.held: torch.Tensor | None = None
-        self._executor: Executor | None = _UNDECIDED
+        self._executor: Passes | None = _UNDECIDED
 
     def _sink(self) -> list | None:
         return [] if self.layers is not None else None
 
     @property
-    def executor(self) -> Executor | None:
-        """What runs the passes in the model's place: its spec.cpu.executor Executor (an fp32 CPU target on
+    def executor(self) -> Passes | None:
+        """What runs the passes in the model's place: its spec.cpu.executor executor (an fp32 CPU target on
         packed weights: a pass of a few rows then costs about one one-token step), or None, the model's own
         forward (spec.cpu.executor.describe says which and why). Decided at the runner's first pass, unless
         set before."""
@@ -86,7 +86,7 @@ class ModelRunner:
         return self._executor
 
     @executor.setter
-    def executor(self, value: Executor | None) -> None:
+    def executor(self, value: Passes | None) -> None:
         self._executor = value
 
     def _step(self, ids: torch.Tensor, cache, start: int, keep: int):

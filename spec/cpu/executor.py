@@ -1,6 +1,6 @@
 """An fp32 CPU target's passes on packed weights, run by an object spec.runner calls (issue 43).
 
-`executor_for(model)` gives the model's Executor (made once per model and its weights, probed once per
+`executor_for(model)` gives the model's executor (made once per model and its weights, probed once per
 model, dtype and device: spec.probe), or None where the model's own forward runs its passes, and
 `describe(model)` says which path produces its logits and why:
 
@@ -9,26 +9,33 @@ model, dtype and device: spec.probe), or None where the model's own forward runs
                 caller's torch threads (named per call: no setting is changed)
   oneDNN        every product of a longer pass (or of any pass above KERNEL_THREADS threads, or without the
                 kernel) on oneDNN's reordered weights; the head's kept rows on the kernel where they are few
-  transformers  the model's own forward, unchanged: a model this code does not run (not fp32 on CPU, not a
-                plain Llama, linears too small to pay, a probe that disagreed, switched off), or one call it
-                does not follow (hooks on the model's modules, training mode, attention weights asked for,
-                a batch, a padded mask, a cache other than a DynamicCache of full layers)
+  transformers  the model's own forward, unchanged: a model this code does not run (not fp32 on CPU, linears
+                too small to pay, a probe that disagreed, switched off), or one call it does not follow
 
-An Executor is called as the model's forward is (spec.hf.step, tree_step and authors_forward take it as
-`fn`) and returns what that forward returns there: the logits of the kept rows, the cache object it was
-given (updated), the hidden states where asked. It runs the embedding, each decoder layer's plain-tensor
-computation (spec.cpu.plainllama), the final norm and the head on its own packed weights (spec.cpu.prepack)
-and the model's own cache object and rotary tables: no module's `forward` is replaced and no module is
-called, so another thread using the model sees it as it is, and each thread's passes are its own (all
-a pass's state lives in its call). Global module hooks (torch.nn.modules.module.register_module_forward_hook)
-do not see its passes; a module's own hooks send every pass to the model's own forward.
+Two kinds, each called as the model's forward is (spec.hf.step, tree_step and authors_forward take it as
+`fn`) and returning what that forward returns there (the logits of the kept rows, the cache object it was
+given, updated, the hidden states where asked):
 
-Threads: a kernel pass at 2 torch threads splits the kernel's panels over 2 threads of spec.cpu.gemv's pool,
-and keeps its torch ops on the calling thread (their tensors are small, and the cache is appended by one
-thread: hf.cache_update's `serial`), so that torch's own thread team never wakes to spin beside the pool's
-worker (docs/BENCHMARKS.md, "The kernel on two threads"); torch's thread setting is never changed.
+  Executor  a plain Llama (spec.cpu.plainllama.supports; SmolLM2 is one): the embedding, each decoder layer's
+            plain-tensor computation, the final norm and the head on its own packed weights (spec.cpu.prepack)
+            and the model's own cache object and rotary tables. No module is called. Calls it does not follow
+            (hooks on the model's modules, training mode, attention weights asked for, a batch, a padded mask,
+            a cache other than a DynamicCache of full layers) run the model's own forward, the reason counted.
+  Linears   any other model (or a Llama whose plain layers failed their probe): the model's own forward,
+            unchanged, under a torch function mode, which is thread-local, that sends each of its plain
+            nn.Linear products to the packed weights (hooks, masks and caches are the model's own).
 
-Switches: SPEC_PREPACK=0 or SPEC_PLAIN_LAYERS=0 leave the model's own forward, SPEC_GEMV=0 leaves oneDNN for
+Neither replaces a module's `forward` or changes a process-wide setting, so another thread using the model
+sees it as it is, and each thread's passes are its own (all a pass's state lives in its call). Global module
+hooks (torch.nn.modules.module.register_module_forward_hook) do not see an Executor's passes.
+
+Threads: a kernel pass of an Executor at 2 torch threads splits the kernel's panels over 2 threads of
+spec.cpu.gemv's pool and keeps its torch ops on the calling thread (their tensors are small, the rotary rows
+come from tables, and the cache is appended by one thread: hf.cache_update's `serial`), so that torch's own
+thread team never wakes to spin beside the pool's worker; Linears run the kernel on the calling thread alone
+(the model's own torch ops run at torch's threads). torch's thread setting is never changed.
+
+Switches: SPEC_PREPACK=0 leaves the model's own forward, SPEC_PLAIN_LAYERS=0 Linears, SPEC_GEMV=0 oneDNN for
 every pass.
 """
 
@@ -44,6 +51,7 @@ from collections import Counter
 
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from spec import hf, probe
 from spec.cpu import gemv, plainllama, prepack
@@ -78,14 +86,66 @@ def weights_key(model) -> tuple:
     return tuple((id(m.weight), m.weight._version) for m in model.modules() if type(m) is torch.nn.Linear)
 
 
-class Executor:
-    """A supported model's passes on packed weights (see the module docstring). `kernel`: with
-    spec.cpu.gemv's panels for few-row passes; `native`: the layers' small ops on its library (None: where it
-    is there). `passes`: the passes run so far by path (kernel, oneDNN, transformers); `declined`: why
-    calls went to the model's own forward, by reason."""
+class Passes:
+    """What both kinds of executor share: the model (weakly: the model's own forward, for the calls not
+    followed), `most` (the most rows the kernel runs; 0: none), the passes run so far by path (kernel, oneDNN,
+    transformers) and why calls went to the model's own forward (`declined`), and the products' threads for
+    a pass (`threads`)."""
+    kind = ""
+
+    def __init__(self, model, most: int):
+        self._model = weakref.ref(model)
+        self.most = most
+        self.key = weights_key(model)
+        self.passes: Counter = Counter()
+        self.declined: Counter = Counter()
+        self._count = threading.Lock()
+
+    def __call__(self, **kwargs):
+        """The model's forward over `kwargs` (as spec.hf passes them), run here or, where this does not
+        follow the call, by the model itself."""
+        return self.forward(kwargs)
+
+    def forward(self, kwargs: dict, threads: int | None = None):
+        raise NotImplementedError
+
+    def threads(self, rows: int) -> tuple[int, bool]:
+        """(the products' threads for a pass of `rows` rows: 0 oneDNN, n > 0 the kernel split over n threads
+        for its products of 1 to `most` rows; whether the pass's torch ops stay on the calling thread)."""
+        if not self.most:
+            return 0, False
+        torch_threads = torch.get_num_threads()
+        if torch_threads > prepack.KERNEL_THREADS:
+            return 0, False
+        if rows <= self.most:
+            return torch_threads, torch_threads > 1
+        return 1, False                          # (a longer pass: its head's few kept rows on the kernel, unsplit)
+
+    def path(self, rows: int) -> str:
+        """The path a pass of `rows` rows takes at torch's threads now: "kernel" or "oneDNN"."""
+        return KERNEL if self.threads(rows)[0] and rows <= self.most else ONEDNN
+
+    def _counted(self, path: str, why: str | None = None) -> None:
+        with self._count:
+            self.passes[path] += 1
+            if why is not None:
+                self.declined[why] += 1
+
+    def _own(self, kwargs: dict, why: str):
+        """The model's own forward over `kwargs`, counted with the reason."""
+        self._counted(TRANSFORMERS, why)
+        model = self._model()
+        assert model is not None
+        return model(**kwargs)
+
+
+class Executor(Passes):
+    """A plain Llama's passes on packed weights (see the module docstring): embedding, plain layers, final
+    norm and head. `kernel`: with spec.cpu.gemv's panels for few-row passes; `native`: the layers' small ops on
+    its library (None: where it is there)."""
+    kind = "plain Llama layers on packed weights"
 
     def __init__(self, model, kernel: bool, native: bool | None = None):
-        self._model = weakref.ref(model)          # (the model's own forward, for the calls not followed)
         base = model.model
         self.embed, self.norm, self.rotary = base.embed_tokens, base.norm, base.rotary_emb
         self.config = model.config
@@ -97,20 +157,16 @@ class Executor:
             if type(m) is torch.nn.Linear and m not in self.linears:
                 self.linears[m] = prepack.packed_forward(m, kernel)
         self.head = self.linears[model.lm_head]
+        super().__init__(model, self.head.most)
         self.native = gemv.library() is not None if native is None else native
         self.layers = [plainllama.layer_forward(layer, groups, self.linears, self.native)
                        for layer in plainllama.layers_of(model)]
-        self.most = self.head.most
         self.modules = list(model.modules())[1:]    # (its parts: the model itself only through the weak reference)
         self._hook_dicts = [d for m in [model, *self.modules] for d in (m._forward_pre_hooks, m._forward_hooks,
                                                                          m._backward_pre_hooks, m._backward_hooks)]
         self._vars = [vars(m) for m in [model, *self.modules]]
         self._dropping = [layer.self_attn for layer in plainllama.layers_of(model)]
         self._recorders: frozenset = frozenset()     # the hook ids last found to be transformers' recorders alone
-        self.key = weights_key(model)
-        self.passes: Counter = Counter()
-        self.declined: Counter = Counter()
-        self._count = threading.Lock()
         self._table: tuple | None = None         # the rotary tables: (inv_freq's identity and version, cos, sin)
 
     # --- the calls it follows ----------------------------------------------------------------------
@@ -178,11 +234,6 @@ class Executor:
         blocked = mask <= torch.finfo(mask.dtype).min
         return allowed if bool((allowed | blocked).all()) else mask
 
-    def __call__(self, **kwargs) -> Output:
-        """The model's forward over `kwargs` (as spec.hf passes them), run here or, where this does not
-        follow the call, by the model itself."""
-        return self.forward(kwargs)
-
     def forward(self, kwargs: dict, threads: int | None = None):
         """As __call__; `threads`: the products' (0 oneDNN everywhere, n the kernel over n threads for
         few rows), forced whatever the pass (the probes); None: as the pass's rows and torch's threads say."""
@@ -199,30 +250,9 @@ class Executor:
                 return self.run(ids, cache, kwargs.get("position_ids"), mask, kwargs.get("logits_to_keep") or 0,
                                 bool(kwargs.get("output_hidden_states")), threads, past)
             why = "an attention mask over padding, or positions that step back"
-        with self._count:
-            self.passes[TRANSFORMERS] += 1
-            self.declined[why] += 1
-        model = self._model()
-        assert model is not None
-        return model(**kwargs)
+        return self._own(kwargs, why)
 
     # --- a pass ------------------------------------------------------------------------------------
-
-    def threads(self, rows: int) -> tuple[int, bool]:
-        """(the products' threads for a pass of `rows` rows: 0 oneDNN, n > 0 the kernel split over n threads
-        for its products of 1 to `most` rows; whether the pass's torch ops stay on the calling thread)."""
-        if not self.most:
-            return 0, False
-        torch_threads = torch.get_num_threads()
-        if torch_threads > prepack.KERNEL_THREADS:
-            return 0, False
-        if rows <= self.most:
-            return torch_threads, torch_threads > 1
-        return 1, False                          # (a longer pass: its head's few kept rows on the kernel, unsplit)
-
-    def path(self, rows: int) -> str:
-        """The path a pass of `rows` rows takes at torch's threads now: "kernel" or "oneDNN"."""
-        return KERNEL if self.threads(rows)[0] and rows <= self.most else ONEDNN
 
     def rotary_tables(self, position_ids: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [1, T, D] at `position_ids`: rows of the model's rotary module's own tables, made by it once
@@ -249,8 +279,7 @@ class Executor:
         T = ids.shape[1]
         kernel, serial = self.threads(T) if threads is None else (threads, threads > 1)
         if threads is None:
-            with self._count:
-                self.passes[KERNEL if kernel and T <= self.most else ONEDNN] += 1
+            self._counted(KERNEL if kernel and T <= self.most else ONEDNN)
         with torch.no_grad():
             x = F.embedding(ids, self.embed.weight)
             if position_ids is None:
@@ -271,6 +300,61 @@ class Executor:
             return Output(self.head(x, kernel), cache, tuple(states) if states is not None else None)
 
 
+class _Products(TorchFunctionMode):
+    """While the model's own forward runs a pass, in the calling thread only (a torch function mode is
+    thread-local): each F.linear over one of the model's plain nn.Linear weights and biases (`packed`: id of
+    the weight -> (weight, bias, its Packed)) runs on the packed weights with the pass's `threads`; every
+    other call runs as it would."""
+
+    def __init__(self, packed: dict, threads: int):
+        super().__init__()
+        self.packed, self.threads = packed, threads
+
+    def __torch_function__(self, func, types, given=(), kwargs=None):     # (torch passes them by position)
+        if func is F.linear and len(given) >= 2 and not kwargs:
+            found = self.packed.get(id(given[1]))
+            if found is not None and found[0] is given[1] and found[1] is (given[2] if len(given) > 2 else None):
+                return found[2](given[0], self.threads)
+        return func(*given, **(kwargs or {}))
+
+
+class Linears(Passes):
+    """A model of another architecture (or layers spec.cpu.plainllama does not run): its own forward, unchanged,
+    run in the calling thread under a torch function mode (`_Products`) that sends each of its plain
+    nn.Linear products to the packed weights; hooks, masks, caches and the rest are the model's own. With
+    autograd on over weights that want gradients, the model's own forward runs (the packed products keep
+    none)."""
+    kind = "the model's own forward, its linears on packed weights"
+
+    def __init__(self, model, kernel: bool):
+        self.linears = {m: prepack.packed_forward(m, kernel) for m in model.modules() if type(m) is torch.nn.Linear}
+        self._by_weight = {id(m.weight): (m.weight, m.bias, p) for m, p in self.linears.items()}
+        super().__init__(model, prepack.kernel_rows() if kernel else 0)
+
+    def threads(self, rows: int) -> tuple[int, bool]:
+        """As Passes.threads, the kernel on the calling thread alone: the model's own torch ops run at torch's
+        threads, and where they wake torch's thread team its spinning takes the core a split would need
+        (measured: a SmolLM2-sized Qwen2 at 2 torch threads, split over 2 against 1: 1.05x the one-token
+        step, 1.08x the 9-row pass)."""
+        kernel, _ = super().threads(rows)
+        return min(kernel, 1), False
+
+    def forward(self, kwargs: dict, threads: int | None = None):
+        ids = kwargs.get("input_ids")
+        if ids is None:
+            return self._own(kwargs, "no input_ids")
+        if torch.is_grad_enabled() and any(w.requires_grad for w, _, _ in self._by_weight.values()):
+            return self._own(kwargs, "autograd on, over weights that want gradients")
+        rows = ids.numel()
+        kernel = self.threads(rows)[0] if threads is None else threads
+        if threads is None:
+            self._counted(KERNEL if kernel and rows <= self.most else ONEDNN)
+        model = self._model()
+        assert model is not None
+        with _Products(self._by_weight, kernel):
+            return model(**kwargs)
+
+
 # --- which models get one ---------------------------------------------------------------------------
 
 # model -> its Executor (made once per model and weights; the decision itself is spec.probe's memo)
@@ -278,23 +362,25 @@ _MADE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
 
-def executor_for(model) -> Executor | None:
-    """`model`'s Executor, or None where its own forward runs its passes (`describe` says why)."""
+def executor_for(model) -> Passes | None:
+    """`model`'s executor (an Executor for a plain Llama, else Linears), or None where its own forward runs
+    its passes (`describe` says why)."""
     return decision(model)[0]
 
 
-def decision(model) -> tuple[Executor | None, str | None]:
-    """(the Executor or None, why None or why no kernel: None where the kernel runs), decided once per model,
-    dtype and device (spec.probe: 'executor'), the Executor made again if the linears' weights changed."""
+def decision(model) -> tuple[Passes | None, str | None]:
+    """(the executor or None, why None or why no kernel: None where the kernel runs), decided once per model,
+    dtype and device (spec.probe: 'executor'), the executor made again if the linears' weights changed."""
     if not isinstance(model, torch.nn.Module) or next(model.parameters(), None) is None:
         return None, "not a torch model with parameters"
     with _LOCK:
-        why, kernel = probe.once(model, "executor", _decide)
+        why, kernel, plain = probe.once(model, "executor", _decide)
         if kernel is None:
             return None, why
         made = _MADE.get(model)
-        if made is None or made.key != weights_key(model) or bool(made.most) != kernel:
-            made = _MADE[model] = Executor(model, kernel)
+        if made is None or made.key != weights_key(model) or bool(made.most) != kernel or \
+                isinstance(made, Executor) != (plain is None):
+            made = _MADE[model] = Executor(model, kernel) if plain is None else Linears(model, kernel)
         return made, why
 
 
@@ -303,11 +389,13 @@ def describe(model) -> str:
     ex, why = decision(model)
     if ex is None:
         return f"{TRANSFORMERS} (the model's own forward): {why}"
-    made = "spec.cpu.executor: plain Llama layers on packed weights"
-    threads = torch.get_num_threads()
+    made = f"spec.cpu.executor: {ex.kind}"
+    if isinstance(ex, Linears):
+        made += f"; not plain layers: {probe.once(model, 'executor', _decide)[2]}"
+    threads, split = torch.get_num_threads(), ex.threads(1)[0]
     if ex.most and threads <= prepack.KERNEL_THREADS:
-        split = f"panels over {threads} threads" if threads > 1 else "one thread"
-        return (f"{KERNEL} (spec.cpu.gemv, {prepack.ISA_NAMES.get(gemv.isa(), 'ISA ' + str(gemv.isa()))}, {split}) "
+        over = f"panels over {split} threads" if split > 1 else "one thread"
+        return (f"{KERNEL} (spec.cpu.gemv, {prepack.ISA_NAMES.get(gemv.isa(), 'ISA ' + str(gemv.isa()))}, {over}) "
                 f"for passes of 1-{ex.most} rows, {ONEDNN} above ({made})")
     if ex.most:
         why = f"{threads} torch threads, above the kernel's {prepack.KERNEL_THREADS}"
@@ -328,9 +416,9 @@ def passes(model) -> dict:
 
 
 def _refusal(model) -> str | None:
-    """Why `model` gets no Executor before any probe (None: it may)."""
-    if os.environ.get("SPEC_PREPACK", "1") == "0" or os.environ.get("SPEC_PLAIN_LAYERS", "1") == "0":
-        return "switched off (SPEC_PREPACK=0 or SPEC_PLAIN_LAYERS=0)"
+    """Why `model` gets no executor before any probe (None: it may)."""
+    if os.environ.get("SPEC_PREPACK", "1") == "0":
+        return "switched off (SPEC_PREPACK=0)"
     if not prepack.available(model):
         return "not fp32 on a CPU with oneDNN"
     if hf.tensor_parallel_size(model) > 1 or hf.device_map(model) is not None:
@@ -341,6 +429,13 @@ def _refusal(model) -> str | None:
                 f"weights pay (they fit in the CPU's caches)")
     if not prepack.fits(size):
         return f"the packed copies of its {size >> 20} MB of linears would take more than half the memory available"
+    return None
+
+
+def _plain_refusal(model) -> str | None:
+    """Why `model`'s layers do not run as plain tensors (None: they do)."""
+    if os.environ.get("SPEC_PLAIN_LAYERS", "1") == "0":
+        return "SPEC_PLAIN_LAYERS=0"
     return plainllama.supports(model)
 
 
@@ -354,36 +449,53 @@ def _kernel_refusal() -> str | None:
     return None
 
 
-def _decide(model) -> tuple[str | None, bool | None]:
-    """(why, kernel): kernel None where the model gets no Executor (why says why), else whether it runs the
-    kernel (why: why not, or None). The Executor's logits are held to the model's own forward's within the
-    probe's tolerance (`agrees`): on oneDNN everywhere, then on the kernel everywhere it runs."""
+def _decide(model) -> tuple[str | None, bool | None, str | None]:
+    """(why, kernel, plain): kernel None where the model gets no executor (why says why), else whether it runs
+    the kernel (why: why not, or None); plain: why its layers do not run as plain tensors (None: they do, on an
+    Executor; else its own forward runs on Linears). Each executor tried is held to the model's own forward
+    within the probe's tolerance (`agrees`): on oneDNN everywhere, then on the kernel everywhere it runs; an
+    Executor that fails its probe leaves Linears to try, and Linears that fail leave the model's own forward."""
     why = _refusal(model)
     if why is not None:
-        return why, None
-    no_kernel = _kernel_refusal()
+        return why, None, None
+    no_kernel, plain = _kernel_refusal(), _plain_refusal(model)
+    for kind in ([Executor] if plain is None else []) + [Linears]:
+        ex, failed, kernel_why = _tried(model, kind, no_kernel)
+        if ex is not None:
+            if kernel_why is not None:
+                log.debug("spec.cpu.executor: %s runs oneDNN alone: %s", type(model).__name__, kernel_why)
+            if bool(ex.most) == (kernel_why is None):
+                _MADE[model] = ex                # (the one probed: its copies are not made twice)
+            return kernel_why, kernel_why is None, plain
+        if kind is Executor:
+            plain = f"its plain layers {failed}"
+        else:
+            why = failed
+    return f"its passes {why}", None, plain
+
+
+def _tried(model, kind, no_kernel: str | None) -> tuple[Passes | None, str, str | None]:
+    """(a `kind` executor of `model` that agrees with its own forward, or None; why not; why it runs no
+    kernel, or None)."""
     try:
-        ex = Executor(model, kernel=no_kernel is None)
+        ex = kind(model, no_kernel is None)
         if not agrees(model, ex, threads=0):
-            return "its logits on packed weights were off the model's own by more than the probe's tolerance", None
+            return None, "were off the model's own forward by more than the probe's tolerance", no_kernel
         if no_kernel is None and not agrees(model, ex, threads=1):
             no_kernel = "the kernel's logits were off the model's own by more than the probe's tolerance"
     except Exception as e:       # (a transformers release whose parts take other arguments: its own forward runs)
-        log.debug("spec.cpu.executor: %s's passes failed here (%s: %s); its own forward runs", type(model).__name__,
+        log.debug("spec.cpu.executor: %s's passes on %s failed here (%s: %s)", type(model).__name__, kind.__name__,
                   type(e).__name__, e)
-        return f"its passes failed here ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})", None
-    if no_kernel is not None:
-        log.debug("spec.cpu.executor: %s runs oneDNN alone: %s", type(model).__name__, no_kernel)
-    if bool(ex.most) == (no_kernel is None):
-        _MADE[model] = ex                        # (the one probed: its copies are not made twice)
-    return no_kernel, no_kernel is None
+        return None, f"failed here ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})", no_kernel
+    return ex, "", no_kernel
 
 
-def agrees(model, ex: Executor, threads: int) -> bool:
+def agrees(model, ex: Passes, threads: int) -> bool:
     """`ex`'s logits with its products on `threads` (0 oneDNN, 1 the kernel for 1 to `most` rows) are within
     the probe's tolerance of the model's own forward's over the probe's ids: cache-free for the first id,
-    the first 3 and the first `most` (all of them on oneDNN), and cached, fed as a prefix, one row, then the
-    rest (at most `most` rows)."""
+    the first 3 and the first `most` (all of them on oneDNN), and, on an Executor (whose cache handling is its
+    own), cached, fed as a prefix, one row, then the rest (at most `most` rows). (Linears run the model's own
+    forward, cache and all; the runner probe's replay holds their cached passes to the model's.)"""
     ids = probe.ids(model, probe.probe_length(model), next(model.parameters()).device)
     tol = probe.tolerance(model)
     fn = lambda **kwargs: ex.forward(kwargs, threads)      # noqa: E731
@@ -391,6 +503,8 @@ def agrees(model, ex: Executor, threads: int) -> bool:
     for n in cuts:
         if not probe.close(hf.authors_forward(model, ids[:n], fn), hf.authors_forward(model, ids[:n]), tol):
             return False
+    if not isinstance(ex, Executor):
+        return True
     end = min(ids.numel(), 1 + 2 * ex.most) if threads else ids.numel()
     full = hf.authors_forward(model, ids[:end])
     cache = hf.new_cache(model)

@@ -37,14 +37,22 @@ def packed(monkeypatch):
     monkeypatch.setattr(prepack, "MIN_BYTES", 0)
     made = []
 
-    def make(*args, **kwargs):
-        model = llama(*args, **kwargs)
+    def make(*args, kind="llama", **kwargs):
+        model = llama(*args, **kwargs) if kind == "llama" else other(*args, **kwargs)
         probe.forget(model)
         made.append(model)
         return model
     yield make
     for model in made:
         probe.forget(model)
+
+
+def other(seed=0):
+    """A model of another architecture (Qwen2: not a plain Llama), run on executor.Linears when large."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(Qwen2Config(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2)).float().eval()
 
 
 @pytest.fixture
@@ -67,12 +75,14 @@ def forced(ex, threads):
 
 @pytest.mark.parametrize("threads", [0, KERNEL, pytest.param(2, id="kernel-split", marks=KERNEL.marks)])
 @pytest.mark.parametrize("rows", [1, 9, 40])
-def test_the_executors_logits_are_the_models_own(packed, rows, threads):
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_the_executors_logits_are_the_models_own(packed, rows, threads, kind):
     """Cache-free, and cached (a prefix, then `rows` more on top of it), on oneDNN, the kernel and the kernel
     split over 2 threads (rows above the kernel's run on oneDNN), within the probe's tolerance; and the hidden
-    states a drafter reads (the last one after the final norm, as transformers gives them)."""
-    model = packed()
-    ex = executor.Executor(model, kernel=threads > 0)
+    states a drafter reads (the last one after the final norm, as transformers gives them). A plain Llama on an
+    Executor, a Qwen2 on Linears (its own forward, its products packed)."""
+    model = packed(kind=kind)
+    ex = (executor.Executor if kind == "llama" else executor.Linears)(model, kernel=threads > 0)
     fn, tol = forced(ex, threads), probe.tolerance(model)
     with torch.inference_mode():
         want = hf.authors_forward(model, IDS)
@@ -93,11 +103,12 @@ def test_the_executors_logits_are_the_models_own(packed, rows, threads):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_two_threads_decoding_at_once_each_get_their_own_output(packed, threads, monkeypatch):
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_two_threads_decoding_at_once_each_get_their_own_output(packed, threads, kind):
     """Two Python threads decode two prompts at once on the same target, each several times: every
     pass's logits are bit for bit those of the same prompt decoded alone, and greedy's tokens too. (A pass's
-    state lives in its call; the kernel's threads are named per call.)"""
-    model = packed(layers=3)
+    state lives in its call; the kernel's threads are named per call; Linears' mode is thread-local.)"""
+    model = packed(layers=3) if kind == "llama" else packed(kind=kind)
     prompts = [[5, 9, 14, 3], list(range(20, 36))]          # the second's prefill runs on oneDNN (16 rows)
 
     def decode(prompt, n=20):
@@ -219,16 +230,26 @@ def test_the_path_is_named_with_its_reason(threads, monkeypatch):
     monkeypatch.setenv("SPEC_GEMV", "0")
     probe.forget(model)
     assert executor.describe(model).startswith("oneDNN for every pass (no kernel: SPEC_GEMV=0)")
+    assert executor.describe(model).endswith("(spec.cpu.executor: plain Llama layers on packed weights)")
     monkeypatch.setenv("SPEC_PLAIN_LAYERS", "0")
     probe.forget(model)
-    assert executor.describe(model) == ("transformers (the model's own forward): switched off (SPEC_PREPACK=0 or "
-                                        "SPEC_PLAIN_LAYERS=0)")
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-    qwen = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-                                        num_attention_heads=2, num_key_value_heads=1))
-    monkeypatch.delenv("SPEC_PLAIN_LAYERS")
-    assert "decoder layers are not transformers' LlamaDecoderLayer" in executor.describe(qwen)
+    assert executor.describe(model).endswith("(spec.cpu.executor: the model's own forward, its linears on packed "
+                                             "weights; not plain layers: SPEC_PLAIN_LAYERS=0)")
+    monkeypatch.setenv("SPEC_PREPACK", "0")
     probe.forget(model)
+    assert executor.describe(model) == "transformers (the model's own forward): switched off (SPEC_PREPACK=0)"
+    monkeypatch.delenv("SPEC_PREPACK")
+    monkeypatch.delenv("SPEC_PLAIN_LAYERS")
+    monkeypatch.delenv("SPEC_GEMV")
+    qwen = other()
+    threads(2)
+    text = executor.describe(qwen)
+    assert "(spec.cpu.executor: the model's own forward, its linears on packed weights; not plain layers: " \
+           "Qwen2ForCausalLM's decoder layers are not transformers' LlamaDecoderLayer)" in text
+    if prepack.kernel_rows():                       # (Linears: the kernel unsplit, at 2 torch threads too)
+        assert text.startswith(f"kernel (spec.cpu.gemv, {prepack.ISA_NAMES[gemv.isa()]}, one thread) for passes")
+    probe.forget(model)
+    probe.forget(qwen)
 
 
 def test_the_runners_count_each_pass_by_path(packed, threads):
@@ -281,3 +302,50 @@ def test_positions_past_the_first_rotary_tables(packed):
             got = hf.step(model, ids[start:stop], cache, position_ids=torch.arange(start, stop)[None],
                           fn=forced(ex, threads if ex.most else 0))[0]
             assert_logits_close(got, want[start:stop], torch.float32, what=f"positions {start}..{stop - 1}")
+
+
+def test_linears_intercept_the_calling_threads_products_only(packed, monkeypatch):
+    """Linears' torch function mode is the calling thread's: while one thread's pass waits inside the model
+    (in a hook of its own, which Linears honour), another thread's call of one of the model's linears runs
+    nn.Linear's own F.linear, and the pass's products all ran packed in its own thread."""
+    model = packed(kind="qwen2")
+    ex = executor.executor_for(model)
+    assert type(ex) is executor.Linears
+    inside, done, packed_in = threading.Event(), threading.Event(), []
+    real = prepack.Packed.__call__
+    monkeypatch.setattr(prepack.Packed, "__call__", lambda self, x, threads=0: packed_in.append(
+        threading.current_thread().name) or real(self, x, threads))
+
+    def wait(module, args):
+        inside.set()
+        done.wait(10)
+    handle = model.model.layers[1].register_forward_pre_hook(wait)
+    out: dict = {}
+
+    def pass_():
+        with torch.inference_mode():
+            out["pass"] = hf.authors_forward(model, IDS[:5], ex)
+    worker = threading.Thread(target=pass_, name="pass")
+    worker.start()
+    assert inside.wait(10)
+    x = torch.randn(3, 64)
+    with torch.inference_mode():
+        other_thread = model.lm_head(x)
+    done.set()
+    worker.join()
+    handle.remove()
+    assert torch.equal(other_thread, torch.nn.functional.linear(x, model.lm_head.weight))
+    assert packed_in and set(packed_in) == {"pass"}
+    with torch.inference_mode():
+        assert_logits_close(out["pass"], hf.authors_forward(model, IDS[:5]), torch.float32)
+
+
+def test_linears_honour_what_the_model_does(packed):
+    """A hook that changes a module's output changes Linears' logits as it changes the model's own."""
+    model = packed(kind="qwen2")
+    ex = executor.executor_for(model)
+    handle = model.model.layers[0].mlp.register_forward_hook(lambda m, a, o: o * 0)
+    with torch.inference_mode():
+        assert_logits_close(hf.authors_forward(model, IDS[:7], ex), hf.authors_forward(model, IDS[:7]), torch.float32)
+    handle.remove()
+    assert not ex.passes[executor.TRANSFORMERS]

@@ -163,7 +163,8 @@ def test_other_architectures_are_not_taken():
 
 def test_spec_uses_the_plain_layers_where_they_agree(monkeypatch):
     """The runners run the model's layers plain on its Executor (probed once); switched off
-    (SPEC_PLAIN_LAYERS=0), or when the plain layers are off by 0.1%, they run the model's own forward."""
+    (SPEC_PLAIN_LAYERS=0), or when the plain layers are off by 0.1%, the model's own forward on its packed
+    linears (executor.Linears)."""
     from spec import greedy_generate, speculative_generate
     from spec.models import perturbed_copy
     model = llama()
@@ -178,19 +179,21 @@ def test_spec_uses_the_plain_layers_where_they_agree(monkeypatch):
     assert sum(ex.passes.values()) > before and not ex.passes[executor.TRANSFORMERS]     # every pass plain
     monkeypatch.setenv("SPEC_PLAIN_LAYERS", "0")
     probe.forget(model)
-    assert executor.executor_for(model) is None
+    assert type(executor.executor_for(model)) is executor.Linears
+    assert "not plain layers: SPEC_PLAIN_LAYERS=0" in executor.describe(model)
     monkeypatch.delenv("SPEC_PLAIN_LAYERS")
     probe.forget(model)
     real_layer = plainllama.layer_forward
     monkeypatch.setattr(plainllama, "layer_forward", lambda *a, **k: (
         lambda *x, f=real_layer(*a, **k), **y: f(*x, **y) * 1.001))
-    assert executor.executor_for(model) is None
+    assert type(executor.executor_for(model)) is executor.Linears
+    assert "not plain layers: its plain layers were off the model's own forward" in executor.describe(model)
     probe.forget(model)
 
 
 def test_plain_layers_that_fail_leave_the_models_own_with_a_debug_reason(monkeypatch, caplog):
     """A plain layer that raises in the probe (a transformers release whose parts take other arguments) is a
-    no: the runners run the model's own forward, and the output stays exact."""
+    no: the runners run the model's own forward on its packed linears, and the output stays exact."""
     import logging
     from spec import greedy_generate, speculative_generate
     from spec.models import perturbed_copy
@@ -204,9 +207,9 @@ def test_plain_layers_that_fail_leave_the_models_own_with_a_debug_reason(monkeyp
         return forward
     monkeypatch.setattr(plainllama, "layer_forward", broken)
     with caplog.at_level(logging.DEBUG, logger="spec.cpu.executor"):
-        assert executor.executor_for(model) is None
-    assert any("passes failed here (TypeError" in r.getMessage() for r in caplog.records)
-    assert "its passes failed here (TypeError: unexpected keyword argument 'cache')" in executor.describe(model)
+        assert type(executor.executor_for(model)) is executor.Linears
+    assert any("passes on Executor failed here (TypeError" in r.getMessage() for r in caplog.records)
+    assert "its plain layers failed here (TypeError: unexpected keyword argument 'cache')" in executor.describe(model)
     draft = perturbed_copy(model, noise=0.05, seed=3)
     out = speculative_generate(model, draft, [5, 9, 14, 3], gamma=3, max_new_tokens=12)
     assert out.tokens == greedy_generate(model, [5, 9, 14, 3], max_new_tokens=12).tokens
