@@ -340,9 +340,6 @@ def test_one_acceptance_path_one_probe_memo_and_no_capability_flags():
 
 # --- issue 43: an executor, not patches ------------------------------------------------------------
 
-PASS_MODULES = ("runner", "cpu.")     # where a pass runs: no torch thread setting changed there
-
-
 def _patches(module: str, tree: ast.Module) -> list[str]:
     """Lines of `module` that replace a module's `forward` (object.__setattr__ / setattr(m, "forward", ...),
     an assignment to `x.forward`, `vars(m).pop("forward")` or `m.__dict__.pop("forward")`), read torch's
@@ -389,3 +386,55 @@ def test_the_patch_finder_finds_patches():
     assert len(_patches("cpu.prepack", tree)) == 7
     assert len(_patches("experiment", tree)) == 6           # (the experiment's setup sets the run's threads)
     assert not _patches("cpu.prepack", ast.parse("vars(m).pop('other')\nobject.__setattr__(m, 'x', 1)\n"))
+
+
+# --- the native library: C in source files, one build, one Llama layer -------------------------------
+
+NATIVE = SPEC / "cpu" / "native"
+
+
+def test_no_c_source_lives_in_a_python_string():
+    """C is in spec/cpu/native/*.c where editors, linters and sanitizers see it: no Python file in spec/
+    holds a string with a C include or a C function body."""
+    found = []
+    for path in sorted(SPEC.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and (
+                    "#include" in node.value or re.search(r"\b(?:static|void|int64_t)\b[^\n]*\)\s*\{", node.value)):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not found, "C source in Python strings: " + ", ".join(found)
+    assert sorted(p.name for p in NATIVE.glob("*.c")) == ["gemv.c", "isa.c", "layer.c", "pool.c", "qdraft.c",
+                                                           "selftest.c", "selftest_main.c"]
+
+
+def test_one_build_and_one_dispatch():
+    """One module compiles C (spec.cpu.native: the only caller of a compiler), and the variant is chosen
+    in one place (isa.c's spec_native_isa: the only __builtin_cpu_supports; no CPU flags read from
+    /proc/cpuinfo in Python: the report's CPU name aside)."""
+    compilers = [str(p.relative_to(ROOT)) for p in SPEC.rglob("*.py")
+                 if re.search(r"\bcompiler\(\)|\"-shared\"|'-shared'", p.read_text(encoding="utf-8"))]
+    assert compilers == ["spec/cpu/native.py"], compilers
+    readers = [str(p.relative_to(ROOT)) for p in SPEC.rglob("*.py")
+               if re.search(r"avx|vnni|startswith\(\"flags", p.read_text(encoding="utf-8"), re.I)
+               and "/proc/cpuinfo" in p.read_text(encoding="utf-8")]
+    assert not readers, readers
+    dispatch = [p.name for p in NATIVE.glob("*.c") if "__builtin_cpu_supports" in p.read_text()]
+    assert dispatch == ["isa.c"], dispatch
+
+
+def test_one_llama_layer_for_target_and_draft():
+    """RMSNorm, rotary, attention and the SiLU gate are written once (layer.c) and the draft's forward
+    calls them: qdraft.c computes no square root, exponential, sine or cosine table of its own but the
+    rotary angles, and defines no norm, rope, softmax or attention of its own."""
+    qd = (NATIVE / "qdraft.c").read_text()
+    for op in ("spec_rms(", "spec_rotary(", "spec_attend(", "spec_silu_mul("):
+        assert op in qd, f"the draft's forward does not call {op}"
+    own = re.findall(r"^static[^\n(]*\b(\w*(?:norm|rope|rms|attend|softmax|silu|exp)\w*)\(", qd, re.M)
+    assert not own, f"qdraft.c defines layer ops of its own: {own}"
+    assert "expf(" not in qd and "sqrtf(" not in qd.replace("1.f / sqrtf((float)hd)", "")
+    layer = (NATIVE / "layer.c").read_text()
+    for entry in ("void spec_rms(", "void spec_rotary(", "int64_t spec_attend(", "void spec_silu_mul("):
+        assert sum(p.read_text().count(entry) for p in NATIVE.glob("*.c")) == 1 and entry in layer, entry
+    # the GGUF read by the gguf package: no struct-level reader of spec's own
+    q = (SPEC / "cpu" / "qdraft.py").read_text()
+    assert "gguf.GGUFReader" in q and "struct.unpack" not in q
