@@ -22,19 +22,17 @@ SCRIPT = r"""
 import json, os, sys, torch
 torch.set_num_threads(1)
 from spec import greedy_generate, probe, realmodel, speculative_generate
-from spec.cpu import native, prepack
+from spec.cpu import executor, native
 from spec.gguf_draft import GGUFDraft
 model, tok = realmodel.load(say=lambda msg: None)
 ids = tok("def fibonacci(n):", return_tensors="pt").input_ids[0].tolist()   # short: the plain-C draft is slow
 want = greedy_generate(model, ids, max_new_tokens=10).tokens
 for isa in map(int, sys.argv[1:]):
     os.environ["SPEC_NATIVE_ISA"] = str(isa)
-    for question in ("gemv linears", "plain layers"):     # (the kernel's probes: again for this variant)
-        probe._MEMO.get(model, {}).pop(question, None)
-    prepack._PACKED.pop(model, None)
+    probe._MEMO.get(model, {}).pop("executor", None)      # (the executor's probes: again for this variant)
     draft = GGUFDraft(realmodel.gguf_path(), model, tok, engine="native")
     got = speculative_generate(model, draft, ids, gamma=4, max_new_tokens=10)
-    print(json.dumps({"isa": native.isa(), "kernel": prepack.kernel_used(model), "equal": got.tokens == want,
+    print(json.dumps({"isa": native.isa(), "kernel": executor.executor_for(model).most > 0, "equal": got.tokens == want,
                       "accepted": got.accepted, "engine": draft.engine_name, "draft_isa": draft.run.model.isa}))
 """
 
