@@ -349,3 +349,20 @@ def test_linears_honour_what_the_model_does(packed):
         assert_logits_close(hf.authors_forward(model, IDS[:7], ex), hf.authors_forward(model, IDS[:7]), torch.float32)
     handle.remove()
     assert not ex.passes[executor.TRANSFORMERS]
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_an_executor_does_not_keep_its_model_alive(monkeypatch, kind):
+    """The executors are kept weakly by model (spec.cpu.executor._MADE) and hold the model weakly: a model
+    decoded once and dropped is freed, its executor with it."""
+    import gc
+    import weakref
+    monkeypatch.setattr(prepack, "MIN_BYTES", 0)
+    model = llama() if kind == "llama" else other()
+    greedy_generate(model, [5, 9, 14, 3], max_new_tokens=3)
+    made = weakref.ref(executor.executor_for(model))
+    assert made() is not None
+    gone = weakref.ref(model)
+    del model
+    gc.collect()
+    assert gone() is None and made() is None
