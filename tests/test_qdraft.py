@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from spec import greedy_generate, speculative_generate
-from spec.cpu import qdraft
+from spec.cpu import native, qdraft
 from spec.conformance import kit, llamacpp
 from spec.conformance.stats import goodness_of_fit, reference_probabilities
 from spec.draft import Pick
@@ -279,8 +279,8 @@ def test_auto_takes_the_kernel_where_it_runs(target, q4_gguf):
 def test_each_variant_of_the_forward_is_the_arithmetic(q4_gguf, monkeypatch, isa):
     """The plain-C products (and, at 2, the AVX-512F attention and SiLU around them), forced: the same
     NumPy forward's logits, prefill and steps."""
-    if isa > nativecheck.native.isa():
-        pytest.skip(f"this CPU runs variant {nativecheck.native.isa()} at most")
+    if isa > native.isa():
+        pytest.skip(f"this CPU runs variant {native.isa()} at most")
     monkeypatch.setenv("SPEC_NATIVE_ISA", str(isa))
     ids = PROMPTS[0] + PROMPTS[1][:3]
     want = reference_logits(q4_gguf, ids)

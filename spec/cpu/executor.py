@@ -1,4 +1,4 @@
-"""An fp32 CPU target's passes on packed weights, run by an object spec.runner calls (issue 43).
+"""An fp32 CPU target's passes on packed weights, run by an object spec.runner calls.
 
 `executor_for(model)` gives the model's executor (made once per model and its weights, probed once per
 model, dtype and device: spec.probe), or None where the model's own forward runs its passes, and

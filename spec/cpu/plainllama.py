@@ -1,4 +1,4 @@
-"""Llama decoder layers in plain tensors, for the target's fp32 CPU passes (issue 43).
+"""Llama decoder layers in plain tensors, for the target's fp32 CPU passes.
 
 On a CPU whose matrix products run on spec's packed weights (spec.cpu.prepack), a SmolLM2 step spent about
 8 ms of its ~28 outside them at one thread: module dispatch, kwargs plumbing, HF's RMSNorm, rotary and

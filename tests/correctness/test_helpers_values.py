@@ -321,7 +321,7 @@ def test_summary_json_keeps_its_keys_and_derives_its_figures():
         "optimal_predicted_speedup", "draft_cannot_win", "measured_speedup", "mean_speedup", "speedup_min",
         "speedup_max", "repeats", "repeat_speedups", "repeat_spread", "greedy_s", "spec_s", "in_run", "draft_impl",
         "threads", "all_identical", "ties", "failures", "hf_compared_prompts", "hf_speedup", "ours_vs_hf",
-        "peer_gamma", "exit_status", "rounds_drafting_nothing", "peers"]
+        "peer_gamma", "exit_status", "rounds_drafting_nothing", "target_passes", "peers"]
     assert out["measured_speedup"] == 1.25 and out["mean_speedup"] == pytest.approx(1.25)
     assert out["repeats"] == 2 and out["repeat_spread"] == pytest.approx(0.1) and out["exit_status"] == 1
     assert "hf_speedup" not in summary().to_json() and summary().to_json()["exit_status"] == 0
