@@ -11,7 +11,7 @@ import json
 import pytest
 
 from spec.conformance import endpoints
-from spec.conformance.endpoint import Counters, Endpoint, EndpointError, Unsupported, parse_counters
+from spec.conformance.endpoint import Counters, Endpoint, EndpointError, UnsupportedRequest, parse_counters
 
 # GET /metrics of llama-server 11434 started with --metrics: a speculative one after some requests, and
 # a plain one (its spec_decode counters exist, at 0)
@@ -120,7 +120,7 @@ def test_finish_reason_and_missing_fields():
 def test_options_llama_server_has_no_word_for_are_unsupported_and_named_untested():
     ep, seen = scripted({"/completion": ANSWER})
     for kw in ({"stop_token_ids": [5]}, {"min_tokens": 3}):
-        with pytest.raises(Unsupported, match="llama-server"):
+        with pytest.raises(UnsupportedRequest, match="llama-server"):
             ep.complete([1], 2, **kw)
     assert not seen                                             # nothing was sent
     with pytest.raises(endpoints.Untested, match="cannot be asked"):

@@ -25,7 +25,7 @@ skips the question. llama-server is spoken to on its native routes beside /v1:
   min_p 0` unless the request names them: llama-server filters with top-k 40, top-p 0.95, min-p 0.05 by
   default, and the kit's laws are those of the OpenAI defaults (no filter). Options keep their OpenAI
   names but `repetition_penalty`, sent as llama.cpp's `repeat_penalty` (its own semantics: the last
-  64 tokens). `stop_token_ids` and `min_tokens` have no counterpart: Unsupported (the kit names them
+  64 tokens). `stop_token_ids` and `min_tokens` have no counterpart: UnsupportedRequest (the kit names them
   untested). finish_reason is "stop" for `stop_type` eos or word, else "length"; usage is
   `tokens_evaluated` / `tokens_predicted`.
 - Logprobs: `n_probs: K` gives, per new token, `logprob` (of the emitted token) and `top_logprobs`
@@ -62,7 +62,7 @@ class EndpointError(RuntimeError):
         self.status, self.sent = status, sent
 
 
-class Unsupported(EndpointError):
+class UnsupportedRequest(EndpointError):
     """The server's API has no way to ask for this option (nothing was sent): the check is untested."""
 
 
@@ -420,9 +420,9 @@ class Endpoint:
         """llama-server's native /completion request (the module's docstring: names, neutral filters)."""
         _check_prompt(prompt)
         if stop_token_ids:
-            raise Unsupported("llama-server's /completion has no stop_token_ids (stop strings only)")
+            raise UnsupportedRequest("llama-server's /completion has no stop_token_ids (stop strings only)")
         if min_tokens:
-            raise Unsupported("llama-server's /completion has no min_tokens")
+            raise UnsupportedRequest("llama-server's /completion has no min_tokens")
         body = {"prompt": list(prompt), "n_predict": max_tokens, "temperature": temperature, "ignore_eos": ignore_eos,
                 "return_tokens": True, "cache_prompt": False, "stream": False}
         if logprobs is not None:

@@ -27,7 +27,7 @@ import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from spec.conformance.endpoint import EndpointError, Unsupported
+from spec.conformance.endpoint import EndpointError, UnsupportedRequest
 from spec.conformance.stats import goodness_of_fit, homogeneity
 from spec.diagnose import Divergence, first_difference, judge
 from spec.options import Verdict
@@ -171,7 +171,7 @@ def eos_prompts(ref, candidates: list[list[int]], limit: int) -> list[list[int]]
     for p in candidates:
         try:
             out = ref.complete(p, limit, ignore_eos=False)
-        except Unsupported:   # a subject with no EOS stop: EOS is named untested by `stops`
+        except UnsupportedRequest:   # a subject with no EOS stop: EOS is named untested by `stops`
             return []
         if out.finish_reason == "stop" and len(out.ids) < limit:
             found.append(p)
@@ -196,7 +196,7 @@ def stops(subject, prompt: list[int], n: int, eos_prompts: list[list[int]] = (),
     checked.append("max_tokens 1..%d exact" % n)
     try:
         checked.append(_stop_ids(subject, prompt, n, full))
-    except Unsupported as why:   # an API without stop_token_ids (llama-server): named, not failed
+    except UnsupportedRequest as why:   # an API without stop_token_ids (llama-server): named, not failed
         checked.append(f"stop_token_ids and min_tokens untested ({why})")
     m = eos_limit or n
     ended = 0
@@ -443,10 +443,10 @@ class Untested(Exception):
 
 def _refusable(who: str, call):
     """`call()`'s answer, or Untested when the server refuses the request with a 4xx or its API has no
-    such option (Unsupported)."""
+    such option (UnsupportedRequest)."""
     try:
         return call()
-    except Unsupported as err:
+    except UnsupportedRequest as err:
         raise Untested(f"{who} cannot be asked: {err}") from None
     except EndpointError as err:
         if " answered 4" in str(err):
@@ -540,7 +540,7 @@ def fields(subject, prompts: list[list[int]], n: int) -> str:
         for what, kw in requests.items():
             try:
                 want, got = ref.complete(p, n, **kw), spec.complete(p, n, **kw)
-            except Unsupported as why:
+            except UnsupportedRequest as why:
                 untested.add(f"{what} ({why})")
                 continue
             if got.ids != want.ids:
@@ -569,7 +569,7 @@ def streaming(subject, prompts: list[list[int]], n: int) -> str:
         for what, kw in cases.items():
             try:
                 want, got = ref.complete(p, n, **kw), spec.stream(p, n, **kw)
-            except Unsupported as why:
+            except UnsupportedRequest as why:
                 untested.add(f"{what} ({why})")
                 continue
             compared += 1

@@ -8,7 +8,7 @@ brings its own models (GGUF files), its own non-speculative reference and its ow
   written and named. `greedy` is the engine's own plain greedy decoding (the reference the
   speculative runs are compared with, token for token); `speculative` is llama-cpp-python's
   speculative decoding (`Llama(draft_model=...)`) with prompt lookup (`LlamaPromptLookupDecoding`)
-  or a draft model (`ModelDraft`: a second GGUF run greedily, gamma tokens a round). Every model is
+  or a draft model (`LlamaCppModelDraft`: a second GGUF run greedily, gamma tokens a round). Every model is
   opened after spec.llamaguard's check of the build (a known-crashing one is refused with the fix).
 - `noise`: the engine's own numerical noise, the largest difference between the logits of one
   position computed in a one-token pass and in a multi-token pass (the pass shapes speculative
@@ -100,7 +100,7 @@ def _llama():
     return Llama
 
 
-class ModelDraft:
+class LlamaCppModelDraft:
     """A llama-cpp-python draft model: a second GGUF model proposes `gamma` greedy tokens a round
     (its KV cache reused across rounds through llama-cpp-python's prefix matching)."""
 
@@ -121,9 +121,9 @@ class ModelDraft:
 
 
 def _model_draft_class():
-    """ModelDraft as a LlamaDraftModel (made here: llama_cpp is an optional import)."""
+    """LlamaCppModelDraft as a LlamaDraftModel (made here: llama_cpp is an optional import)."""
     from llama_cpp.llama_speculative import LlamaDraftModel
-    return type("ModelDraft", (ModelDraft, LlamaDraftModel), {})
+    return type("LlamaCppModelDraft", (LlamaCppModelDraft, LlamaDraftModel), {})
 
 
 GREEDY = dict(top_k=1, temp=0.0)

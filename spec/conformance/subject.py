@@ -11,7 +11,7 @@ scores. So a Subject is two Sides and what the verdict needs:
                                     finish_reason, text, usage); `stream(...)` the same streamed;
                                     `tokenize(text)`, `tokenize_chat(question)` (None: cannot);
                                     `counters()`, `identity()`. A side that cannot do what a request asks
-                                    raises Unsupported (nothing sent): the check is named untested.
+                                    raises UnsupportedRequest (nothing sent): the check is named untested.
   subject.generate(prompt, n, **kw)            the ids of one request to the side under test
   subject.generate_many(requests)              several at once (None when the subject decodes one
                                                request at a time: concurrency properties are untested)
@@ -40,7 +40,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, runtime_checkable
 
-from spec.conformance.endpoint import Completion, Counters, Unsupported
+from spec.conformance.endpoint import Completion, Counters, UnsupportedRequest
 from spec.diagnose import Scores
 
 
@@ -151,7 +151,7 @@ class EngineSide:
     at `draft_path`). Greedy at temperature 0, else the engine's own sampler chain seeded with `seed`
     (top_k, top_p and min_p may come as options; no filter otherwise). What llama-cpp-python's generate
     has no way to ask (stop ids, min_tokens, EOS stops, penalties, logit bias, stop strings, streaming)
-    raises Unsupported. Logprobs: the reference's are the engine's own logits (log-softmax of its
+    raises UnsupportedRequest. Logprobs: the reference's are the engine's own logits (log-softmax of its
     one-token passes); the speculative side reports none (llama-cpp-python's generate gives tokens only),
     so the logprob properties are untested for it, not passed."""
 
@@ -164,14 +164,14 @@ class EngineSide:
                  logprobs: int | None = None, ignore_eos: bool = True, stop_token_ids: list[int] | None = None,
                  min_tokens: int | None = None, options: dict | None = None) -> Completion:
         if stop_token_ids or min_tokens:
-            raise Unsupported("llama-cpp-python's generate has no stop_token_ids or min_tokens")
+            raise UnsupportedRequest("llama-cpp-python's generate has no stop_token_ids or min_tokens")
         if not ignore_eos:
-            raise Unsupported("the kit runs llama-cpp-python's generate for max_tokens (no EOS stop)")
+            raise UnsupportedRequest("the kit runs llama-cpp-python's generate for max_tokens (no EOS stop)")
         other = sorted(set(options or {}) - set(self.FILTERS))
         if other:
-            raise Unsupported(f"the kit sends llama.cpp only top_k, top_p and min_p, not {', '.join(other)}")
+            raise UnsupportedRequest(f"the kit sends llama.cpp only top_k, top_p and min_p, not {', '.join(other)}")
         if logprobs is not None and self.drafter is not None:
-            raise Unsupported("llama-cpp-python's speculative generate reports no logprobs")
+            raise UnsupportedRequest("llama-cpp-python's speculative generate reports no logprobs")
         prompt = list(prompt)
         if temperature == 0.0:
             ids = (self.engine.greedy(prompt, max_tokens)[0] if self.drafter is None else
@@ -193,7 +193,7 @@ class EngineSide:
         return out
 
     def stream(self, prompt, max_tokens, **kwargs) -> Completion:
-        raise Unsupported("llama-cpp-python's generate in process has no streamed response")
+        raise UnsupportedRequest("llama-cpp-python's generate in process has no streamed response")
 
     def tokenize(self, text: str) -> list[int] | None:
         return self.engine.tokenize(text)

@@ -93,7 +93,7 @@ def _violated(name, impl, check, *args) -> tuple[str | None, str | None]:
     needs gives "untested: why" (a skip, never a pass); one that dies gives its crash verdict; a server that
     answers a request with a 5xx fails the property with that request (a --repro crash script) and says
     whether it still answers a plain greedy request."""
-    from spec.conformance.endpoint import EndpointError, Unsupported
+    from spec.conformance.endpoint import EndpointError, UnsupportedRequest
     from spec.conformance.subject import Crashed
     try:
         return check(*args), None
@@ -106,7 +106,7 @@ def _violated(name, impl, check, *args) -> tuple[str | None, str | None]:
         if err.status is None or err.status < 500 or err.sent is None:
             raise
         return None, _server_error(name, impl, args[0], err)
-    except (Unsupported, endpoints.Untested) as why:
+    except (UnsupportedRequest, endpoints.Untested) as why:
         return f"untested: {why}", None
 
 
