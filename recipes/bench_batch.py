@@ -23,7 +23,7 @@ import statistics
 
 import torch
 
-from spec import clock, experiment, greedy_generate, load_pair, speculative_generate, theory
+from spec import clock, defaults, experiment, greedy_generate, load_pair, speculative_generate, theory
 from spec.experiment.measure import batch_step_time
 
 
@@ -57,7 +57,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--gamma", type=int, default=5)
+    parser.add_argument("--gamma", type=int, default=defaults.DEFAULT_GAMMA)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=None)

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from spec import PromptLookup, experiment, realmodel
+from spec import PromptLookup, defaults, experiment, realmodel
 from spec.experiment.measure import verify_line
 from spec.models import encode_prompt
 from spec.prompts import SEED_PROMPTS
@@ -23,7 +23,7 @@ from spec.prompts import SEED_PROMPTS
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--gamma", type=int, default=8)
+    p.add_argument("--gamma", type=int, default=defaults.REAL_GAMMA["lookup"])
     p.add_argument("--out", default="bench-real.json")
     args = p.parse_args()
     torch.set_num_threads(1)

@@ -105,6 +105,10 @@ def add_pair_options(p: argparse.ArgumentParser) -> None:
                         "applies) (default: %(default)s)")
 
 
+def _real_gammas() -> str:
+    return ", ".join(f"{draft} {gamma}" for draft, gamma in defaults.REAL_GAMMA.items())
+
+
 def add_run_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("run")
     g.add_argument("--gamma", type=_gamma, default=None,
@@ -113,7 +117,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                         "far); 'calibrated': chosen once, Theorem 3.8's optimal gamma for alpha from a short "
                         f"calibration run ({defaults.CALIBRATION_TOKENS} tokens at gamma="
                         f"{defaults.CALIBRATION_GAMMA} on the first prompt) and the measured c and verify cost, "
-                        f"at most {defaults.MAX_AUTO_GAMMA} (default: %(default)s)")
+                        f"at most {defaults.MAX_AUTO_GAMMA} (default: {defaults.DEFAULT_GAMMA} for a draft model; "
+                        f"--real's drafts and a --draft FILE.gguf: {_real_gammas()})")
     g.add_argument("--max-new-tokens", type=_positive_int, default=None,
                    help=f"new tokens per prompt (default: {defaults.CUDA_MAX_NEW_TOKENS} on CUDA, "
                         f"{defaults.CPU_MAX_NEW_TOKENS} on CPU)")
@@ -175,8 +180,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "its own gamma (use a number or 'calibrated', which rank 0 chooses for all)")
         if args.peer:
             parser.error("argument --tp: not with --peer (HF assisted generation on a split target is not tested)")
-    if args.gamma is None and not args.real and not gguf_draft:   # else spec.experiment.DEFAULT_GAMMA
-        args.gamma = 5
+    if args.gamma is None and not args.real and not gguf_draft:   # else spec.defaults.REAL_GAMMA
+        args.gamma = defaults.DEFAULT_GAMMA
     args.max_new_tokens_default = args.max_new_tokens is None
     if args.max_new_tokens is None:
         cuda = args.device.startswith("cuda")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from spec import theory
+from spec.defaults import DEFAULT_GAMMA, MAX_AUTO_GAMMA
 
 # Prior strength of a flat verify pass, in drafted-tokens squared: the fitted slope counts
 # half once the drafted counts' squared deviations sum to this (e.g. 25 rounds a token off
@@ -28,7 +29,8 @@ class AutoGamma:
     round to `observe`, timing it because `timed` is set."""
     timed = True
 
-    def __init__(self, start: int = 5, max_gamma: int = 16, prior_alpha: float = 0.7, prior_weight: float = 4.0):
+    def __init__(self, start: int = DEFAULT_GAMMA, max_gamma: int = MAX_AUTO_GAMMA, prior_alpha: float = 0.7,
+                 prior_weight: float = 4.0):
         self.gamma, self.max_gamma = start, max_gamma
         self.successes, self.failures = prior_alpha * prior_weight, (1 - prior_alpha) * prior_weight
         self.draft_s = self.draft_steps = 0.0

@@ -22,6 +22,7 @@ import torch
 
 from spec import accept, batch, choose, clock, hf, parallel, sampling, theory
 from spec.autogamma import AutoGamma
+from spec.defaults import DEFAULT_GAMMA
 from spec.draft import FixedGamma, Pick
 from spec.options import GammaMode, StopReason
 from spec.processors import Processors
@@ -189,7 +190,7 @@ def greedy_generate(model, input_ids, *, max_new_tokens: int = 64, eos_token_id=
 
 
 @torch.inference_mode()
-def speculative_generate(target, draft, input_ids, *, gamma: int | str = 5, max_new_tokens: int = 64,
+def speculative_generate(target, draft, input_ids, *, gamma: int | str = DEFAULT_GAMMA, max_new_tokens: int = 64,
                          eos_token_id=None, do_sample: bool = False, temperature: float = 1.0,
                          top_k: int | None = None, top_p: float | None = None,
                          generator: torch.Generator | None = None, trace: bool = False,

@@ -6,6 +6,15 @@ DRAFT_IMPLS = ("auto", "plain", "hf", "compiled")  # spec.choose.DRAFT_IMPLS (a 
 CPU_MAX_NEW_TOKENS = 128
 CUDA_MAX_NEW_TOKENS = 256
 
+# gamma when none is asked, written here only: speculative_generate's default, `python -m spec`'s for a
+# draft model (--target/--draft) and where gamma="auto" starts.
+DEFAULT_GAMMA = 5
+# --real's draft sources (prompt lookup, or SmolLM2's own Q4_1 GGUF on spec.qdraft's kernel, else llama.cpp)
+# and each one's gamma, measured best on the seed prompts (docs/BENCHMARKS.md, "Plain-tensor decoder
+# layers": with the faster target step q4 at 8 beat 10 in --real and in recipes/bench_qdraft.py); a
+# --draft FILE.gguf run takes "q4"'s.
+REAL_GAMMA = {"lookup": 8, "q4": 8}
+
 # --gamma calibrated: Theorem 3.8's optimal gamma, chosen once from a short calibration run.
 CALIBRATION_TOKENS = 32
 CALIBRATION_GAMMA = 5

@@ -344,7 +344,7 @@ def test_real_is_a_preset_of_the_one_pipeline(pair_dirs, tmp_path, monkeypatch, 
     assert list(real) == list(default) and list(real["prompts"][0]) == list(default["prompts"][0])
     assert set(default["summary"]) < set(real["summary"])
     assert real["pair"]["source"] == "real" and real["pair"]["draft_name"].startswith("PromptLookup(")
-    assert real["summary"]["gamma"] == experiment.DEFAULT_GAMMA["lookup"] == 8
+    assert real["summary"]["gamma"] == defaults.REAL_GAMMA["lookup"] == 8
     assert list(real["summary"]["peers"]) == ["HF prompt lookup (8, 3)"]
     assert real["summary"]["verify_slope"] >= 0 and "verify pass of g+1 tokens" in capsys.readouterr().out
     for res in (default, real):

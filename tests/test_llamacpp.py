@@ -107,7 +107,7 @@ def test_a_native_crash_is_a_verdict_and_the_run_goes_on(tiny_gguf, tmp_path, mo
     prompt = list(llamacpp.LAW_PROMPT)
     try:
         with pytest.raises(subject.Crashed) as failed:
-            endpoints.seeded(subject.engine_subject(crashing, "llama-cpp"), [prompt], 3)
+            endpoints.seeded(subject.engine_subject(crashing, "llama-cpp", gamma=4), [prompt], 3)
         assert crashing.greedy([5], 3)[0] == crashing.greedy([5], 3)[0]   # a new child; one token runs
     finally:
         crashing.close()

@@ -241,7 +241,7 @@ class LocalEngine:
         """The engine's own plain greedy decoding: n new tokens."""
         return self._run(self.plain, prompt, n)
 
-    def speculative(self, prompt, n: int, *, draft: str = "prompt-lookup", gamma: int = 8,
+    def speculative(self, prompt, n: int, *, draft: str = "prompt-lookup", gamma: int,
                     draft_path=None) -> list[int]:
         """llama-cpp-python's speculative greedy decoding: prompt lookup (max n-gram 3, `gamma`
         tokens) or a draft model (`draft_path`, default the target's own file)."""
@@ -258,7 +258,7 @@ class LocalEngine:
             self._spec, self._spec_key = _llama()(**self._common, draft_model=_Counting(drafter, self)), key
         return self._spec
 
-    def sample(self, prompt, n: int, *, seed: int, sampler: dict, draft: str | None = None, gamma: int = 2,
+    def sample(self, prompt, n: int, *, seed: int, sampler: dict, draft: str | None = None, gamma: int | None = None,
                draft_path=None) -> list[int]:
         """n tokens sampled by the engine's own sampler chain (`sampler`: temp, top_k, top_p, min_p, as
         llama-cpp-python takes them), seeded with `seed`: plain decoding (draft None) or speculative
@@ -312,7 +312,7 @@ class LocalEngine:
                 widths.append(width)
         return widths
 
-    def diagnose(self, prompt, expected, actual, noise: float, gamma: int = 8) -> Divergence | None:
+    def diagnose(self, prompt, expected, actual, noise: float, gamma: int) -> Divergence | None:
         """The first divergence of `actual` from the engine's greedy `expected` (spec.diagnose.judge): a
         tie where the greedy top-2 gap there is within the engine's measured noise; with the pass shapes
         that emit the speculative run's token."""
@@ -542,13 +542,13 @@ class Engine:
         """The engine's own plain greedy decoding: n new tokens and the seconds it took."""
         return self._timed("greedy", list(prompt), n)
 
-    def speculative(self, prompt, n: int, *, draft: str = "prompt-lookup", gamma: int = 8,
+    def speculative(self, prompt, n: int, *, draft: str = "prompt-lookup", gamma: int,
                     draft_path=None) -> tuple[list[int], float]:
         """llama-cpp-python's speculative greedy decoding (LocalEngine.speculative) and the seconds it took."""
         return self._timed("speculative", list(prompt), n, draft=draft, gamma=gamma,
                            draft_path=None if draft_path is None else str(draft_path))
 
-    def sample(self, prompt, n: int, *, seed: int, sampler: dict, draft: str | None = None, gamma: int = 2,
+    def sample(self, prompt, n: int, *, seed: int, sampler: dict, draft: str | None = None, gamma: int | None = None,
                draft_path=None) -> list[int]:
         """LocalEngine.sample: n tokens from the engine's own sampler chain, seeded."""
         return self._invoke("sample", list(prompt), n, seed=seed, sampler=sampler, draft=draft, gamma=gamma,
@@ -577,7 +577,7 @@ class Engine:
         """LocalEngine.counters: drafted and accepted so far (a restarted child counts from 0)."""
         return self._invoke("counters")
 
-    def diagnose(self, prompt, expected, actual, noise: float, gamma: int = 8) -> Divergence | None:
+    def diagnose(self, prompt, expected, actual, noise: float, gamma: int) -> Divergence | None:
         """LocalEngine.diagnose: the first divergence from greedy, tie or bug."""
         return self._invoke("diagnose", list(prompt), list(expected), list(actual), noise, gamma=gamma)
 

@@ -157,7 +157,7 @@ class EngineSide:
 
     FILTERS = ("top_k", "top_p", "min_p")
 
-    def __init__(self, engine, drafter: str | None = None, gamma: int = 4, draft_path=None):
+    def __init__(self, engine, drafter: str | None, gamma: int, draft_path=None):
         self.engine, self.drafter, self.gamma, self.draft_path = engine, drafter, gamma, draft_path
 
     def complete(self, prompt: list[int], max_tokens: int, *, temperature: float = 0.0, seed: int | None = None,
@@ -218,7 +218,7 @@ class EngineSide:
         return Scores(gap, noise, replay=replay)
 
 
-def engine_subject(engine, name: str, *, drafter: str = "draft-model", gamma: int = 4, draft_path=None,
+def engine_subject(engine, name: str, *, drafter: str = "draft-model", gamma: int, draft_path=None,
                    seed_prompts: list[list[int]] | None = None) -> Subject:
     """llama.cpp's speculative decoding (`drafter`, `gamma`, `draft_path`) against its own plain decoding
     of the same model file; the noise: its logits in one-token passes against blocks of 2 and gamma+1

@@ -133,18 +133,15 @@ def is_gguf(draft: str | None) -> bool:
     return draft is not None and draft.lower().endswith(".gguf")
 
 
-# --real's drafts (prompt lookup, or SmolLM2's own Q4_1 GGUF on spec.cpu.qdraft's kernel, else llama.cpp)
-# and each one's gamma, measured best on the seed prompts (docs/BENCHMARKS.md, "Plain-tensor decoder
-# layers": with the faster target step q4 at 8 beat 10 in --real and in recipes/bench_qdraft.py); a
-# --draft FILE.gguf run takes "q4"'s.
+# --real's drafts (prompt lookup, or SmolLM2's own Q4_1 GGUF on spec.cpu.qdraft's kernel, else llama.cpp);
+# each one's gamma is spec.defaults.REAL_GAMMA's.
 REAL_DRAFTS = ("lookup", "q4")
-DEFAULT_GAMMA = {"lookup": 8, "q4": 8}
 LOOKUP_PEER = "spec prompt lookup"   # our prompt lookup, timed beside a GGUF draft
 
 
 def default_gamma(pair_info: PairInfo) -> int:
-    """The gamma a draft source runs at when none is asked (a draft model's is the CLI's 5)."""
-    return DEFAULT_GAMMA["lookup" if pair_info.draft == "lookup" else "q4"]
+    """The gamma a draft source runs at when none is asked (a draft model's is spec.defaults.DEFAULT_GAMMA)."""
+    return defaults.REAL_GAMMA["lookup" if pair_info.draft == "lookup" else "q4"]
 
 
 def _sourced(target: str | None, draft: str | None, *, real: bool, target_dtype: str,
@@ -451,7 +448,7 @@ def source_peers(pair: models.Pair, pair_info: PairInfo, ps: Prompts, gamma, max
     runs, settings = lookup_peers(pair.target, [ours] if lookup or ours == (10, 2) else [ours, (10, 2)],
                                   max_new_tokens=max_new_tokens, eos=ps.eos)
     if not lookup:
-        runs[LOOKUP_PEER] = functools.partial(_lookup_tokens, pair.target, gamma=DEFAULT_GAMMA["lookup"],
+        runs[LOOKUP_PEER] = functools.partial(_lookup_tokens, pair.target, gamma=defaults.REAL_GAMMA["lookup"],
                                               max_new_tokens=max_new_tokens, eos=ps.eos)
     say("HF prompt lookup: warm-up")
     hfref.hf_prompt_lookup(pair.target, torch.tensor(ps.ids[0]), 4)
