@@ -9,7 +9,7 @@ CUDA_MAX_NEW_TOKENS = 256
 # gamma when none is asked, written here only: speculative_generate's default, `python -m spec`'s for a
 # draft model (--target/--draft) and where gamma="auto" starts.
 DEFAULT_GAMMA = 5
-# --real's draft sources (prompt lookup, or SmolLM2's own Q4_1 GGUF on spec.qdraft's kernel, else llama.cpp)
+# --real's draft sources (prompt lookup, or SmolLM2's own Q4_1 GGUF on spec.cpu.qdraft's kernel, else llama.cpp)
 # and each one's gamma, measured best on the seed prompts (docs/BENCHMARKS.md, "Plain-tensor decoder
 # layers": with the faster target step q4 at 8 beat 10 in --real and in recipes/bench_qdraft.py); a
 # --draft FILE.gguf run takes "q4"'s.
