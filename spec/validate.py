@@ -101,10 +101,10 @@ def stop_ids(eos_token_id, models: dict) -> frozenset[int]:
     raise TypeError(f"eos_token_id must be None, an int or a list of ints, got {eos_token_id!r}")
 
 
-def check_options(*, max_new_tokens, gamma=1, temperature=1.0, top_k=None, top_p=None, min_p=None) -> None:
+def check_options(*, max_new_tokens, gamma=None, temperature=1.0, top_k=None, top_p=None, min_p=None) -> None:
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-    if gamma != GammaMode.AUTO and (not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1):
+    if gamma is not None and gamma != GammaMode.AUTO and (not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1):
         raise ValueError(f"gamma must be an integer >= 1 or 'auto', got {gamma!r}")
     if not isinstance(temperature, (int, float)) or not temperature > 0:
         raise ValueError(f"temperature must be a number > 0, got {temperature!r}")

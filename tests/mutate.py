@@ -251,6 +251,27 @@ MUTANTS = {
     "seq2seq-shared-encoder-zeroed": ("share_encoder=True feeds the draft a zeroed encoder output (output stays exact)",
                                       "last_hidden_state=target_out.last_hidden_state.to(",
                                       "last_hidden_state=0 * target_out.last_hidden_state.to(", "spec/seq2seq.py"),
+    # The kit's two properties (spec/conformance/checks.py) and what they stand on; the kit's own tests
+    # (tests/test_conform_*.py, the default --impl run of spec/conformance) catch them.
+    "kit-greedy-ignores-divergence": ("greedy exactness never judges a divergence (every output passes)",
+                                      "rows.append(Compared(k, list(p), want, got, subject.judge(list(p), want.ids, got.ids, noise)))",
+                                      "rows.append(Compared(k, list(p), want, got, None))",
+                                      "spec/conformance/checks.py"),
+    "kit-greedy-compares-reference-to-itself": ("the side under test never asked: the reference judged against itself",
+                                                "got = subject.test.complete(list(p), n, **request)",
+                                                "got = subject.reference.complete(list(p), n, **request)",
+                                                "spec/conformance/checks.py"),
+    "kit-law-fits-shifted-tokens": ("the sampling law fitted to the tokens after the first one",
+                                    "samples = [tuple(ids[:depth]) for ids in drawn]",
+                                    "samples = [tuple(ids[1:depth + 1]) for ids in drawn]",
+                                    "spec/conformance/checks.py"),
+    "kit-judge-scores-after-wrong-prefix": ("a served divergence judged by the reference's gap one token early",
+                                            "self.scores(list(prompt) + list(expected[:i]), noise,",
+                                            "self.scores(list(prompt) + list(expected[:max(0, i - 1)]), noise,",
+                                            "spec/conformance/subject.py"),
+    "kit-declared-ignores-draft": ("a user's conformance_draft ignored",
+                                   'draft = given.get("draft", "model")', 'draft = "model"',
+                                   "spec/conformance/subject.py"),
 }
 
 

@@ -30,3 +30,33 @@ def test_an_adapter_that_lets_hf_default_top_k_fails_the_wide_sampling_law():
 
 def test_the_adapter_passes_the_same_property():
     laws.sampling_law_wide(impls.load("hf-assisted"), 1.0, lambda *args: None)
+
+
+USER_DECODER = '''
+def greedy_only(target, draft, input_ids, *, gamma, max_new_tokens, eos_token_id=None, min_p=None):
+    return []
+greedy_only.conformance_draft = "none"
+greedy_only.conformance_sampling = False
+{extra}
+'''
+
+
+@pytest.mark.parametrize("extra, message", [
+    ("", None),
+    ("greedy_only.conformance_sampeling = True", "unknown attribute conformance_sampeling"),
+    ("greedy_only.conformance_batch = 'yes'", "conformance_batch must be True or False, got 'yes'"),
+    ("greedy_only.conformance_options = ['top_k']", "conformance_options must be a collection of"),
+])
+def test_a_users_decoder_declares_its_capabilities_once(tmp_path, extra, message):
+    """A module:function decoder's conformance_* attributes become its Impl's capabilities when it is loaded
+    (read there only); a misspelt attribute or a bad value is an error naming it, never silently ignored."""
+    path = tmp_path / "mine.py"
+    path.write_text(USER_DECODER.format(extra=extra))
+    if message:
+        with pytest.raises(ValueError, match=message):
+            impls.load(f"{path}:greedy_only")
+        return
+    impl = impls.load(f"{path}:greedy_only")
+    assert (impl.draft, impl.sampling, impl.batch, impl.engine) == ("none", False, False, None)
+    assert impl.options == frozenset({"min_p"})          # the optional keywords its signature names
+    assert impls.load("spec").options == frozenset(impls.OPTION_KWARGS) and impls.load("spec").batch

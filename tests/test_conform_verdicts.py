@@ -68,6 +68,25 @@ def test_greedy_exact_passes_a_tie_and_fails_a_bug(gap, noise, verdict):
             endpoints.greedy_exact(servers_subject(spec, ref), [prompt], 4, noise)
 
 
+class PrefixServer(FakeServer):
+    """A reference whose top-2 gap depends on where it is asked: `gaps[len(prefix)]` after a prefix."""
+
+    def __init__(self, gaps: dict):
+        super().__init__({})
+        self.gaps = gaps
+
+    def complete(self, prompt, n, logprobs=None, **_):
+        return SimpleNamespace(ids=[7] * n, top=[top2(self.gaps[len(prompt)])] * n)
+
+
+@pytest.mark.parametrize("gaps, verdict", [({2: 1e-6, 3: 0.3}, "bug"), ({2: 0.3, 3: 1e-6}, "tie")])
+def test_a_divergence_is_judged_by_the_gap_after_its_own_prefix(gaps, verdict):
+    """The divergence at new token 1 of prompt [1, 2] is judged by the reference's gap after [1, 2, 5] (3
+    ids), never after a shorter or longer prefix: a near-tie one token earlier excuses nothing."""
+    d = endpoints.diagnose(servers_subject(None, PrefixServer(gaps)), [1, 2], [5, 7, 8], [5, 9, 8], 1e-3)
+    assert d.position == 1 and d.verdict == verdict
+
+
 def test_a_length_difference_is_a_bug_whatever_the_noise():
     ref = FakeServer({(1,): [5, 7]}, top2(0.0))
     d = endpoints.diagnose(servers_subject(None, ref), [1], [5, 7], [5], noise=1e9)

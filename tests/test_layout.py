@@ -438,3 +438,126 @@ def test_one_llama_layer_for_target_and_draft():
     # the GGUF read by the gguf package: no struct-level reader of spec's own
     q = (SPEC / "cpu" / "qdraft.py").read_text()
     assert "gguf.GGUFReader" in q and "struct.unpack" not in q
+
+
+# --- the kit: each property once, capabilities declared, one class per name, gamma's default once ---------
+
+def _every_module() -> dict[str, ast.Module]:
+    """Every Python file under spec/ (the kit's property modules included), by its dotted name below spec."""
+    return {_name(p): ast.parse(p.read_text(encoding="utf-8")) for p in sorted(SPEC.rglob("*.py"))}
+
+
+def _callers(trees: dict[str, ast.Module], called: str) -> set[str]:
+    """'module.function' (or 'module.Class.method', 'module' at the top level) for every call of a function
+    named `called` (`called(...)` or `x.called(...)`)."""
+    found = set()
+
+    def walk(node, where):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                walk(child, f"{where}.{child.name}")
+                continue
+            if isinstance(child, ast.Call):
+                f = child.func
+                if (f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None) == called:
+                    found.add(where)
+            walk(child, where)
+    for module, tree in trees.items():
+        walk(tree, module)
+    return found
+
+
+def _classes(trees: dict[str, ast.Module]) -> dict[str, list[str]]:
+    names: dict[str, list[str]] = {}
+    for module, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                names.setdefault(node.name, []).append(f"spec/{module}:{node.lineno}")
+    return names
+
+
+def _gamma_defaults(trees: dict[str, ast.Module]) -> list[str]:
+    """A number written as gamma's default: a parameter named gamma with a numeric default, an argparse
+    --gamma with a numeric default=, or a DEFAULT_GAMMA-like constant assigned a number outside
+    spec/defaults.py."""
+    found = []
+    for module, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                a = node.args
+                pairs = list(zip(a.args[len(a.args) - len(a.defaults):], a.defaults)) + \
+                    [(k, d) for k, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
+                found += [f"spec/{module}:{node.lineno} {k.arg}={ast.unparse(d)}" for k, d in pairs
+                          if k.arg == "gamma" and isinstance(d, ast.Constant) and isinstance(d.value, (int, float))]
+            elif isinstance(node, ast.Call) and any(isinstance(x, ast.Constant) and x.value == "--gamma"
+                                                    for x in node.args):
+                found += [f"spec/{module}:{node.lineno} --gamma default={ast.unparse(k.value)}" for k in node.keywords
+                          if k.arg == "default" and isinstance(k.value, ast.Constant)
+                          and isinstance(k.value.value, (int, float))]
+            elif isinstance(node, ast.Assign) and module != "defaults" and isinstance(node.value, ast.Constant):
+                found += [f"spec/{module}:{node.lineno} {t.id}" for t in node.targets
+                          if isinstance(t, ast.Name) and "DEFAULT" in t.id and "GAMMA" in t.id]
+    return found
+
+
+def test_one_class_per_name():
+    """Two classes under one name (the runtime's ModelDraft and a kit module's, say) make tracebacks and
+    imports ambiguous: every class name in spec/ is defined once."""
+    twice = {name: where for name, where in _classes(_every_module()).items() if len(where) > 1}
+    assert not twice, f"class names defined more than once: {twice}"
+
+
+def test_gammas_default_is_written_once():
+    """gamma's default lives in spec.defaults (DEFAULT_GAMMA, REAL_GAMMA): no other number is gamma's
+    default anywhere in spec/."""
+    assert not _gamma_defaults(_every_module())
+    from spec import decode, defaults
+    import inspect
+    assert inspect.signature(decode.speculative_generate).parameters["gamma"].default == defaults.DEFAULT_GAMMA
+
+
+def test_the_kit_checks_each_property_once():
+    """Greedy exactness and the sampling law are each one function (spec.conformance.checks) over the
+    Subject protocol, whatever the subject (a server, llama.cpp in process, an in-process decoder): the
+    tie-or-bug judgement (spec.diagnose.judge) is reached only through Subject.judge, a subject's outputs
+    are judged by checks.greedy_exact (and endpoints.diagnose, the served properties' other comparisons),
+    and a chi-square of samples against a law (stats.goodness_of_fit) is built only by stats.law_fit, which
+    only checks.sampling_law and the negative controls' fits (kit.joint_fit, laws.wide_fit) call."""
+    trees = _every_module()
+    assert _callers(trees, "judge") == {"diagnose.diagnose", "conformance.subject.Subject.judge",
+                                        "conformance.checks.greedy_exact", "conformance.endpoints.diagnose"}
+    assert _callers(trees, "greedy_exact") == {"conformance.endpoints.greedy_exact",
+                                               "conformance.endpoints.greedy_options",
+                                               "conformance.kit.greedy_property",
+                                               "conformance.test_engine.outcome"}
+    assert _callers(trees, "goodness_of_fit") == {"conformance.stats.law_fit"}
+    assert _callers(trees, "law_fit") == {"conformance.checks.sampling_law", "conformance.kit.joint_fit",
+                                          "conformance.laws.wide_fit"}
+    from spec.conformance import subject
+    assert issubclass(subject.DecoderSubject, subject.Subject)
+
+
+def test_capabilities_are_declared_not_looked_up():
+    """A subject's capabilities are its Capabilities, fixed where it is made; a user's callable declares
+    its conformance_* attributes, read by one function (subject.declared). No getattr/hasattr of a
+    conformance_* name anywhere in spec/."""
+    lookups = []
+    for module, tree in _every_module().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("getattr", "hasattr") \
+                    and len(node.args) > 1 and "conformance_" in ast.unparse(node.args[1]):
+                lookups.append(f"spec/{module}:{node.lineno}")
+    assert not lookups, lookups
+    readers = {m for m, tree in _every_module().items()
+               for node in ast.walk(tree) if isinstance(node, ast.Name) and node.id == "DECLARED"}
+    assert readers == {"conformance.subject"}, readers
+
+
+def test_the_kit_finders_find_what_they_look_for():
+    """Not vacuous: each finder above finds a planted instance."""
+    planted = {"a": ast.parse("class Draft: pass\ndef f(gamma=4):\n    return judge(1, 2)\n"),
+               "b": ast.parse("class Draft: pass\nDEFAULT_GAMMA = 3\np.add_argument('--gamma', default=6)\n"
+                              "class C:\n    def m(self, *, gamma: int = 2):\n        return x.judge(1)\n")}
+    assert _classes(planted)["Draft"] == ["spec/a:1", "spec/b:1"]
+    assert len(_gamma_defaults(planted)) == 4
+    assert _callers(planted, "judge") == {"a.f", "b.C.m"}

@@ -92,6 +92,7 @@ class Completion:
     text: str | None = None
     usage: dict | None = None                        # the response's usage (prompt/completion tokens)
     chunks: list[int] | None = None                  # streamed: how many new tokens each chunk carried
+    seconds: float | None = None                     # how long it took, where the side times itself (llama.cpp)
     raw: dict = field(default_factory=dict, repr=False)
 
 

@@ -23,13 +23,15 @@ is named a tie and anything else is a bug.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from spec.conformance import checks
 from spec.conformance.endpoint import EndpointError, UnsupportedRequest
-from spec.conformance.stats import goodness_of_fit, homogeneity
-from spec.diagnose import Divergence, first_difference, judge
+from spec.conformance.stats import homogeneity
+from spec.diagnose import Divergence, first_difference
 from spec.options import Verdict
 
 # Two logprobs that differ by float32 rounding alone are equal: servers compute and print them in float32
@@ -138,28 +140,23 @@ def measure_noise(ref, prompts: list[list[int]], n: int) -> float:
 
 
 def diagnose(subject, prompt: list[int], expected: list[int], actual: list[int], noise: float) -> Divergence | None:
-    """The first divergence of `actual` from the reference's `expected` (spec.diagnose.judge): a tie where
-    the reference's top-2 gap after the same prefix (subject.scores: a server's logprobs, an engine's
-    logits) is within the measured `noise`."""
-    return judge(expected, actual, lambda i: subject.scores(list(prompt) + list(expected[:i]), noise,
-                                                            actual[i] if i < len(actual) else None),
-                 noise=noise, reference="reference", scale="logit" if subject.kind == "engine" else "logprob")
+    """The first divergence of `actual` from the reference's `expected`, tie or bug (Subject.judge)."""
+    return subject.judge(list(prompt), list(expected), list(actual), noise)
 
 
 def greedy_exact(subject, prompts: list[list[int]], n: int, noise: float) -> str:
-    spec, ref = subject.test, subject.reference
-    ties, bugs, cases = [], [], []
-    for k, p in enumerate(prompts):
-        want, got = ref.complete(p, n).ids, spec.complete(p, n).ids
-        d = diagnose(subject, p, want, got, noise)
-        if d is not None:
-            (ties if d.verdict == Verdict.TIE else bugs).append(f"prompt {k} ({len(p)} ids, {n} tokens): {d}\n"
-                                                          f"    prompt {p}\n    expected {want}\n    actual   {got}")
-            if d.verdict != Verdict.TIE:
-                cases.append(Case(list(p), n, {}, want, got, str(d)))
-    if bugs:
-        raise Violation("greedy output differs from the reference's beyond a tie:\n  " + "\n  ".join(bugs + ties),
-                        cases)
+    """endpoint_greedy_exact's verdict on the one greedy-exactness check (checks.greedy_exact): ties pass,
+    named; a bug raises Violation with each diverging request."""
+    found = checks.greedy_exact(subject, prompts, n, noise)
+
+    def line(r):
+        return (f"prompt {r.index} ({len(r.prompt)} ids, {n} tokens): {r.divergence}\n    prompt {r.prompt}\n"
+                f"    expected {r.expected.ids}\n    actual   {r.actual.ids}")
+    ties = [line(r) for r in found.ties]
+    if found.bugs:
+        raise Violation("greedy output differs from the reference's beyond a tie:\n  "
+                        + "\n  ".join([line(r) for r in found.bugs] + ties),
+                        [Case(r.prompt, n, {}, r.expected.ids, r.actual.ids, str(r.divergence)) for r in found.bugs])
     return (f"{len(prompts) - len(ties)} of {len(prompts)} identical, {len(ties)} ties (noise {noise:.3g})"
             + "".join(f"\n  {t}" for t in ties))
 
@@ -313,7 +310,7 @@ def control_verdict(subject, crowd: Crowd) -> str:
     batch-invariant mode, `--control openai:URL`): each request with an `expected` output sent alone there, then
     the crowd at once, as the kit sent it. A difference that survives there is a bug; one that vanishes is the
     batch shape's numerics. The property fails either way: this is its label."""
-    control = getattr(subject, "control", None)
+    control = subject.control
     if control is None:
         return (f"{NO_CONTROL} (--control openai:URL, the same engine in its batch-invariant mode, would tell a bug "
                 f"from a batch-shape effect)")
@@ -413,23 +410,21 @@ def first_token_law(ref, prompt: list[int], temperature: float, k: int) -> tuple
 
 def sampling_law(subject, prompt: list[int], temperature: float, samples: int, k: int, alpha: float,
                  seed: int = 1234, tokens: int = 4) -> str:
-    spec, ref = subject.test, subject.reference
-    law, why = first_token_law(ref, prompt, temperature, k)
+    """endpoint_sampling_law's verdict on the one sampling-law check (checks.sampling_law): the first new token
+    of `samples` seeded requests (4 in flight) against the law from the reference's top-k logprobs."""
+    law, why = first_token_law(subject.reference, prompt, temperature, k)
     if why:
         return f"untested: {why}"
-    seeds = [seed + i for i in range(samples)]
-    firsts = concurrently([lambda s=s: spec.complete(prompt, tokens, temperature=temperature, seed=s).ids[0]
-                           for s in seeds], workers=4)
-    for t in firsts:
-        if t not in law and None not in law:   # outside a law known in full: an outcome of probability 0
-            law[t] = 0.0
-    cells = list(law)
-    counts = [0] * len(cells)
-    for t in firsts:
-        counts[cells.index(t if t in law else None)] += 1
-    fit = goodness_of_fit("law of the first new token", {"first": (counts, [law[c] for c in cells])})
+    try:
+        fitted = checks.sampling_law(subject, prompt, {t if t is None else (t,): p for t, p in law.items()},
+                                     [seed + i for i in range(samples)], depth=1, tokens=tokens,
+                                     temperature=temperature, name="law of the first new token", stratum="first")
+    except checks.TooShort as short:
+        raise Violation(f"T={temperature}: {short}") from None
+    fit = fitted.fit
     if fit.rejects(alpha):
-        table = ", ".join(f"{c}: {o}/{samples * law[c]:.1f}" for c, o in zip(cells, counts) if o or law[c] > 0.01)
+        table = ", ".join(f"{c if c is None else c[0]}: {o}/{samples * p:.1f}"
+                          for c, o, p in zip(fitted.cells, fitted.observed, fitted.probs) if o or p > 0.01)
         raise Violation(f"T={temperature}: {fit} < {alpha}\n  observed/expected {table}")
     return f"T={temperature}: p = {fit.pvalue:.3g} (chi2 {fit.stat:.1f}, df {fit.df}, n {fit.n}, level {alpha})"
 
@@ -453,6 +448,16 @@ def _refusable(who: str, call):
             message = str(err).split(" answered ", 1)[1]
             raise Untested(f"{who} refuses it: {message[:240]}") from None
         raise
+
+
+class _Refusing:
+    """A side whose refusals (a 4xx, or an option its API lacks) raise Untested naming `who` (_refusable)."""
+
+    def __init__(self, side, who: str):
+        self.side, self.who = side, who
+
+    def complete(self, prompt, max_tokens, **kwargs):
+        return _refusable(self.who, lambda: self.side.complete(prompt, max_tokens, **kwargs))
 
 
 def greedy_option_sets(ref, prompt: list[int], n: int) -> dict[str, dict]:
@@ -479,17 +484,18 @@ def greedy_options(subject, prompts: list[list[int]], n: int, noise: float) -> s
     """Greedy with options the reference takes (greedy_option_sets): the speculative output == the
     reference's, ids and text; a divergence is judged by the reference's raw top-2 gap, tie or bug.
     Options the reference refuses are named as untested."""
-    spec, ref = subject.test, subject.reference
+    ref = subject.reference
+    asked = dataclasses.replace(subject, test=_Refusing(subject.test, "the speculative server"),
+                                reference=_Refusing(ref, "the reference"), own_scores=subject.scores)
     done, untested, ties, bugs, cases = [], [], [], [], []
     for k, p in enumerate(prompts):
         for name, options in greedy_option_sets(ref, p, n).items():
             try:
-                want = _refusable("the reference", lambda: ref.complete(p, n, options=options))
-                got = _refusable("the speculative server", lambda: spec.complete(p, n, options=options))
+                (row,) = checks.greedy_exact(asked, [p], n, noise, options=options).rows
             except Untested as why:
                 untested.append(f"{name} ({why})")
                 continue
-            d = diagnose(subject, p, want.ids, got.ids, noise)
+            want, got, d = row.expected, row.actual, row.divergence
             if d is None and want.text is not None and got.text != want.text:
                 bugs.append(f"prompt {k}, {name} {options}: same ids, text {got.text!r} != the reference's {want.text!r}")
             elif d is not None:

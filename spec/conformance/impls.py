@@ -14,7 +14,9 @@ keywords with HF's names and semantics, `repetition_penalty`, `no_repeat_ngram_s
 passed only when a test uses them and only to callables that take them (by name, or **kwargs);
 a property that needs an option the callable does not take is skipped with that reason.
 
-What a callable can take part in is read from optional attributes on it:
+What a callable can take part in, it declares with attributes on it, read once when it is loaded
+(spec.conformance.subject.declared: a bad value, or a conformance_* name the kit does not know, is an error
+naming the attribute) into the Impl's SubjectCapabilities, which the properties read:
   conformance_draft     "model" (needs a draft model; the default), "none" (model-free: draft is
                         always None) or "any" (either)
   conformance_sampling  False for a greedy-only decoder (default True)
@@ -41,28 +43,22 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import inspect
 import sys
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable
 
-DRAFT_KINDS = ("model", "none", "any")
-OPTION_KWARGS = ("repetition_penalty", "no_repeat_ngram_size", "min_p", "min_new_tokens", "sequence_bias",
-                 "bad_words_ids")
+from spec.conformance.subject import DRAFT_KINDS, OPTION_KWARGS, SERVED, SubjectCapabilities, declared  # noqa: F401
 
 
-@dataclass
-class Impl:
-    """A decoder under test and what it can take part in."""
+@dataclass(frozen=True)
+class Impl(SubjectCapabilities):
+    """A decoder under test: its name, its callable, and what it can take part in (its SubjectCapabilities, declared
+    once: by the adapter, or by a user's callable's conformance_* attributes, read by `declared`)."""
     name: str
     generate: Callable
-    draft: str = "model"
-    sampling: bool = True
-    options: frozenset = frozenset()
-    engine: str | None = None      # an engine adapter (llama-cpp): runs its own models, see test_engine.py
     model: str | None = None       # --model: the engine's model file
-    batch: bool = False            # takes a list of prompts (conformance_batch)
     url: str | None = None         # openai:URL: the server under test (spec/conformance/endpoint.py)
     reference: str | None = None   # openai:URL: the same model served without speculation
     control: str | None = None     # openai:URL: the same speculative engine in its batch-invariant mode
@@ -130,8 +126,6 @@ def spec_generate(target, draft, input_ids, *, gamma, max_new_tokens, eos_token_
     return [r.tokens for r in out] if isinstance(out, list) else out.tokens   # a batch: one list a prompt
 
 
-spec_generate.conformance_draft = "any"
-spec_generate.conformance_batch = True
 
 
 def spec_tree_generate(target, draft, input_ids, *, gamma, max_new_tokens, **options) -> list[int]:
@@ -144,9 +138,6 @@ def spec_tree_generate(target, draft, input_ids, *, gamma, max_new_tokens, **opt
     return spec_generate(target, tree, input_ids, gamma=gamma, max_new_tokens=max_new_tokens, **options)
 
 
-spec_tree_generate.conformance_draft = "any"
-spec_tree_generate.conformance_batch = True
-spec_tree_generate.conformance_options = OPTION_KWARGS
 
 
 # --- Hugging Face generate() -----------------------------------------------------------------
@@ -203,29 +194,27 @@ def hf_prompt_lookup_generate(target, draft, input_ids, *, gamma, max_new_tokens
                        prompt_lookup_num_tokens=gamma, **_hf_options(options))
 
 
-hf_prompt_lookup_generate.conformance_draft = "none"
 
-def _engine(engine: str, runs: str, properties: str):
+def _engine(runs: str, properties: str):
     """The --impl entry of an engine that runs its own models, not the kit's Hugging Face ones: every
     property of the kit's models skips with that reason; its own properties are in `properties`."""
     def generate(target, draft, input_ids, **options):
         raise NotImplementedError(f"{runs}, not the kit's Hugging Face models; its properties are {properties}")
-    generate.conformance_draft = "any"
-    generate.conformance_engine = engine
     return generate
 
 
-llama_cpp_generate = _engine("llama-cpp", "llama-cpp runs its own GGUF models",
+llama_cpp_generate = _engine("llama-cpp runs its own GGUF models",
                              "engine_* (spec/conformance/test_engine.py, spec/conformance/llamacpp.py)")
-endpoint_generate = _engine("openai", "an openai:URL server runs its own model",
+endpoint_generate = _engine("an openai:URL server runs its own model",
                             "endpoint_* (spec/conformance/test_endpoint.py, spec/conformance/endpoint.py)")
 
+# name -> (the callable, its capabilities, declared here; a user's callable declares its own)
 BUILTIN = {
-    "spec": spec_generate,
-    "spec-tree": spec_tree_generate,
-    "hf-assisted": hf_assisted_generate,
-    "hf-prompt-lookup": hf_prompt_lookup_generate,
-    "llama-cpp": llama_cpp_generate,
+    "spec": (spec_generate, SubjectCapabilities(draft="any", batch=True, options=frozenset(OPTION_KWARGS))),
+    "spec-tree": (spec_tree_generate, SubjectCapabilities(draft="any", batch=True, options=frozenset(OPTION_KWARGS))),
+    "hf-assisted": (hf_assisted_generate, SubjectCapabilities(options=frozenset(OPTION_KWARGS))),
+    "hf-prompt-lookup": (hf_prompt_lookup_generate, SubjectCapabilities(draft="none", options=frozenset(OPTION_KWARGS))),
+    "llama-cpp": (llama_cpp_generate, SubjectCapabilities(draft="any", engine="llama-cpp", options=frozenset(OPTION_KWARGS))),
 }
 
 
@@ -254,14 +243,11 @@ def _load_callable(ref: str) -> Callable:
     return fn
 
 
-def _options_taken(fn) -> frozenset:
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return frozenset()
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return frozenset(OPTION_KWARGS)
-    return frozenset(k for k in OPTION_KWARGS if k in params)
+def made(name: str, generate: Callable, caps: SubjectCapabilities | None = None, **where) -> Impl:
+    """The Impl of `generate` named `name`, with `caps`, or, for a user's callable, the capabilities it
+    declares (subject.declared). `where`: an engine's model file, a server's URLs."""
+    caps = declared(generate, name) if caps is None else caps
+    return Impl(name, generate, **{f.name: getattr(caps, f.name) for f in fields(SubjectCapabilities)}, **where)
 
 
 def load(name: str, model: str | None = None, reference: str | None = None, control: str | None = None) -> Impl:
@@ -285,23 +271,15 @@ def load(name: str, model: str | None = None, reference: str | None = None, cont
             if ctl is None:
                 raise ValueError(f"--control must be openai:URL (the same speculative engine in its deterministic / "
                                  f"batch-invariant mode), got {control!r}")
-        return Impl(name=name, generate=endpoint_generate, draft="any", engine="openai", model=model, url=url,
-                    reference=ref, control=ctl)
+        return made(name, endpoint_generate, SERVED, model=model, url=url, reference=ref, control=ctl)
     if reference is not None:
         raise ValueError(f"--reference: only an openai:URL decoder takes a reference server, not {name}")
     if control is not None:
         raise ValueError(f"--control: only an openai:URL decoder takes a control server, not {name}")
-    fn = BUILTIN.get(name) or _load_callable(name)
-    engine = getattr(fn, "conformance_engine", None)
-    if model is not None and engine is None:
+    fn, caps = BUILTIN[name] if name in BUILTIN else (_load_callable(name), None)
+    impl = made(name, fn, caps)
+    if model is not None and impl.engine is None:
         raise ValueError(f"--model: {name} takes no model file (its models are the kit's; only llama-cpp takes one)")
     if model is not None and not Path(model).expanduser().is_file():
         raise ValueError(f"--model: no file {model}")
-    draft = getattr(fn, "conformance_draft", "model")
-    if draft not in DRAFT_KINDS:
-        raise ValueError(f"{name}: conformance_draft must be one of {DRAFT_KINDS}, got {draft!r}")
-    options = getattr(fn, "conformance_options", None)
-    return Impl(name=name, generate=fn, draft=draft, sampling=bool(getattr(fn, "conformance_sampling", True)),
-                options=_options_taken(fn) if options is None else frozenset(options), engine=engine,
-                batch=bool(getattr(fn, "conformance_batch", False)),
-                model=None if model is None else str(Path(model).expanduser().resolve()))
+    return impl if model is None else dataclasses.replace(impl, model=str(Path(model).expanduser().resolve()))

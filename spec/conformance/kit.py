@@ -34,8 +34,11 @@ from hypothesis import strategies as st
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from spec import build_gpt_neox, greedy_generate, hf, hfref
+from spec.conformance import checks
 from spec.conformance.hypo import SHRINK, final_replay, kit_settings  # noqa: F401 (the kit's names for them)
-from spec.conformance.stats import goodness_of_fit, reference_probabilities
+from spec.conformance.endpoint import UnsupportedRequest
+from spec.conformance.stats import law_fit, reference_probabilities
+from spec.conformance.subject import decoder_subject
 from spec.models import perturbed_copy
 
 TOKENS = 500            # ids every zoo model can embed (the tiny pair's "tokenizer")
@@ -302,20 +305,10 @@ class ExactLaw:
 def joint_fit(name: str, samples: list[tuple], law: dict):
     """Pearson's chi-square of the observed m-token sequences against the exact joint law,
     and a table of the cells that deviate most (observed vs expected). `law` may leave out
-    sequences of probability 0 (seen, they are outcomes of probability 0)."""
-    cells = list(law) + sorted(set(samples) - set(law))
-    index = {s: i for i, s in enumerate(cells)}
-    observed = [0] * len(cells)
-    for s in samples:
-        observed[index[s]] += 1
-    probs = [law.get(s, 0.0) for s in cells]
-    fit = goodness_of_fit(name, {"all": (observed, probs)})
-    n = len(samples)
-    rows = sorted(((o - n * p) / math.sqrt(n * p) if p > 0 else (math.inf if o else 0.0), s, o, n * p)
-                  for s, o, p in zip(cells, observed, probs))
-    worst = sorted(rows, key=lambda r: -abs(r[0]))[:10]
-    table = "\n".join(f"    {str(list(s)):<14} {o:>7} {e:>10.1f} {z:>+8.2f}" for z, s, o, e in worst)
-    return fit, f"    {'tokens':<14} {'observed':>7} {'expected':>10} {'z':>8}\n{table}"
+    sequences of probability 0 (seen, they are outcomes of probability 0). For the negative
+    controls' samples; a decoder's are fitted by checks.sampling_law (the same stats.law_fit)."""
+    fitted = law_fit(name, samples, law)
+    return fitted.fit, fitted.worst()
 
 
 def expect_rejected(prop: str, what: str, fit, alpha: float, table: str = "", underpowered: bool = False) -> None:
@@ -409,15 +402,54 @@ def _frozen(options: dict) -> tuple:
     return tuple(out)
 
 
+# --- the in-process decoder as a Subject: the kit's greedy properties ------------------------------------
+
+TARGET_GREEDY = "target greedy"               # the reference: the target's own greedy decoding (spec.diagnose)
+HF_GREEDY = "HF greedy, same options"         # HF's plain generate() with the same options
+
+
+def _eos(keywords: dict):
+    eos = keywords.get("eos_token_id")
+    return tuple(eos) if isinstance(eos, list) else eos
+
+
+def zoo_subject(impl, arch, draft_kind, gamma, reference: str = TARGET_GREEDY):
+    """The decoder with the zoo's `draft_kind` draft on `arch`'s target, against the target's own greedy
+    decoding (eos_token_id from the request's options) or HF's plain generate() with the same options."""
+    z = zoo(arch)
+    if reference == TARGET_GREEDY:
+        def decode(prompt, n, keywords):
+            return greedy(arch, prompt, n, _eos(keywords))
+    else:
+        def decode(prompt, n, keywords):
+            return hf_greedy(arch, prompt, n, _frozen(keywords))
+    return decoder_subject(impl, z["target"], z[draft_kind], gamma=gamma, reference=decode, called=reference)
+
+
+def greedy_property(prop, impl, subject, prompt, max_new_tokens, setting: str, *, note: str = "",
+                    options: dict | None = None) -> None:
+    """Fail property `prop` unless the decoder's greedy output on `prompt` (with `options`, its own keywords:
+    eos_token_id, processors) equals its reference's: the one greedy-exactness check (checks.greedy_exact)
+    on the in-process `subject`, where any divergence fails (the targets are fp64). A request the decoder
+    cannot take skips the test with the reason. The failure names `setting`, the prompt, spec.diagnose's
+    verdict (against the target's own greedy decoding; else the first difference), both outputs, `note`."""
+    try:
+        (row,) = checks.greedy_exact(subject, [prompt], max_new_tokens, options=options or {}).rows
+    except UnsupportedRequest as why:
+        pytest.skip(str(why))
+    if row.divergence is None:
+        return
+    expected, actual = row.expected.ids, row.actual.ids
+    verdict = (diagnosis(subject.target, prompt, expected, actual) if subject.called == TARGET_GREEDY else
+               f"first difference at new token {row.divergence.position} (lengths {len(expected)} / {len(actual)})")
+    label = f"expected ({subject.called})"
+    pytest.fail(f"property {prop} violated by {impl.name}\n  {setting}\n  prompt={prompt}\n  {verdict}\n"
+                f"  {label} {expected}\n  {'actual':<{len(label)}} {actual}{note}", pytrace=False)
+
+
 def check_against_hf(prop, impl, arch, draft_kind, prompt, gamma, max_new_tokens, options):
     """Fail property `prop` unless the decoder's greedy output with `options` equals HF's own
     plain greedy generate() with the same options (their reference semantics)."""
-    z = zoo(arch)
-    expected = hf_greedy(arch, tuple(prompt), max_new_tokens, _frozen(options))
-    actual = run(impl, z["target"], z[draft_kind], prompt, gamma=gamma, max_new_tokens=max_new_tokens, **options)
-    if actual != expected:
-        at = next((i for i, (a, b) in enumerate(zip(expected, actual)) if a != b), min(len(expected), len(actual)))
-        pytest.fail(f"property {prop} violated by {impl.name}\n  arch={arch} draft={draft_kind} gamma={gamma} "
-                    f"max_new_tokens={max_new_tokens} {options}\n  prompt={prompt}\n"
-                    f"  first difference at new token {at} (lengths {len(expected)} / {len(actual)})\n"
-                    f"  expected (HF greedy, same options) {expected}\n  actual {actual}", pytrace=False)
+    greedy_property(prop, impl, zoo_subject(impl, arch, draft_kind, gamma, HF_GREEDY), prompt, max_new_tokens,
+                    f"arch={arch} draft={draft_kind} gamma={gamma} max_new_tokens={max_new_tokens} {options}",
+                    options=options)

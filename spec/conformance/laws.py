@@ -14,9 +14,12 @@ import copy
 import pytest
 import torch
 
-from spec.conformance.kit import (SMALL_PROMPT, ExactLaw, expect_rejected, joint_fit, run, small_pair, small_pair_bf16,
+from spec.conformance import checks
+from spec.conformance.endpoint import UnsupportedRequest
+from spec.conformance.kit import (SMALL_PROMPT, ExactLaw, expect_rejected, joint_fit, small_pair, small_pair_bf16,
                                   small_pair_gap, zoo)
-from spec.conformance.stats import goodness_of_fit
+from spec.conformance.stats import law_fit
+from spec.conformance.subject import decoder_subject
 from spec.conformance.levels import ALPHA, N, sample_size  # noqa: F401 (the laws' names for them)
 
 GAMMA, JOINT = 2, 3
@@ -48,17 +51,28 @@ def pair_for(scenario):
     return small_pair_bf16() if scenario == BF16 else small_pair_gap() if scenario == GAP else small_pair()
 
 
+def _sampled(prop, impl, subject, prompt, law, n, depth, tokens=None, options=None):
+    """The one sampling-law check (checks.sampling_law) on an in-process subject: n samples one after another
+    from its generator, `options` the decoder's keywords (temperature among them); a decoder that cannot
+    take them skips the test with the reason."""
+    options = dict(options or {})
+    temperature = options.pop("temperature", 1.0)
+    try:
+        return checks.sampling_law(subject, prompt, law, [None] * n, depth=depth, tokens=tokens,
+                                   temperature=temperature, options=options)
+    except UnsupportedRequest as why:
+        pytest.skip(str(why))
+    except checks.TooShort as short:
+        raise AssertionError(f"property {prop}: {short}") from None
+
+
 def check_law(prop, impl, budget, scenario, target, draft, options, record_property, n=None):
     """Fail property `prop` unless the decoder's first JOINT tokens after SMALL_PROMPT (gamma GAMMA,
     n runs, default sample_size(budget)) fit the target's exact processed joint law under `options`."""
-    gen = torch.Generator().manual_seed(1234)
-    n = n or sample_size(budget)
-    samples = [tuple(run(impl, target, draft, SMALL_PROMPT, gamma=GAMMA, max_new_tokens=JOINT, do_sample=True,
-                         generator=gen, **options)[:JOINT]) for _ in range(n)]
-    short = [s for s in samples if len(s) != JOINT]
-    assert not short, f"property {prop}: {impl.name} returned fewer than {JOINT} tokens: {short[:3]}"
-    fit, table = joint_fit(f"joint law of the first {JOINT} tokens", samples,
-                           ExactLaw(target, **options).joint(SMALL_PROMPT, JOINT))
+    subject = decoder_subject(impl, target, draft, gamma=GAMMA, generator=torch.Generator().manual_seed(1234))
+    fitted = _sampled(prop, impl, subject, SMALL_PROMPT, ExactLaw(target, **options).joint(SMALL_PROMPT, JOINT),
+                      n or sample_size(budget), JOINT, options=options)
+    fit, table = fitted.fit, fitted.worst()
     assert fit.df > 0
     record_property("evidence", f"p = {fit.pvalue:.3g} (chi2 {fit.stat:.1f}, df {fit.df}, n {fit.n}, level {ALPHA})")
     if fit.rejects(ALPHA):
@@ -190,16 +204,27 @@ def wide_sample_size(budget: float) -> int:
     return max(WIDE_N, round(WIDE_N * budget))
 
 
+WIDE_NAME = "first token on a 640-wide vocabulary"
+
+
+def wide_law(law) -> dict:
+    """{(token,): probability} of the first new token after WIDE_PROMPT under `law` (an ExactLaw), every id."""
+    return {(t,): p for t, p in enumerate(law(WIDE_PROMPT).tolist())}
+
+
+def wide_table(fitted) -> str:
+    """The 6 tokens whose counts deviate most from their expected counts."""
+    n = fitted.fit.n
+    worst = sorted(range(len(fitted.cells)), key=lambda i: -abs(fitted.observed[i] - n * fitted.probs[i]))[:6]
+    return "    token: observed vs expected  " + ", ".join(
+        f"{fitted.cells[i][0]}: {fitted.observed[i]} vs {n * fitted.probs[i]:.1f}" for i in worst)
+
+
 def wide_fit(firsts, law):
     """Chi-square fit of the first new token's law (640 cells, pooled to expected >= 5) and the
-    cells that deviate most."""
-    p = law(WIDE_PROMPT)
-    observed = torch.bincount(torch.tensor(firsts), minlength=len(p)).tolist()
-    fit = goodness_of_fit("first token on a 640-wide vocabulary", {"all": (observed, p.tolist())})
-    n = len(firsts)
-    worst = sorted(range(len(p)), key=lambda t: -abs(observed[t] - n * float(p[t])))[:6]
-    return fit, "    token: observed vs expected  " + ", ".join(f"{t}: {observed[t]} vs {n * float(p[t]):.1f}"
-                                                          for t in worst)
+    cells that deviate most (for the negative controls' samples)."""
+    fitted = law_fit(WIDE_NAME, [(t,) for t in firsts], wide_law(law))
+    return fitted.fit, wide_table(fitted)
 
 
 def sampling_law_wide(impl, budget, record_property):
@@ -208,11 +233,10 @@ def sampling_law_wide(impl, budget, record_property):
     50) never samples beyond the top 50, which hold about 80% of the mass here."""
     z = zoo(WIDE_ARCH)
     draft = None if impl.draft == "none" else z["partial"]
-    gen = torch.Generator().manual_seed(4321)
-    runs = [run(impl, z["target"], draft, WIDE_PROMPT, gamma=GAMMA, max_new_tokens=WIDE_NEW, do_sample=True,
-                generator=gen) for _ in range(wide_sample_size(budget))]
-    assert all(runs), f"property sampling_law_wide: {impl.name} returned no token"
-    fit, table = wide_fit([r[0] for r in runs], ExactLaw(z["target"]))
+    subject = decoder_subject(impl, z["target"], draft, gamma=GAMMA, generator=torch.Generator().manual_seed(4321))
+    fitted = _sampled("sampling_law_wide", impl, subject, WIDE_PROMPT, wide_law(ExactLaw(z["target"])),
+                      wide_sample_size(budget), 1, tokens=WIDE_NEW)
+    fit, table = fitted.fit, wide_table(fitted)
     record_property("evidence", f"p = {fit.pvalue:.3g} (chi2 {fit.stat:.1f}, df {fit.df}, n {fit.n}, level {ALPHA})")
     if fit.rejects(ALPHA):
         pytest.fail(f"property sampling_law_wide violated by {impl.name} (T=1, no top-k or top-p, gamma={GAMMA}, "

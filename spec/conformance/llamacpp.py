@@ -45,7 +45,6 @@ import numpy as np
 from spec import llamaguard
 from spec.conformance.endpoint import Counters
 from spec.conformance.subject import Crashed
-from spec.diagnose import Divergence, Scores, judge
 
 PIN = "0.3.36"   # the llama-cpp-python version the findings in docs/CONFORMANCE.md were measured with
 
@@ -312,16 +311,6 @@ class LocalEngine:
                 widths.append(width)
         return widths
 
-    def diagnose(self, prompt, expected, actual, noise: float, gamma: int) -> Divergence | None:
-        """The first divergence of `actual` from the engine's greedy `expected` (spec.diagnose.judge): a
-        tie where the greedy top-2 gap there is within the engine's measured noise; with the pass shapes
-        that emit the speculative run's token."""
-        def scores(i: int) -> Scores:
-            context = list(prompt) + list(expected[:i])
-            gap, _ = self.top2(context)
-            return Scores(gap, noise, replay=self.replay(context, int(actual[i]), gamma))
-        return judge(list(expected), list(actual), scores, noise=noise)
-
 
 # --- the engine in a child process: a native crash is a verdict --------------------------------------
 
@@ -577,10 +566,6 @@ class Engine:
         """LocalEngine.counters: drafted and accepted so far (a restarted child counts from 0)."""
         return self._invoke("counters")
 
-    def diagnose(self, prompt, expected, actual, noise: float, gamma: int) -> Divergence | None:
-        """LocalEngine.diagnose: the first divergence from greedy, tie or bug."""
-        return self._invoke("diagnose", list(prompt), list(expected), list(actual), noise, gamma=gamma)
-
     def close(self) -> None:
         """Free the models and end the child (a crashed one is already gone)."""
         if self._proc is None:
@@ -650,6 +635,9 @@ def tiny_gguf(which: str) -> str:
     return str(llama_gguf(model, folder / f"llama-{which}.gguf"))
 
 
+SUBJECT_GAMMA = 4    # the kit's llama.cpp Subject: a draft model proposes 4 tokens a round
+
+
 def kit_subject(impl):
     """`--impl llama-cpp` as a Subject (spec/conformance/subject.py): llama-cpp-python's speculative decoding
     with a draft model (gamma 4) against its own plain decoding, on the kit's tiny Llama GGUF (the draft its
@@ -661,8 +649,8 @@ def kit_subject(impl):
         draft, prompts = impl.model, [engine.tokenize(text) for text in SEED_PROMPTS]
     else:
         engine, draft, prompts = shared_engine(tiny_gguf("target")), tiny_gguf("partial"), TINY_PROMPTS
-    subject = engine_subject(engine, impl.name, drafter="draft-model", gamma=4, draft_path=draft,
-                             seed_prompts=prompts)
+    subject = engine_subject(engine, impl.name, drafter="draft-model", gamma=SUBJECT_GAMMA, draft_path=draft,
+                             seed_prompts=prompts, caps=impl)
     subject.closers.append(close_engines)
     return subject
 
@@ -704,22 +692,25 @@ def tiny_law(sampler: str, temperature_first: bool = False) -> dict:
     return engine_law(shared_engine(tiny_gguf("target")), SAMPLERS[sampler], temperature_first)
 
 
-def engine_samples(e, n: int, seed: int, sampler: dict, drafter: str | None, draft_path) -> list[tuple]:
-    """n speculative samples of LAW_JOINT tokens, each with its own seed drawn from `seed`."""
+def law_seeds(n: int, seed: int) -> list[int]:
+    """n seeds for the engine's sampler, drawn from `seed`."""
     import torch
-    seeds = torch.randint(0, 2 ** 31 - 1, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-    return [tuple(e.sample(LAW_PROMPT, LAW_JOINT, seed=s, sampler=sampler, draft=drafter, gamma=LAW_GAMMA,
-                           draft_path=draft_path)) for s in seeds]
+    return torch.randint(0, 2 ** 31 - 1, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 def sampling_law_fit(e, n: int, sampler: str, drafter: str, draft_path):
-    """The engine's speculative samples (LAW_JOINT tokens after LAW_PROMPT) against the law of its own
-    sampler chain on its own logits: (fit, table, how many equal its plain samples with the same seed)."""
-    from spec.conformance import kit
-    samples = engine_samples(e, n, 1234, SAMPLERS[sampler], drafter, draft_path)
-    fit, table = kit.joint_fit(f"joint law of the first {LAW_JOINT} tokens", samples, tiny_law(sampler))
-    plain = engine_samples(e, n, 1234, SAMPLERS[sampler], None, None)
-    return fit, table, sum(a == b for a, b in zip(samples, plain))
+    """The engine's speculative samples (LAW_JOINT tokens after LAW_PROMPT, gamma LAW_GAMMA, n seeds) against
+    the law of its own sampler chain on its own logits, by the one sampling-law check (checks.sampling_law)
+    on its Subject: (fit, table, how many equal its plain samples with the same seed)."""
+    from spec.conformance import checks
+    from spec.conformance.subject import engine_subject
+    subject = engine_subject(e, "llama-cpp", drafter=drafter, gamma=LAW_GAMMA, draft_path=draft_path)
+    chain = dict(SAMPLERS[sampler])
+    request = dict(temperature=chain.pop("temp"), options=chain)
+    seeds = law_seeds(n, 1234)
+    fitted = checks.sampling_law(subject, LAW_PROMPT, tiny_law(sampler), seeds, depth=LAW_JOINT, **request)
+    plain = [tuple(subject.reference.complete(list(LAW_PROMPT), LAW_JOINT, seed=s, **request).ids) for s in seeds]
+    return fitted.fit, fitted.worst(), sum(a == b for a, b in zip(fitted.samples, plain))
 
 
 def _permute(w: np.ndarray, heads: int) -> np.ndarray:

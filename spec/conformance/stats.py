@@ -203,3 +203,38 @@ def homogeneity(name: str, a: list, b: list, min_expected: float = 5.0):
             stat += (observed - expected) ** 2 / expected
     df = max(0, len(bins) - 1)
     return Fit(name, stat, df, chi2_sf(stat, df) if df else 1.0, na + nb)
+
+
+@dataclass
+class LawFit:
+    """Samples (each a tuple of tokens: a cell) fitted to a law {cell: probability}: the Fit, and per cell
+    the observed count and probability (`law`'s cells in its order, then the sampled cells it leaves out:
+    outcomes of probability 0; where the law has a cell None, the pooled rest of a law known in part,
+    every sample outside its cells counts there instead)."""
+    fit: Fit
+    cells: list
+    observed: list[int]
+    probs: list[float]
+    samples: list = field(default_factory=list, repr=False)   # as drawn, in order
+
+    def worst(self, k: int = 10) -> str:
+        """A table of the k cells that deviate most: observed against expected, and z."""
+        n = self.fit.n
+        rows = sorted((((o - n * p) / math.sqrt(n * p) if p > 0 else (math.inf if o else 0.0), s, o, n * p)
+                       for s, o, p in zip(self.cells, self.observed, self.probs)),
+                      key=lambda r: (r[0], r[1] is None, r[1] or ()))     # (None: the pooled rest, last)
+        worst = sorted(rows, key=lambda r: -abs(r[0]))[:k]
+        table = "\n".join(f"    {str(list(s)):<14} {o:>7} {e:>10.1f} {z:>+8.2f}" for z, s, o, e in worst)
+        return f"    {'tokens':<14} {'observed':>7} {'expected':>10} {'z':>8}\n{table}"
+
+
+def law_fit(name: str, samples: list[tuple], law: dict, stratum: str = "all") -> LawFit:
+    """Pearson's chi-square of the sampled cells against the exact law (goodness_of_fit, one stratum)."""
+    pooled = None in law
+    cells = list(law) + ([] if pooled else sorted(set(samples) - set(law)))
+    index = {s: i for i, s in enumerate(cells)}
+    observed = [0] * len(cells)
+    for s in samples:
+        observed[index[s] if s in index else index[None]] += 1
+    probs = [law.get(s, 0.0) for s in cells]
+    return LawFit(goodness_of_fit(name, {stratum: (observed, probs)}), cells, observed, probs, list(samples))

@@ -73,18 +73,17 @@ def model_file(variant: str, given: str | None):
 
 @functools.cache
 def outcome(path: str, drafter: str, draft_path: str, n: int):
-    """Per seed prompt: (prompt ids, greedy, speculative, greedy s, speculative s); and the noise."""
-    from spec.conformance import llamacpp
+    """The one greedy-exactness check (checks.greedy_exact) on the engine's Subject (its speculative decoding
+    with `drafter` against its own plain decoding, judged by its own logits) over the seed prompts; and the
+    noise (one-token vs block logits over the first two prompts' greedy continuations)."""
+    from spec.conformance import checks, llamacpp
+    from spec.conformance.subject import engine_subject
     e = llamacpp.shared_engine(path)
-    rows = []
-    for text in SEED_PROMPTS:
-        ids = e.tokenize(text)
-        greedy, t_greedy = e.greedy(ids, n)
-        spec, t_spec = e.speculative(ids, n, draft=drafter, gamma=DRAFTERS[drafter], draft_path=draft_path)
-        rows.append((ids, greedy, spec, t_greedy, t_spec))
-    widths = (2, DRAFTERS[drafter] + 1)
-    noise = e.noise([ids + greedy for ids, greedy, *_ in rows[:2]], widths=widths)
-    return rows, noise
+    subject = engine_subject(e, "llama-cpp", drafter=drafter, gamma=DRAFTERS[drafter], draft_path=draft_path,
+                             called="greedy")
+    prompts = [e.tokenize(text) for text in SEED_PROMPTS]
+    noise = subject.noise(prompts[:2], n)
+    return checks.greedy_exact(subject, prompts, n, noise), noise
 
 
 def crash_is_a_verdict(test):
@@ -120,27 +119,25 @@ def _run(impl, budget, variant, drafter):
     path = model_file(variant, impl.model)
     draft_path = path if variant == "model" else model_file("q4_1", None)
     n = max(16, round(64 * budget))
-    rows, noise = outcome(path, drafter, draft_path, n)
-    from spec.conformance import llamacpp
-    e = llamacpp.shared_engine(path)
-    diagnoses = [e.diagnose(ids, greedy, spec, noise, gamma=DRAFTERS[drafter]) for ids, greedy, spec, *_ in rows]
-    same = sum(d is None for d in diagnoses)
-    speed = sum(r[3] for r in rows) / sum(r[4] for r in rows)
+    found, noise = outcome(path, drafter, draft_path, n)
+    rows = found.rows
+    speed = sum(r.expected.seconds for r in rows) / sum(r.actual.seconds for r in rows)
     head = (f"{variant} ({path.rsplit('/', 1)[-1]}), {drafter} (gamma {DRAFTERS[drafter]}), {n} tokens x "
-            f"{len(rows)} prompts, {THREADS} thread: {same} of {len(rows)} identical to the engine's greedy; "
+            f"{len(rows)} prompts, {THREADS} thread: {found.identical} of {len(rows)} identical to the engine's "
+            f"greedy; "
             f"noise {noise:.3g}; speculative {speed:.2f}x the speed of plain")
-    lines = [f"  prompt {i}: " + ("identical" if d is None else str(d)) for i, d in enumerate(diagnoses)]
-    return head, "\n".join(lines), diagnoses
+    lines = [f"  prompt {r.index}: " + ("identical" if r.divergence is None else str(r.divergence)) for r in rows]
+    return head, "\n".join(lines), found
 
 
 @pytest.mark.parametrize("drafter", list(DRAFTERS))
 @crash_is_a_verdict
 def test_engine_greedy_exact(impl, budget, variant, drafter, record_property, request):
-    head, lines, diagnoses = _run(impl, budget, variant, drafter)
+    head, lines, found = _run(impl, budget, variant, drafter)
     record_property("evidence", head)
-    if any(d is not None for d in diagnoses):
+    if found.identical < len(found.rows):
         message = f"property engine_greedy_exact violated by {impl.name}: {head}\n{lines}"
-        if request.node.get_closest_marker("xfail") and all(d is None or d.verdict == "tie" for d in diagnoses):
+        if request.node.get_closest_marker("xfail") and not found.bugs:
             raise kit.TiesOnly(message)        # what a known tie finding expects (plugin.KNOWN_FINDINGS)
         pytest.fail(message, pytrace=False)
 

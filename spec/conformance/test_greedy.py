@@ -24,16 +24,9 @@ from spec.conformance.kit import (ARCHS, DRAFT_KINDS, EOS_AT, EOS_PROMPT, TOKENS
 
 
 def check_exact(prop, impl, arch, draft_kind, prompt, gamma, max_new_tokens, eos=None):
-    z = zoo(arch)
-    expected = greedy(arch, tuple(prompt), max_new_tokens, tuple(eos) if isinstance(eos, list) else eos)
-    actual = run(impl, z["target"], z[draft_kind], prompt, gamma=gamma, max_new_tokens=max_new_tokens,
-                 eos_token_id=eos)
-    if actual != expected:
-        verdict = kit.diagnosis(z["target"], prompt, expected, actual)
-        pytest.fail(f"property {prop} violated by {impl.name}\n"
-                    f"  arch={arch} draft={draft_kind} gamma={gamma} max_new_tokens={max_new_tokens} "
-                    f"eos_token_id={eos}\n  prompt={prompt}\n  {verdict}\n"
-                    f"  expected (target greedy) {expected}\n  actual                   {actual}", pytrace=False)
+    kit.greedy_property(prop, impl, kit.zoo_subject(impl, arch, draft_kind, gamma), prompt, max_new_tokens,
+                        f"arch={arch} draft={draft_kind} gamma={gamma} max_new_tokens={max_new_tokens} "
+                        f"eos_token_id={eos}", options={"eos_token_id": eos})
 
 
 @pytest.mark.parametrize("draft_kind", DRAFT_KINDS)

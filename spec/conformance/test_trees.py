@@ -37,8 +37,9 @@ from hypothesis import strategies as st
 
 from spec import greedy_generate
 from spec.conformance import hypo, kit, treedecoders
-from spec.conformance.impls import Impl
-from spec.conformance.kit import LAYOUT_KINDS, kit_settings, layout_pair, prompts, run
+from spec.conformance.impls import Impl, made
+from spec.conformance.kit import LAYOUT_KINDS, kit_settings, layout_pair, prompts
+from spec.conformance.subject import decoder_subject
 from spec.conformance.laws import BF16, GAP, SCENARIOS, check_law, pair_for
 
 LAYOUT_EXAMPLE = dict(prompt=[17, 230, 5, 411, 98, 3, 77, 301], gamma=4, max_new_tokens=12)
@@ -57,16 +58,13 @@ def tree_layout_property(impl, budget, draft_kind, examples=8):
     @given(prompt=prompts(), gamma=st.integers(1, 6), max_new_tokens=st.integers(2, 16))
     @example(**LAYOUT_EXAMPLE)
     def prop(prompt, gamma, max_new_tokens):
-        expected = layout_greedy(tuple(prompt), max_new_tokens)
-        actual = run(impl, pair["target"], draft, prompt, gamma=gamma, max_new_tokens=max_new_tokens)
-        if actual != expected:
-            verdict = kit.diagnosis(pair["target"], prompt, expected, actual)
-            pytest.fail(f"property tree_layout violated by {impl.name}\n  draft={draft_kind} gamma={gamma} "
-                        f"max_new_tokens={max_new_tokens}\n  prompt={prompt}\n  {verdict}\n"
-                        f"  expected (target greedy) {expected}\n  actual                   {actual}\n"
-                        f"  (kit.layout_pair: the greedy token after a tree node moves with its position id and "
-                        f"with every token it sees: a node shown an earlier sibling, or placed at root + its "
-                        f"index instead of root + its depth, emits another token)", pytrace=False)
+        subject = decoder_subject(impl, pair["target"], draft, gamma=gamma,
+                                  reference=lambda p, n, keywords: layout_greedy(p, n), called=kit.TARGET_GREEDY)
+        kit.greedy_property("tree_layout", impl, subject, prompt, max_new_tokens,
+                            f"draft={draft_kind} gamma={gamma} max_new_tokens={max_new_tokens}",
+                            note="\n  (kit.layout_pair: the greedy token after a tree node moves with its position id "
+                                 "and with every token it sees: a node shown an earlier sibling, or placed at root + "
+                                 "its index instead of root + its depth, emits another token)")
     prop()
 
 
@@ -82,7 +80,7 @@ def test_tree_layout(impl, budget, draft_kind):
 
 def tree_decoder(bug) -> Impl:
     fn = treedecoders.DECODERS[bug]
-    return Impl(f"tree decoder ({bug or 'correct'})", fn, draft="model", options=frozenset(fn.conformance_options))
+    return made(f"tree decoder ({bug or 'correct'})", fn)    # its capabilities: the ones it declares
 
 
 SAMPLING_CONTROLS = {"residual-on-draft-support": GAP, "no-mass-removal": GAP, "shared-noise": BF16}
