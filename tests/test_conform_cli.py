@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.parametrize("argv", [["conform", "--budget", "0"], ["conform", "--impl", "no-such-decoder"],
                                   ["conform", "--impl", "/no/such/file.py:generate"],
-                                  ["conform", "--impl", "spec.decode:no_such_function"]])
+                                  ["conform", "--impl", "spec.decode:no_such_function"],
+                                  ["conform", "--junitxml", "/"], ["conform", "--summary", "."]])
 def test_conform_bad_options_exit_2(argv, capsys):
     assert cli.main(argv) == 2
     assert "error" in capsys.readouterr().err
@@ -104,3 +105,62 @@ def test_conform_end_to_end(tmp_path, impl, expected_exit):
     if expected_exit:
         assert "property greedy_exact violated" in row["evidence"] and "BUG" in row["evidence"]
         assert "FAIL" in run.stdout
+
+
+def _a_run(tmp_path, capsys, impl: str, keyword: str, env_summary: Path | None, monkeypatch) -> tuple[int, Path, Path]:
+    if env_summary is not None:
+        monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(env_summary))
+    else:
+        monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    xml, md = tmp_path / "ci" / "junit.xml", tmp_path / "summary.md"
+    code = cli.main(["conform", "--impl", impl, "--budget", "0.25", "-k", keyword, "--out",
+                     str(tmp_path / "c.json"), "--junitxml", str(xml), "--summary", str(md)])
+    capsys.readouterr()
+    return code, xml, md
+
+
+def test_conform_writes_junit_xml_and_a_summary_ci_can_read(tmp_path, capsys, monkeypatch):
+    """--junitxml: valid JUnit XML with one test case per property and case of the report (its counts the
+    report's), a failure carrying the diagnosis; --summary (and $GITHUB_STEP_SUMMARY, appended): Markdown
+    naming each failed property. Against a broken decoder, so the failure path is exercised."""
+    import xml.etree.ElementTree as ET
+    (tmp_path / "broken.py").write_text(textwrap.dedent(TOKEN_CHANGED))
+    step = tmp_path / "step.md"
+    step.write_text("earlier step\n")
+    code, xml, md = _a_run(tmp_path, capsys, f"{tmp_path / 'broken.py'}:generate",
+                           "(greedy_exact and gpt-neox-partial) or determinism", step, monkeypatch)
+    assert code == 1
+    report = json.loads((tmp_path / "c.json").read_text())
+    root = ET.parse(xml).getroot()
+    (suite,) = root.findall("testsuite")
+    cases = suite.findall("testcase")
+    assert len(cases) == len(report["results"]) == int(suite.get("tests")) == int(root.get("tests")) > 1
+    failed = [c for c in cases if c.find("failure") is not None]
+    want = [r for r in report["results"] if r["outcome"] == "failed"]
+    assert len(failed) == len(want) == int(suite.get("failures")) >= 1
+    assert {c.get("name") for c in failed} == {f"{r['property']}[{r['case']}]" if r["case"] else r["property"]
+                                               for r in want}
+    assert all("property greedy_exact violated" in c.find("failure").text for c in failed
+               if c.get("classname") == "spec.conformance.greedy_exact")
+    text = md.read_text()
+    assert text.startswith("## spec conform") and ": FAIL" in text.splitlines()[0]
+    for r in want:
+        assert f"<b>{r['property']}" in text
+    assert step.read_text() == "earlier step\n" + text
+
+
+def test_conform_ci_outputs_on_a_pass(tmp_path, capsys, monkeypatch):
+    code, xml, md = _a_run(tmp_path, capsys, "spec", "determinism", None, monkeypatch)
+    assert code == 0
+    import xml.etree.ElementTree as ET
+    suite = ET.parse(xml).getroot().find("testsuite")
+    assert int(suite.get("failures")) == 0 and int(suite.get("tests")) >= 1
+    assert md.read_text().splitlines()[0].endswith(": pass") and "Failed properties" not in md.read_text()
+
+
+def test_conform_help_names_every_exit_status(capsys):
+    with pytest.raises(SystemExit):
+        conform.parse_args(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for code in range(5):
+        assert f"{code}:" in out, code

@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 from spec import clock
+from spec.conformance import ci
 
 KIT = Path(__file__).resolve().parent
 NOTHING_RAN = 3
@@ -92,7 +93,11 @@ def _summary(evidence: str, width: int) -> str:
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="spec conform", description=(
         "Run the conformance kit (greedy exactness, length and EOS rules, sampling laws by chi-square, "
-        "determinism, stateful processors) against a speculative decoder and report each property."))
+        "determinism, stateful processors) against a speculative decoder and report each property."),
+        epilog=("exit status: 0: properties ran and none failed; 1: a property failed; 2: bad options; "
+                "3: no property ran (a -k that matches nothing, a decoder that skips everything); "
+                "4: a served model drafted nothing while a property ran (not speculating). "
+                "Only 0 is a pass."))
     p.add_argument("--impl", default="spec",
                    help="decoder under test: spec, hf-assisted, hf-prompt-lookup, module:function or "
                         "path/to/file.py:function (default: %(default)s)")
@@ -116,6 +121,12 @@ def parse_args(argv):
                         "deterministic / batch-invariant mode (vLLM: VLLM_BATCH_INVARIANT=1); a crowd property "
                         "that fails replays its crowd there: 'survives the control: bug' or 'vanishes under the "
                         "control: batch-shape effect'")
+    p.add_argument("--junitxml", type=Path, default=None, metavar="PATH",
+                   help="also write the report as JUnit XML (one test case per property and case, a failure "
+                        "carrying its diagnosis), as CI systems read it")
+    p.add_argument("--summary", type=Path, default=None, metavar="PATH",
+                   help="also write a Markdown summary (the verdict, each failed property with its diagnosis, "
+                        "every property's row); appended to $GITHUB_STEP_SUMMARY too where that is set")
     return p.parse_args(argv)
 
 
@@ -123,6 +134,9 @@ def _usage_error(args) -> str | None:
     """Why these options cannot run (exit 2), or None."""
     if not args.budget > 0:
         return f"--budget must be a number > 0, got {args.budget}"
+    for option, path in (("--out", args.out), ("--junitxml", args.junitxml), ("--summary", args.summary)):
+        if path is not None and path.is_dir():
+            return f"{option} must be a file path, got the folder {path}"
     if not (KIT / "kit.ini").is_file():
         return f"the conformance kit is missing from {KIT} (a broken install of spec)"
     try:
@@ -173,7 +187,7 @@ def _version(package: str) -> str:
         return "not installed"
 
 
-def _report(args, collector, wall) -> tuple[list[dict], dict]:
+def _report(args, collector, wall) -> dict:
     versions = {"transformers": _version("transformers"), "torch": _version("torch")}
     rows = []
     for nodeid, row in collector.rows.items():
@@ -195,7 +209,7 @@ def _report(args, collector, wall) -> tuple[list[dict], dict]:
               "python": platform.python_version(), "seconds": round(wall, 1), "counts": counts, "results": rows}
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")
-    return rows, counts
+    return report
 
 
 def _reproductions(args, collector) -> None:
@@ -228,7 +242,19 @@ def main(argv=None) -> int:
         return 2
     if args.repro is not None:
         _reproductions(args, collector)
-    rows, counts = _report(args, collector, wall)
+    report = _report(args, collector, wall)
+    code = _verdict(args, report, none_collected=code == pytest.ExitCode.NO_TESTS_COLLECTED)
+    if args.junitxml is not None:
+        ci.write_junit(report, args.junitxml)
+        print(f"wrote {args.junitxml}")
+    for path in ci.write_summary(report, code, args.summary):
+        print(f"wrote the summary to {path}")
+    return code
+
+
+def _verdict(args, report: dict, none_collected: bool) -> int:
+    """The exit status (the --help epilog's), saying why where it is not 0 or 1."""
+    rows, counts = report["results"], report["counts"]
     if counts["failed"] or counts["error"]:
         return 1
     if counts["not-speculating"]:
@@ -237,7 +263,7 @@ def main(argv=None) -> int:
               f"a pass", file=sys.stderr)
         return NOT_SPECULATING
     # pytest's exit 5: no test collected, or (spec.conformance.plugin) none of the decoder's own ran
-    if code == pytest.ExitCode.NO_TESTS_COLLECTED or not (counts["passed"] or counts["xfail"]):
+    if none_collected or not (counts["passed"] or counts["xfail"]):
         why = "no property matched -k" if not rows else "every property of the decoder was skipped"
         print(f"spec conform: error: no property ran for {args.impl!r} ({why}): exit {NOTHING_RAN}, not a pass",
               file=sys.stderr)
