@@ -36,6 +36,8 @@ def test_ci_runs_the_readme_test_line_with_the_lock():
     assert "-c requirements/constraints.txt" in line
     # llama.cpp through the portable, flag-keyed build (never pip's native one: it crashes on AMX CPUs)
     assert "bash requirements/build-llama" in line and "llama]" not in line and ",llama" not in line, line
+    # the real model the realmodel tests need, fetched by the same line (what CI runs is what a user runs)
+    assert line.endswith("&& python -m spec.realmodel && pytest"), line
 
 
 def test_the_lock_pins_everything_the_readme_installs():
