@@ -181,6 +181,25 @@ def test_the_engine_cuts_top_k_before_top_p(tiny_gguf):
     assert set(draws) == {int(law.argmax())}, (draws, top_p, p[:3])
 
 
+def test_callers_in_several_threads_get_their_own_answers(tiny_gguf):
+    """The engine is one child on two pipes: callers in 8 threads at once (the served properties send
+    requests together) each get their own answer, the one they get alone, and nothing hangs."""
+    from concurrent.futures import ThreadPoolExecutor
+    engine = llamacpp.Engine(tiny_gguf)
+    sampler = dict(temp=0.9, top_k=0, top_p=1.0, min_p=0.0)
+    alone = [engine.sample(llamacpp.LAW_PROMPT, 3, seed=s, sampler=sampler) for s in range(8)]
+    pool = ThreadPoolExecutor(8)
+    futures = [pool.submit(engine.sample, llamacpp.LAW_PROMPT, 3, seed=s, sampler=sampler) for s in range(8)]
+    try:
+        together = [f.result(timeout=60) for f in futures]
+    finally:
+        if not all(f.done() for f in futures):
+            engine._proc.kill()       # a hang: the blocked callers get EOF and end, the test fails
+        pool.shutdown(wait=True)
+        engine.close()
+    assert together == alone and len(set(map(tuple, alone))) > 1
+
+
 @pytest.fixture(scope="module")
 def f32_gguf(tmp_path_factory):
     return llamacpp.dequantized_gguf(realmodel.gguf_path(), tmp_path_factory.mktemp("gguf") / "smollm2.f32.gguf")

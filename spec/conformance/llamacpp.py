@@ -36,6 +36,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -432,6 +433,7 @@ class Engine:
         self.crash_dir = Path(crash_dir) if crash_dir else Path(tempfile.gettempdir()) / "spec-llama-crashes"
         self._proc = None
         self.version, self.system_info = "?", ""
+        self._one_call = threading.Lock()   # one request and its answer on the pipes at a time, whatever thread asks
         self._start()
 
     # -- the child --
@@ -472,6 +474,12 @@ class Engine:
         raise err from ChildTraceback(f"in the engine's child process:\n{tb}")
 
     def _invoke(self, method: str, *values, **kwargs):
+        """`method` called in the child; callers in several threads take turns (the child serves one call at
+        a time, and two requests interleaved on its pipes would read each other's answers)."""
+        with self._one_call:
+            return self._invoke_alone(method, *values, **kwargs)
+
+    def _invoke_alone(self, method: str, *values, **kwargs):
         if self._proc is None:
             self._start()
         self._call_no += 1
