@@ -238,3 +238,18 @@ def test_conform_llama_cpp_exits_0_with_the_documented_xfails(pytester):
     outcomes = result.parseoutcomes()
     assert result.ret == 0, result.stdout.str()[-3000:]
     assert outcomes.get("xfailed") == 1 and outcomes.get("passed") == 1, outcomes
+
+
+def test_a_served_property_the_engine_cannot_be_asked_is_untested_not_failed(tmp_path, capsys):
+    """llama-cpp-python's speculative generate reports no logprobs: the logprob properties raise
+    UnsupportedRequest (an EndpointError, nothing sent), which the kit reports as untested (a skip), never
+    as a failure of the engine; with nothing else selected the run is exit 3, not a pass."""
+    import json
+    import spec.__main__ as cli
+    out = tmp_path / "c.json"
+    assert cli.main(["conform", "--impl", "llama-cpp", "--budget", "0.25", "-k", "endpoint_logprobs",
+                     "--out", str(out)]) == 3
+    capsys.readouterr()
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["outcome"] == "skipped" and "untested: llama-cpp-python's speculative generate reports no logprobs" \
+        in row["evidence"], row

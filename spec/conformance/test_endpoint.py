@@ -102,12 +102,12 @@ def _violated(name, impl, check, *args) -> tuple[str | None, str | None]:
         return None, f"property {name} violated by {impl.name}: {err}"
     except Crashed as crash:
         return None, f"property {name} violated by {impl.name}: {crash}"
+    except (UnsupportedRequest, endpoints.Untested) as why:   # (before EndpointError: UnsupportedRequest is one)
+        return f"untested: {why}", None
     except EndpointError as err:
         if err.status is None or err.status < 500 or err.sent is None:
             raise
         return None, _server_error(name, impl, args[0], err)
-    except (UnsupportedRequest, endpoints.Untested) as why:
-        return f"untested: {why}", None
 
 
 def _server_error(name, impl, subject, err) -> str:
