@@ -63,11 +63,12 @@ def test_exact_tie_is_a_tie(target):
 
 def test_one_rule_and_one_record_for_every_subject():
     """spec.diagnose.judge is the verdict of every subject (HF targets here, served models in
-    spec.conformance.endpoints, llama.cpp in spec.conformance.llamacpp): a token within the noise is a
-    tie, beyond it a bug, outside the reference's two best a bug, a length difference a bug."""
-    from spec.conformance import endpoints, llamacpp
+    spec.conformance.endpoints, llama.cpp and in-process decoders through spec.conformance.subject's
+    Subject.judge): a token within the noise is a tie, beyond it a bug, outside the reference's two best a
+    bug, a length difference a bug."""
+    from spec.conformance import endpoints, subject
     from spec.diagnose import Divergence, Scores, judge
-    assert endpoints.Divergence is Divergence and llamacpp.Divergence is Divergence
+    assert endpoints.Divergence is Divergence and subject.Divergence is Divergence and subject.judge is judge
 
     def at(gap, noise, top2=None):
         return lambda i: Scores(gap, noise, top2)
