@@ -26,7 +26,8 @@ from spec import defaults
 from spec.options import GammaMode
 
 # name -> "module:function": `python -m spec NAME ARGS...` calls function(ARGS) for its exit status.
-SUBCOMMANDS: dict[str, str] = {"conform": "spec.conformance.conform:main"}  # python -m spec conform: the conformance kit
+SUBCOMMANDS: dict[str, str] = {"conform": "spec.conformance.conform:main",   # python -m spec conform: the conformance kit
+                               "bench": "spec.bench.cli:main"}               # python -m spec bench: question files
 
 EPILOG = (
     "pair: by default the small GPT-NeoX pair shipped in spec/assets/pair (trained on Python source);\n"
