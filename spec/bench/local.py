@@ -54,8 +54,8 @@ def costs(summary: Summary) -> tuple[float | None, float, str]:
     runs where they tell (spec.experiment.in_run), else c as the summary has it and a verify pass of one step
     (the theorem's own assumption)."""
     if summary.in_run is not None:
-        return summary.in_run.c, summary.in_run.verify_over_step, "the timed runs (c and the verify pass)"
-    return summary.c, 1.0, "c as measured; a verify pass taken as one target step"
+        return summary.in_run.c, summary.in_run.verify_over_step, "both from the timed runs"
+    return summary.c, 1.0, "c as measured, a verify pass taken as one target step"
 
 
 def figures(questions: list[Question], records: list[PromptRecord], summary: Summary):
@@ -78,7 +78,7 @@ def theory_line(summary: Summary) -> str:
     if c is None:
         return "Thm 3.8: - (no c measured)"
     return (f"Thm 3.8: E[tokens/round] / (gamma c + verify) at gamma={summary.theory_gamma}, c={c:.3f}, verify pass "
-            f"{verify:.2f} target steps (from {basis}); alpha per category")
+            f"{verify:.2f} target steps ({basis}); alpha per category")
 
 
 def theory_json(summary: Summary) -> dict:
