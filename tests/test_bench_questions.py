@@ -101,12 +101,15 @@ def test_in_process_table_and_json(pair_dirs, tmp_path, capsys):
 
 
 def test_limit_categories_and_merged_mt_bench(pair_dirs, tmp_path, capsys):
-    rows = QUESTIONS + [{"question_id": 83, "category": "roleplay", "turns": ["Pretend to be a pirate."]}]
+    rows = QUESTIONS + [{"question_id": 83, "category": "roleplay", "turns": ["Pretend to be a pirate."],
+                         "reference": ["Arr."]}]   # keys beyond the three (Spec-Bench's "reference") are left alone
     rc, res = _run(pair_dirs, tmp_path, "--merge-mt-bench", "--categories", "mt_bench", "--limit", "2", rows=rows)
     assert rc == 0, capsys.readouterr().err
     assert [c["category"] for c in res["categories"]] == ["mt_bench", "all"]
     assert [(q["question_id"], q["category"], q["group"]) for q in res["questions"]] == [
         (81, "writing", "mt_bench"), (82, "writing", "mt_bench")]
+    assert res["options"]["limit"] == 2 and res["options"]["categories"] == ["mt_bench"]
+    assert not set(cli.UNTAKEN) & set(res["options"])
 
 
 def test_a_broken_decoder_is_a_bug_and_exits_1(pair_dirs, tmp_path, monkeypatch, capsys):

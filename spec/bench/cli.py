@@ -50,6 +50,8 @@ EPILOG = (
     "  output differs beyond a tie (a bug), 2 bad options or question file, missing weights, a server that\n"
     "  cannot be reached.")
 
+# python -m spec's options bench does not take, set only so that its checks (cli.checked) read them.
+UNTAKEN = ("prompts", "features", "chat", "peer")
 # The pair and run options a served run does not take, and the value each has when not given.
 NOT_SERVED = {"real": False, "target": None, "draft": None, "gamma": None, "tp": 1, "device": "cpu",
               "target_dtype": "fp32", "draft_dtype": "fp32", "draft_impl": "auto", "threads": None}
@@ -103,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--out", type=Path, default=Path("spec-results"),
                    help="output folder for bench.json (default: ./spec-results)")
     o.add_argument("--quiet", action="store_true", help="no progress messages on stderr")
-    p.set_defaults(repeats=1, prompts=None, features=None, chat=False, peer=None)
+    p.set_defaults(repeats=1, **dict.fromkeys(UNTAKEN))
     return p
 
 
@@ -215,7 +217,7 @@ def finish(args, run: dict, outcomes: list, cats: list, say) -> int:
     verdict = table.verdict(cats)
     path = args.out / "bench.json"
     table.write_json(path, {"spec_version": __version__, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                            "options": cli.options(args), **run,
+                            "options": {k: v for k, v in cli.options(args).items() if k not in UNTAKEN}, **run,
                             "questions_file": str(args.questions), "verdict": verdict,
                             "categories": [c.to_json() for c in cats], "questions": [o.to_json() for o in outcomes]})
     print(f"wrote {path}")
