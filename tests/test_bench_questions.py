@@ -247,12 +247,15 @@ def test_a_bad_question_file_names_the_file_line_and_key(rows, says, tmp_path, c
         assert text in stderr
 
 
-def test_a_missing_file_and_an_unknown_category_exit_2(tmp_path, capsys):
+def test_a_missing_file_an_unknown_category_and_a_bad_out_exit_2(tmp_path, capsys):
     assert cli.main(["--questions", str(tmp_path / "absent.jsonl")]) == 2
     assert "cannot read" in capsys.readouterr().err
     path = _file(tmp_path, QUESTIONS)
     assert cli.main(["--questions", path, "--categories", "writing,coding"]) == 2
     assert "--categories: no question in 'coding'; the file has writing, math_reasoning" in capsys.readouterr().err
+    (tmp_path / "a-file").write_text("")
+    assert cli.main(["--questions", path, "--out", str(tmp_path / "a-file")]) == 2
+    assert "--out: cannot create" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, says", [

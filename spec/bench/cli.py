@@ -141,6 +141,14 @@ def questions_of(args):
     return chosen, f"{args.questions}, first turns"
 
 
+def out_folder(out: Path) -> None:
+    """--out exists and is a folder before anything runs."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise BenchError(f"--out: cannot create {str(out)!r}: {err}") from None
+
+
 def chat_line(why_plain: str | None, whose: str = "the tokenizer's") -> str:
     """The header's word on the chat template: `whose` wraps each first turn, or why none does."""
     if why_plain is None:
@@ -178,12 +186,16 @@ def run_served(args, chosen: list, name: str, say) -> tuple[dict, list, list]:
     from spec.bench import served, table
     from spec.conformance.endpoint import EndpointError
 
+    test = ref = None
     try:
         test, ref = served.connect(args.impl, args.reference, args.model)
         ids, chat = served.prompt_ids(ref, chosen, plain=args.plain)
         why_plain = None if chat else ("--plain" if args.plain else "the reference server applies none")
-        print(f"impl: {args.impl} ({test.identity() or test.dialect}) | reference: {args.reference} "
-              f"({ref.identity() or ref.dialect}) | model: {test.model}")
+        run = {"mode": "served", "impl": args.impl, "reference": args.reference, "model": test.model,
+               "impl_identity": test.identity(), "reference_identity": ref.identity(), "chat_template": chat,
+               "plain_text_because": why_plain}
+        print(f"impl: {args.impl} ({run['impl_identity'] or test.dialect}) | reference: {args.reference} "
+              f"({run['reference_identity'] or ref.dialect}) | model: {test.model}")
         print(f"prompts: {len(chosen)} ({name}) | max new tokens: {args.max_new_tokens} | "
               f"EOS: {'ignored' if args.ignore_eos else 'stops'} | repeats: {args.repeats}")
         print(chat_line(why_plain, "the reference server's"))
@@ -191,9 +203,10 @@ def run_served(args, chosen: list, name: str, say) -> tuple[dict, list, list]:
                               ignore_eos=args.ignore_eos, repeats=args.repeats, say=say)
     except EndpointError as err:
         raise BenchError(str(err)) from None
-    run = {"mode": "served", "impl": args.impl, "reference": args.reference, "model": test.model,
-           "impl_identity": test.identity(), "reference_identity": ref.identity(), "chat_template": chat,
-           "plain_text_because": why_plain}
+    finally:
+        for side in (test, ref):
+            if side is not None:
+                side.close()
     return run, outcomes, table.categories(outcomes)
 
 
@@ -237,6 +250,7 @@ def main(argv=None) -> int:
     say = cli.Progress(args.quiet)
     try:
         chosen, name = questions_of(args)   # a bad file is said before any model loads
+        out_folder(args.out)
         run, outcomes, cats = (run_served if args.impl else run_local)(args, chosen, name, say)
         return finish(args, run, outcomes, cats, say)
     except (BenchError, QuestionError) as err:
