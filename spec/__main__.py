@@ -26,7 +26,8 @@ from spec import defaults
 from spec.options import GammaMode
 
 # name -> "module:function": `python -m spec NAME ARGS...` calls function(ARGS) for its exit status.
-SUBCOMMANDS: dict[str, str] = {"conform": "spec.conformance.conform:main"}  # python -m spec conform: the conformance kit
+SUBCOMMANDS: dict[str, str] = {"conform": "spec.conformance.conform:main",   # python -m spec conform: the conformance kit
+                               "bench": "spec.bench.cli:main"}               # python -m spec bench: question files
 
 EPILOG = (
     "pair: by default the small GPT-NeoX pair shipped in spec/assets/pair (trained on Python source);\n"
@@ -109,7 +110,9 @@ def _real_gammas() -> str:
     return ", ".join(f"{draft} {gamma}" for draft, gamma in defaults.REAL_GAMMA.items())
 
 
-def add_run_options(p: argparse.ArgumentParser) -> None:
+def add_run_options(p: argparse.ArgumentParser, *, prompt_options: bool = True, peer: bool = True) -> None:
+    """The run group. A command that brings its own prompts (`spec bench`) leaves out --prompts, --features
+    and --chat (prompt_options=False), and one that times no peer leaves out --peer (peer=False)."""
     g = p.add_argument_group("run")
     g.add_argument("--gamma", type=_gamma, default=None,
                    help="draft tokens a round; 'auto': the API's online controller (speculative_generate("
@@ -122,12 +125,14 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-new-tokens", type=_positive_int, default=None,
                    help=f"new tokens per prompt (default: {defaults.CUDA_MAX_NEW_TOKENS} on CUDA, "
                         f"{defaults.CPU_MAX_NEW_TOKENS} on CPU)")
-    g.add_argument("--prompts", type=Path, metavar="FILE", help="prompt file, one prompt a line")
-    g.add_argument("--features", type=Path, metavar="FILE", action="append",
-                   help="Whisper-style pairs: a log-mel features file (.pt or .npy, [num_mel_bins, frames]) as "
-                        "the encoder input of one prompt; repeat for more")
-    g.add_argument("--chat", action="store_true",
-                   help="wrap each prompt as a user turn in the tokenizer's chat template (instruction-tuned models)")
+    if prompt_options:
+        g.add_argument("--prompts", type=Path, metavar="FILE", help="prompt file, one prompt a line")
+        g.add_argument("--features", type=Path, metavar="FILE", action="append",
+                       help="Whisper-style pairs: a log-mel features file (.pt or .npy, [num_mel_bins, frames]) as "
+                            "the encoder input of one prompt; repeat for more")
+        g.add_argument("--chat", action="store_true",
+                       help="wrap each prompt as a user turn in the tokenizer's chat template (instruction-tuned "
+                            "models)")
     g.add_argument("--ignore-eos", action="store_true",
                    help="always generate --max-new-tokens (default: stop at the tokenizer's EOS)")
     g.add_argument("--repeats", type=_positive_int, default=defaults.REPEATS,
@@ -135,7 +140,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--threads", type=_positive_int, default=None,
                    help=f"torch CPU threads (default on CPU: {defaults.CPU_THREADS}: on a shared machine two "
                         "OpenMP threads stall whenever another process holds a core; see docs/BENCHMARKS.md)")
-    g.add_argument("--peer", choices=["hf"], help="also time Hugging Face assisted generation as a peer")
+    if peer:
+        g.add_argument("--peer", choices=["hf"], help="also time Hugging Face assisted generation as a peer")
     g.add_argument("--seed", type=int, default=0, help="torch seed; also seeds the random stand-in pair "
                                                        "(default: %(default)s)")
 
@@ -162,7 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    return checked(parser, parser.parse_args(argv))
+
+
+def checked(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """The pair and run options checked against each other (parser.error names the argument) and their
+    defaults filled in: every command that takes add_pair_options and add_run_options calls this."""
     if args.real and args.target:
         parser.error("argument --real: not with --target (it brings its own model)")
     if args.real and args.draft not in (None, "lookup", "q4"):
@@ -231,33 +242,55 @@ def run_experiment(args, experiment, say):
     report. Returns spec.experiment.records.Results."""
     from spec.experiment import report
 
-    pair, pair_info = experiment.load(args.target, args.draft, real=args.real, device=args.device,
-                                      target_dtype=args.target_dtype, draft_dtype=args.draft_dtype, tp=args.tp,
-                                      seed=args.seed, draft_impl=args.draft_impl, peer=args.peer,
-                                      features=args.features, say=say, notice=_notice)
+    pair, pair_info = load(args, experiment, say)
     ps = experiment.prompts(pair, pair_info.source, prompt_file=args.prompts, features=args.features, chat=args.chat,
                             ignore_eos=args.ignore_eos, max_new_tokens=args.max_new_tokens)
-    print(report.header(pair_info, ps, device=args.device, target_dtype=args.target_dtype,
-                        draft_dtype=args.draft_dtype, threads=args.threads, threads_default=args.threads_default,
-                        max_new_tokens=args.max_new_tokens, max_new_tokens_default=args.max_new_tokens_default,
-                        repeats=args.repeats))
+    print(header(args, pair_info, ps))
+    records, summary = decode_all(args, experiment, pair, pair_info, ps, say)
+    results = experiment.results(options(args), pair_info, ps, records, summary, report.machine_info(args.device))
+    print()
+    print(report.render(results.records, results.summary, results.warnings))
+    return results
+
+
+def load(args, experiment, say):
+    """The pair the options name, and its PairInfo (experiment.load)."""
+    return experiment.load(args.target, args.draft, real=args.real, device=args.device,
+                           target_dtype=args.target_dtype, draft_dtype=args.draft_dtype, tp=args.tp,
+                           seed=args.seed, draft_impl=args.draft_impl, peer=args.peer,
+                           features=args.features, say=say, notice=_notice)
+
+
+def header(args, pair_info, ps) -> str:
+    """The lines said before the runs: what is compared, on what."""
+    from spec.experiment import report
+
+    return report.header(pair_info, ps, device=args.device, target_dtype=args.target_dtype,
+                         draft_dtype=args.draft_dtype, threads=args.threads, threads_default=args.threads_default,
+                         max_new_tokens=args.max_new_tokens, max_new_tokens_default=args.max_new_tokens_default,
+                         repeats=args.repeats)
+
+
+def decode_all(args, experiment, pair, pair_info, ps, say, *, peers: bool = True):
+    """Costs, gamma, the timed runs (with the peers, unless `peers` is False), the per-prompt records and
+    their summary: (records, summary)."""
+    from spec.experiment import report
+
     decoding = dict(max_new_tokens=args.max_new_tokens, draft_impl=args.draft_impl, say=say)
     gamma_option = experiment.default_gamma(pair_info) if args.gamma is None else args.gamma
     cost = experiment.costs(pair, ps, gamma=gamma_option, **decoding)
     gamma, calibration = experiment.choose_gamma(pair, ps, cost, gamma=gamma_option, **decoding)
     if calibration is not None:
         print(report.calibration_line(calibration))
-    peers, settings = experiment.peers(pair, pair_info, ps, gamma, args.peer, args.max_new_tokens, say)
+    timed_peers, settings = (experiment.peers(pair, pair_info, ps, gamma, args.peer, args.max_new_tokens, say)
+                             if peers else ({}, {}))
     runs = experiment.time_runs(pair.target, pair.draft, ps.ids, gamma=gamma, eos=ps.eos, repeats=args.repeats,
-                                device=args.device, peers=peers, **decoding)
+                                device=args.device, peers=timed_peers, **decoding)
     records = experiment.compare(pair, ps, runs, settings, say)
     summary = experiment.summarize(records, gamma, calibration, cost, gamma_option=gamma_option,
                                    draft_impl=args.draft_impl, target=pair.target,
-                                   peer_gamma=experiment.peer_gamma(gamma) if "hf_assisted" in peers else None)
-    results = experiment.results(options(args), pair_info, ps, records, summary, report.machine_info(args.device))
-    print()
-    print(report.render(results.records, results.summary, results.warnings))
-    return results
+                                   peer_gamma=experiment.peer_gamma(gamma) if "hf_assisted" in timed_peers else None)
+    return records, summary
 
 
 def _notice(msg: str) -> None:

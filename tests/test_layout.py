@@ -20,8 +20,8 @@ LONG_ALLOWED = {"speculative_generate"}  # the decode loop: Algorithm 1 on one s
 
 # The package by audience: the runtime (spec/*.py), the experiment (spec/experiment/) and the kit's
 # modules (spec/conformance/, its property modules test_*.py aside). Names are dotted below spec.
-PACKAGES = ("experiment", "conformance", "cpu")
-AUDIENCES = ("experiment", "conformance")   # what the runtime (spec/*.py and spec/cpu/) never imports
+PACKAGES = ("experiment", "conformance", "cpu", "bench")
+AUDIENCES = ("experiment", "conformance", "bench")   # what the runtime (spec/*.py and spec/cpu/) never imports
 COMMAND_LINES = {"__main__"}      # runtime-level files that drive the experiment (realmodel only fetches:
                                   # `--real` is a preset of spec.experiment.load, not a pipeline of its own)
 
@@ -271,7 +271,8 @@ def test_spec_imports_nothing_from_tests():
     assert not found, "\n".join(found)
 
 
-CLI_MODULES = {"__main__", "conformance.conform"}   # the command lines: they parse options and pass values on
+CLI_MODULES = {"__main__", "conformance.conform", "bench.cli"}   # the command lines: they parse options and pass
+                                                                # values on
 
 
 def _namespace_readers(module: str, tree: ast.Module) -> list[str]:

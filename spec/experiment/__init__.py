@@ -284,7 +284,10 @@ def _models(pair: models.Pair) -> dict:
     return {"target": pair.target, **({} if choose.is_drafter(pair.draft) else {"draft": pair.draft})}
 
 
-def encode(prompt: str, pair: models.Pair, index: int, chat: bool = False) -> list[int]:
+def encode(prompt: str, pair: models.Pair, index: int, chat: bool = False, name: str | None = None) -> list[int]:
+    """A prompt's token ids (the tokenizer's, or without one its UTF-8 bytes); name: what an error calls it
+    (default "prompt {index}")."""
+    name = name or f"prompt {index}"
     rows = min(hf.vocab_rows(m) for m in _models(pair).values())
     if pair.tokenizer is not None:
         try:
@@ -296,9 +299,9 @@ def encode(prompt: str, pair: models.Pair, index: int, chat: bool = False) -> li
     else:
         ids = [b % rows for b in prompt.encode("utf-8")]
     if not ids:
-        raise UsageError(f"prompt {index}: no tokens")
+        raise UsageError(f"{name}: no tokens")
     if max(ids) >= rows:
-        raise UsageError(f"prompt {index}: token id {max(ids)} is outside the models' vocabulary [0, {rows})")
+        raise UsageError(f"{name}: token id {max(ids)} is outside the models' vocabulary [0, {rows})")
     return ids
 
 
@@ -334,17 +337,30 @@ def prompts(pair: models.Pair, source: str, *, prompt_file: Path | None = None, 
         texts, prompt_set = CODE_PROMPTS, "code (shipped pair)"
     else:
         texts, prompt_set = SEED_PROMPTS, "seed"
-    eos = None if ignore_eos or pair.tokenizer is None else pair.tokenizer.eos_token_id
     if features:  # encoder-decoder pairs on audio features (spec.seq2seq): each file is one prompt
         texts, prompt_set, ids = feature_prompts(features)
-        return Prompts(list(texts), ids, prompt_set, eos)
-    ids = [encode(p, pair, i, chat) for i, p in enumerate(texts, 1)]
-    for i, row in enumerate(ids, 1):
+        return Prompts(list(texts), ids, prompt_set, eos_id(pair, ignore_eos))
+    return encoded(pair, texts, prompt_set, chat=chat, ignore_eos=ignore_eos, max_new_tokens=max_new_tokens)
+
+
+def eos_id(pair: models.Pair, ignore_eos: bool) -> int | None:
+    """The id decoding stops at: the tokenizer's EOS, or None (ignore_eos, or no tokenizer)."""
+    return None if ignore_eos or pair.tokenizer is None else pair.tokenizer.eos_token_id
+
+
+def encoded(pair: models.Pair, texts: list[str], prompt_set: str, *, chat: bool = False, ignore_eos: bool = False,
+            max_new_tokens: int, names: list[str] | None = None) -> Prompts:
+    """`texts` as token ids (chat: each a user turn in the tokenizer's chat template), refused up front if
+    any of them with max_new_tokens runs past the target's or the draft's position limit. names: what an
+    error calls each prompt (default "prompt 1", "prompt 2", ...)."""
+    names = names or [f"prompt {i}" for i in range(1, len(texts) + 1)]
+    ids = [encode(p, pair, i, chat, name) for i, (p, name) in enumerate(zip(texts, names), 1)]
+    for name, row in zip(names, ids):
         try:
             validate.check_positions(len(row), max_new_tokens, _models(pair))
         except ValueError as err:
-            raise UsageError(f"prompt {i}: {err}") from None
-    return Prompts(list(texts), ids, prompt_set, eos)
+            raise UsageError(f"{name}: {err}") from None
+    return Prompts(list(texts), ids, prompt_set, eos_id(pair, ignore_eos))
 
 
 # --------------------------------------------------------------------------- costs and gamma
