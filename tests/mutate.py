@@ -251,6 +251,10 @@ MUTANTS = {
     "seq2seq-shared-encoder-zeroed": ("share_encoder=True feeds the draft a zeroed encoder output (output stays exact)",
                                       "last_hidden_state=target_out.last_hidden_state.to(",
                                       "last_hidden_state=0 * target_out.last_hidden_state.to(", "spec/seq2seq.py"),
+    "qdraft-chunk-positions-off-by-one": ("a prefill's later chunks placed one position early (cache and rotary)",
+                                          "const int64_t R = n - c0 < CHUNK ? n - c0 : CHUNK, p0 = pos0 + c0;",
+                                          "const int64_t R = n - c0 < CHUNK ? n - c0 : CHUNK, p0 = pos0 + (c0 ? c0 - 1 : 0);",
+                                          "spec/cpu/native/qdraft.c"),
     # The kit's two properties (spec/conformance/checks.py) and what they stand on; the kit's own tests
     # (tests/test_conform_*.py, the default --impl run of spec/conformance) catch them.
     "kit-greedy-ignores-divergence": ("greedy exactness never judges a divergence (every output passes)",

@@ -128,6 +128,19 @@ def test_the_forward_is_the_arithmetic_it_claims(q4_gguf):
         run(torch.tensor([640]))
 
 
+def test_a_long_prefill_is_the_arithmetic_across_its_chunks(q4_gguf):
+    """A prefill longer than the forward's chunk (64 rows a pass over the weights: spec_qd_forward's CHUNK)
+    gives the NumPy forward's logits, at the end of each of 1, 2 and 3 chunks and a remainder; and the
+    positions after it, one at a time, attend over the whole cache."""
+    ids = [(7 * i + 3) % 640 for i in range(150)]
+    want = reference_logits(q4_gguf, ids)
+    for n in (64, 65, 128, 149):
+        run = qdraft.QuantRun(q4_gguf, n_ctx=160)
+        assert_close(run(torch.tensor(ids[:n]), keep=1)[0], want[n - 1], f"prefill of {n}")
+        if n == 149:
+            assert_close(run(torch.tensor(ids[149:150]))[0], want[149], "the step after it")
+
+
 def test_products_split_over_threads_give_the_same_logits(q4_gguf):
     """threads=2 splits each product's panels over the pool: logits equal one thread's bit for bit, a
     prefill and steps, and the pool's worker did run parts; a bad count is refused by name."""

@@ -134,6 +134,7 @@ QMV_FN(4)
 #endif
 
 #define RMAX 4
+#define CHUNK 64   /* rows of a prefill per pass over the weights (spec_qd_forward) */
 
 static void qmv_c(const uint8_t *W, int kind, int64_t N, int64_t K, const int8_t *xq, const float *xd,
                   const float *xs, int64_t R, float *y, int64_t p0, int64_t p1) {
@@ -196,23 +197,24 @@ static void linear(const spec_qd_model *m, const uint8_t *W, int64_t kind, int64
     spec_qd_matvec(W, kind, N, K, xq, xd, xs, R, y, (int)m->isa, (int)m->threads);
 }
 
-/* Feed ids[0..n) at positions pos0.. (the cache holds pos0 positions before), RMAX rows at a time;
+/* Feed ids[0..n) at positions pos0.. (the cache holds pos0 positions before), CHUNK rows a pass over the
+   weights (a prefill streams each matrix from memory once per CHUNK rows; the products take RMAX rows a turn);
    logits: the last position's [vocab]. 0, or -1 when the positions do not fit, -2 when memory runs out. */
 int spec_qd_forward(const spec_qd_model *m, const int32_t *ids, int64_t n, int64_t pos0, float *logits) {
     if (n <= 0 || pos0 < 0 || pos0 + n > m->n_ctx) return -1;
     const int64_t D = m->dim, F = m->ffn, hd = m->head_dim, kvd = m->n_kv * hd, H = m->n_head;
     const int64_t QKV = D + 2 * kvd, widest = F > D ? F : D;
-    float *x = malloc(sizeof(float) * RMAX * D), *h = malloc(sizeof(float) * RMAX * D);
-    float *qkv = malloc(sizeof(float) * RMAX * QKV), *gu = malloc(sizeof(float) * RMAX * 2 * F);
-    float *g = malloc(sizeof(float) * RMAX * F), *o = malloc(sizeof(float) * RMAX * D);
-    int8_t *xq = malloc((size_t)RMAX * widest);
-    float *xd = malloc(sizeof(float) * RMAX * widest / 32), *xs = malloc(sizeof(float) * RMAX * widest / 32);
-    float *cs = malloc(sizeof(float) * RMAX * hd), *sn = malloc(sizeof(float) * RMAX * hd);
+    float *x = malloc(sizeof(float) * CHUNK * D), *h = malloc(sizeof(float) * CHUNK * D);
+    float *qkv = malloc(sizeof(float) * CHUNK * QKV), *gu = malloc(sizeof(float) * CHUNK * 2 * F);
+    float *g = malloc(sizeof(float) * CHUNK * F), *o = malloc(sizeof(float) * CHUNK * D);
+    int8_t *xq = malloc((size_t)CHUNK * widest);
+    float *xd = malloc(sizeof(float) * CHUNK * widest / 32), *xs = malloc(sizeof(float) * CHUNK * widest / 32);
+    float *cs = malloc(sizeof(float) * CHUNK * hd), *sn = malloc(sizeof(float) * CHUNK * hd);
     int rc = 0;
     if (!x || !h || !qkv || !gu || !g || !o || !xq || !xd || !xs || !cs || !sn) { rc = -2; goto done; }
     const float scale = 1.f / sqrtf((float)hd);
-    for (int64_t c0 = 0; c0 < n; c0 += RMAX) {
-        const int64_t R = n - c0 < RMAX ? n - c0 : RMAX, p0 = pos0 + c0;
+    for (int64_t c0 = 0; c0 < n; c0 += CHUNK) {
+        const int64_t R = n - c0 < CHUNK ? n - c0 : CHUNK, p0 = pos0 + c0;
         for (int64_t r = 0; r < R; r++) {
             spec_qd_row(m->embd, m->embd_kind, m->vocab, D, ids[c0 + r], x + r * D);
             for (int64_t i = 0; i < hd / 2; i++) {     /* transformers' tables: the angles twice over */
