@@ -9,7 +9,7 @@
    llama.cpp at `--llama-gamma`; ms per new token (median over prompts), ratios, rounds per prompt, and
    every output checked against spec greedy.
 
-    python recipes/bench_qdraft.py [--steps 50] [--tokens 64] [--prompts 5] [--gammas 6,8,10,12] [--llama-gamma 6]
+    python recipes/bench_qdraft.py [--steps 50] [--prefill 40,700] [--tokens 64] [--prompts 5] [--gammas 6,8,10,12] [--llama-gamma 6]
 Needs the `llama` extra (for the comparison) and the real model (python -m spec.realmodel).
 """
 
@@ -34,7 +34,7 @@ from spec.prompts import SEED_PROMPTS  # noqa: E402
 from bench_cpu_limit import f32_gguf, llama, llama_greedy  # noqa: E402
 
 
-def draft_alone(path: Path, steps: int) -> None:
+def draft_alone(path: Path, steps: int, prefills: list[int]) -> None:
     native, ref = qdraft.QuantRun(path), LlamaRun(path, threads=1)
     ids = torch.tensor([1, 504, 3458, 314, 253, 1345, 28, 339, 2365, 253])
     a, b = native(ids, keep=1), ref(ids, keep=1)
@@ -50,10 +50,13 @@ def draft_alone(path: Path, steps: int) -> None:
         for _ in range(steps):
             run(torch.tensor([5]))
         step = (time.perf_counter() - t0) / steps
-        run.crop(0)
-        t0 = time.perf_counter()
-        run(torch.randint(0, 40000, (40,), generator=torch.Generator().manual_seed(0)), keep=1)
-        print(f"{name}: one-token step {1e3 * step:.2f} ms; prefill of 40 tokens {1e3 * (time.perf_counter() - t0):.1f} ms")
+        times = []
+        for n in prefills:
+            run.crop(0)
+            t0 = time.perf_counter()
+            run(torch.randint(0, 40000, (n,), generator=torch.Generator().manual_seed(0)), keep=1)
+            times.append(f"{n} tokens {1e3 * (time.perf_counter() - t0):.0f} ms")
+        print(f"{name}: one-token step {1e3 * step:.2f} ms; prefill of {', '.join(times)}")
     ref.close()
 
 
@@ -102,6 +105,8 @@ def end_to_end(args, path: Path) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--prefill", type=lambda s: [int(x) for x in s.split(",")], default=[40],
+                   help="prompt lengths whose prefill is timed on each engine (default 40; e.g. 40,700,2000)")
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--prompts", type=int, default=5)
     p.add_argument("--gammas", type=lambda s: [int(x) for x in s.split(",")], default=[6, 8, 10, 12])
@@ -111,7 +116,7 @@ def main() -> None:
     if qdraft.library() is None:
         sys.exit(f"spec.cpu.qdraft cannot run here: {qdraft.reason()}")
     path = realmodel.fetch()
-    draft_alone(path, args.steps)
+    draft_alone(path, args.steps, args.prefill)
     end_to_end(args, path)
 
 
