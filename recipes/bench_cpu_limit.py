@@ -3,9 +3,10 @@
 One process, per seed prompt (chat-formatted), back to back in an order rotated prompt by prompt, every
 system decoding `--tokens` new tokens greedily (EOS ignored everywhere) at `--threads` threads:
   spec greedy (fp32 PyTorch, oneDNN-prepacked linears: spec.cpu.prepack) and spec greedy with SPEC_PREPACK=0;
-  spec speculative with the model's own Q4_1 GGUF drafting on spec.cpu.qdraft's kernel (gamma 10, --real's
-  default) and in llama.cpp (gamma 6, its best before), with PromptLookup
-  (gamma 8) and with LookupTree (gamma 8), each checked token for token against spec greedy;
+  spec speculative with the model's own Q4_1 GGUF drafting on spec.cpu.qdraft's kernel (at --real's gamma for it,
+  spec.defaults.REAL_GAMMA["q4"]) and in llama.cpp (gamma 6, its best when it drafted in llama.cpp), with
+  PromptLookup and with LookupTree (at --real's lookup gamma, REAL_GAMMA["lookup"]), each checked token for
+  token against spec greedy;
   HF generate greedy and HF prompt lookup (prompt_lookup_num_tokens=10), through spec.hfref (an explicit
   GenerationConfig: do_sample=False, EOS off, all-ones mask);
   llama.cpp greedy (llama-cpp-python, logits_all=False, greedy sampler: top_k=1, temp=0) on the f32 GGUF
@@ -42,7 +43,7 @@ from pathlib import Path
 import torch
 
 import spec
-from spec import choose, probe, realmodel
+from spec import choose, defaults, probe, realmodel
 from spec.cpu import executor
 from spec.conformance import llamacpp, provenance
 from spec.gguf_draft import GGUFDraft
@@ -56,6 +57,7 @@ from spec.prompts import SEED_PROMPTS
 # right after llama.cpp's Q4_1 run and 21.1-21.4 on those where it ran first (2026-12-05, 06:05).
 SETTLE = 0.05
 SIZES = (1, 2, 4, 8, 9, 16)  # 9: a verify pass at gamma 8 (the 8 drafted tokens and the one before them)
+Q4, LOOKUP = defaults.REAL_GAMMA["q4"], defaults.REAL_GAMMA["lookup"]   # --real's gammas, as a user gets them
 
 
 def f32_gguf() -> Path:
@@ -310,10 +312,10 @@ def main() -> None:
     systems = {
         "spec greedy": spec_greedy,
         "spec greedy, SPEC_PREPACK=0": spec_greedy_unpacked,
-        "spec + Q4_1 GGUF draft, spec.cpu.qdraft (g10)": speculative(gguf_draft, 10),
+        f"spec + Q4_1 GGUF draft, spec.cpu.qdraft (g{Q4})": speculative(gguf_draft, Q4),
         "spec + Q4_1 GGUF draft, llama.cpp (g6)": speculative(gguf_draft_llama, 6),
-        "spec + PromptLookup (g8)": speculative(spec.PromptLookup(), 8),
-        "spec + LookupTree (g8)": speculative(spec.LookupTree(), 8),
+        f"spec + PromptLookup (g{LOOKUP})": speculative(spec.PromptLookup(), LOOKUP),
+        f"spec + LookupTree (g{LOOKUP})": speculative(spec.LookupTree(), LOOKUP),
         "HF generate greedy": lambda ids: hf_greedy(target, torch.tensor(ids), N),
         "HF prompt lookup (10)": lambda ids: hf_generate(target, ids, max_new_tokens=N, prompt_lookup_num_tokens=10),
         "llama.cpp f32 greedy": lambda ids: llama_greedy(llm_f32, ids, N),
