@@ -5,7 +5,8 @@ Each run is the README's command with HF assisted generation timed beside it (5 
 greedy, speculative and HF assisted generation alternate prompt by prompt, `--repeats` times). What it keeps
 of each run's results.json: the summary (measured speedup, per-prompt range, HF assisted over greedy, ours
 over HF, alpha, c, Theorem 3.8 plain and with the verify pass at its measured cost, whether every output
-equals greedy's) and the per-prompt speedups; tokens and traces are left out. recipes/docs.py renders
+equals greedy's; c and the verify pass's cost from the timed runs, and Theorem 3.8 with them) and the
+per-prompt speedups; tokens and traces are left out. recipes/docs.py renders
 docs/BENCHMARKS.md's seed-experiment table from results/seed.json.
 
     python recipes/bench_seed.py [--gammas 5 auto] [--repeats 3] [--out results/seed.json]
@@ -26,7 +27,8 @@ from spec.conformance import provenance
 ROOT = Path(__file__).resolve().parents[1]
 SUMMARY_KEYS = ("gamma", "gamma_option", "alpha", "accept_rate", "c", "tokens_per_round", "measured_speedup",
                 "speedup_min", "speedup_max", "repeat_speedups", "hf_speedup", "ours_vs_hf", "peer_gamma",
-                "all_identical", "ties", "failures", "threads", "draft_impl", "greedy_s", "spec_s")
+                "all_identical", "ties", "failures", "threads", "draft_impl", "greedy_s", "spec_s", "in_run",
+                "optimal_gamma", "optimal_predicted_speedup")
 
 
 def run(gamma: str, repeats: int, threads: int) -> dict:
