@@ -77,13 +77,13 @@ def versions_words(meta: dict, packages=("torch", "transformers")) -> str:
     if isinstance(llama, dict):
         flags = llama.get("cmake_args", "")
         built = "portable flags (requirements/llama-flags)" if "GGML_NATIVE=OFF" in flags else flags
+        out = [o for o in out if not o.startswith("llama-cpp-python ")]
         out.append(f"llama-cpp-python {llama.get('version')} built with {built}")
     elif isinstance(llama, str):   # a transcribed build: it names its own version
         out = [o for o in out if o.split()[0] not in llama]
         out.append(llama)
-    shown = ("python", "numpy", "hypothesis", "pytest") + (("llama-cpp-python",) if llama else ())
-    out += [f"{k} {val}" for k, val in v.items() if k not in packages and k not in shown
-            and not (isinstance(llama, str) and k in llama)]
+    if meta.get("source") != "measured":   # a transcribed file lists only what its figures were measured with
+        out += [f"{k} {val}" for k, val in v.items() if k not in packages and not (isinstance(llama, str) and k in llama)]
     return ", ".join(out)
 
 
@@ -456,7 +456,8 @@ def render_matrix(results: Path) -> str:
         source = "this kit's run" if meta.get("source") == "measured" else "transcribed from " + log_link(meta)
         budget = f"budget {report['budget']:g}" if isinstance(report.get("budget"), (int, float)) else "-"
         sources.append([f"{engine}, {method}", f"[{file}](../results/conformance/{file})", when,
-                        f"{source}; {versions_words(meta, ENGINE_PACKAGES)}; {short_commit(meta)}", budget,
+                        f"{source}; {versions_words(meta, ENGINE_PACKAGES[:2] + (ENGINE_PACKAGES[2:] if 'llama' in file else ()))}; "
+                        f"{short_commit(meta)}", budget,
                         f"`{meta['command']}`"])
     legend = ("**pass**: every case the kit ran passed (a note counts the cases during which a served engine drafted "
               "nothing, which certify nothing); **finding**: a confirmed non-exactness or crash, linked to its section "
@@ -467,7 +468,7 @@ def render_matrix(results: Path) -> str:
                       "", table(["row", "report", "date", "source, versions", "budget", "command"], sources)])
 
 
-ENGINE_PACKAGES = ("transformers", "torch", "engine")
+ENGINE_PACKAGES = ("transformers", "torch", "llama-cpp-python")
 
 
 # --- the docs ---------------------------------------------------------------------------------------------
