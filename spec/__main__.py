@@ -134,7 +134,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                    help="timed rounds over all prompts, greedy and speculative alternating (default: %(default)s)")
     g.add_argument("--threads", type=_positive_int, default=None,
                    help=f"torch CPU threads (default on CPU: {defaults.CPU_THREADS}: on a shared machine two "
-                        "OpenMP threads stall whenever another process holds a core; see docs/log/benchmarks.md)")
+                        "OpenMP threads stall whenever another process holds a core; see docs/BENCHMARKS.md)")
     g.add_argument("--peer", choices=["hf"], help="also time Hugging Face assisted generation as a peer")
     g.add_argument("--seed", type=int, default=0, help="torch seed; also seeds the random stand-in pair "
                                                        "(default: %(default)s)")
