@@ -139,7 +139,7 @@ def pytest_addoption(parser):
 # (marked gpu: `pytest -m gpu`, skipped where there is no CUDA) and as a rehearsal on CPU in the
 # default run: the same test body and fixtures with tiny shapes and a few tokens, thresholds and
 # Theorem 3.8's band computed and reported but not asserted. What a rehearsal cannot run is the
-# CUDA calls themselves (docs/BENCHMARKS.md, "GPU", lists those lines).
+# CUDA calls themselves (docs/log/benchmarks.md, "What the rehearsal does not run", lists those lines).
 
 @pytest.fixture(params=[pytest.param("cuda", marks=pytest.mark.gpu, id="gpu"), pytest.param("cpu", id="rehearsal")])
 def gpu_device(request) -> torch.device:

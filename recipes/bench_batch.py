@@ -13,6 +13,10 @@ and a batch multiplies them).
 
     python recipes/bench_batch.py [--sizes 1 2 4 8 16] [--max-new-tokens 64] [--gamma 5] [--threads 1]
                                   [--repeats 3] [--out batch.json]
+
+The JSON is a results file (recipes/docs.py renders docs/BENCHMARKS.md from results/batch.json): the
+settings, a row per batch size and a "meta" block (date, machine, commit, versions:
+spec.conformance.provenance).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import statistics
 import torch
 
 from spec import clock, defaults, experiment, greedy_generate, load_pair, speculative_generate, theory
+from spec.conformance import provenance
 from spec.experiment.measure import batch_step_time
 
 
@@ -53,7 +58,7 @@ def one_size(pair, prompts: list[list[int]], *, gamma: int, max_new_tokens: int,
                 greedy_s=runs["greedy"], spec_s=runs["spec"])
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -61,7 +66,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=None)
-    opts = parser.parse_args()
+    opts = parser.parse_args(argv)
     torch.set_num_threads(opts.threads)
     torch.manual_seed(0)
     pair = load_pair()
@@ -79,7 +84,9 @@ def main() -> None:
               f"| {r['c']:.3f} | {r['verify']:.2f} | {r['predicted']:.2f}x | {r['predicted_costed']:.2f}x |", flush=True)
     if opts.out:
         with open(opts.out, "w") as f:
-            json.dump(dict(settings=vars(opts), rows=rows), f, indent=1)
+            json.dump(dict(meta=provenance.meta(provenance.recipe_command(__file__, argv)), settings=vars(opts),
+                           rows=rows), f, indent=1)
+            f.write("\n")
 
 
 if __name__ == "__main__":

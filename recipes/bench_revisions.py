@@ -25,12 +25,17 @@ greedy, and the same two with the near-free target, 5 code prompts x 128 tokens;
 spec.realmodel` first) with prompt lookup (gamma 8) and greedy, 5 seed prompts x 128 tokens.
 
     python recipes/bench_revisions.py [--base 071f4fe] [--repeats 10] [--real] [--out revisions.json]
+
+The JSON carries a "meta" block (date, machine, commit, versions), as every results file of recipes/ does;
+spec.conformance.provenance, which writes it, is loaded from this checkout's file, since the recipe swaps
+`spec` packages in sys.modules.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import io
 import json
 import statistics
@@ -45,6 +50,16 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_NEW = 128
+
+
+def _provenance():
+    """spec.conformance.provenance of this checkout, loaded from its file (standard library only) outside
+    the `spec` packages this recipe swaps."""
+    loader = importlib.util.spec_from_file_location("_revisions_provenance",
+                                                    ROOT / "spec" / "conformance" / "provenance.py")
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    return module
 
 
 def export(rev: str, into: Path) -> Path:
@@ -139,6 +154,8 @@ def main() -> None:
     parser.add_argument("--real", action="store_true", help="SmolLM2-135M-Instruct instead of the shipped pair")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    provenance = _provenance()
+    meta = provenance.meta(provenance.recipe_command(__file__))
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="spec-revisions-") as tmp:
         sides = {"base": import_spec(export(args.base, Path(tmp) / "base")), "head": import_spec(ROOT)}
@@ -184,7 +201,8 @@ def main() -> None:
               f"{best['head'] / best['base']:6.3f} {decile[0]:6.3f}..{decile[-1]:.3f} "
               f"{sum(rounds[name].values()):6d} {per_round:9.1f}  {'identical' if same else 'DIFFER'}")
     if args.out:
-        args.out.write_text(json.dumps(dict(base=args.base, repeats=args.repeats, workloads=rows), indent=1))
+        args.out.write_text(json.dumps(dict(meta=meta, base=args.base, repeats=args.repeats, workloads=rows),
+                                       indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,10 @@ tokens per target pass, draft tokens (nodes) a round, and whether every output e
 No Theorem 3.8 for trees here: a plain measured comparison.
 
     python recipes/bench_trees.py [--max-new-tokens 128] [--repeats 3] [--real] [--out trees.json]
+
+The JSON is a results file (recipes/docs.py renders docs/BENCHMARKS.md from results/trees.json): per
+workload a record per decoder, and a "meta" block (date, machine, commit, versions:
+spec.conformance.provenance).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import time
 import torch
 
 from spec import LookupTree, PromptLookup, TreeDraft, greedy_generate, load_pair, speculative_generate
+from spec.conformance import provenance
 from spec.models import encode_prompt
 from spec.prompts import CODE_PROMPTS, SEED_PROMPTS
 
@@ -59,15 +64,15 @@ def bench(target, ids: list, decoders: dict, max_new_tokens: int, repeats: int) 
     return out
 
 
-def main() -> None:
+def main(argv=None) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--real", action="store_true")
     p.add_argument("--out", default="trees.json")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     torch.set_num_threads(1)
-    report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "threads": 1,
+    report = {"meta": provenance.meta(provenance.recipe_command(__file__, argv)), "threads": 1,
               "max_new_tokens": args.max_new_tokens, "repeats": args.repeats}
     pair = load_pair()
     ids = [encode_prompt(pair.tokenizer, q) for q in CODE_PROMPTS]
@@ -88,7 +93,7 @@ def main() -> None:
             "LookupTree b5 n24 g8": (LookupTree(branches=5, nodes=24), 8),
         }, args.max_new_tokens, args.repeats)
     for workload, rows in report.items():
-        if isinstance(rows, dict):
+        if workload != "meta" and isinstance(rows, dict):
             print(f"\n{workload}")
             for name, r in rows.items():
                 print(f"  {name:24s} {r['seconds']:8.2f} s  x{r['speedup']:.2f}  tokens/pass "
@@ -96,6 +101,7 @@ def main() -> None:
                       f"exact {r['equal_to_greedy']}")
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
+        f.write("\n")
 
 
 if __name__ == "__main__":

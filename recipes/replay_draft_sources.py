@@ -2,7 +2,7 @@
 
 Greedy output is fixed, so a draft policy's rounds can be replayed on it: each round the policy
 proposes tokens from the sequence so far, the agreeing prefix plus one token is kept. The cost of a
-round is the verify line measured in docs/BENCHMARKS.md (a pass of g >= 1 drafted tokens costs
+round is the verify line measured in docs/log/benchmarks.md (a pass of g >= 1 drafted tokens costs
 FIXED + SLOPE * g one-token steps; g = 0 costs one step), drafting is free. Predicted speedup over
 greedy = tokens / cost. Policies:
 
@@ -33,7 +33,7 @@ from spec import PromptLookup, greedy_generate, realmodel
 from spec.models import encode_prompt
 from spec.prompts import SEED_PROMPTS
 
-FIXED, SLOPE = 1.48, 0.034  # docs/BENCHMARKS.md: the `--real` run's fitted verify line, in steps
+FIXED, SLOPE = 1.48, 0.034  # docs/log/benchmarks.md: the `--real` run's fitted verify line, in steps
 GAMMA = 8
 
 

@@ -18,7 +18,7 @@
    `feature_weight` x smooth-L1 to the target's next state; AdamW, cosine schedule, seeded.
 5. Saved to $SPEC_CACHE/eagle/<target>.pt (spec.eagle.save) with RECIPE settings and losses; then
    evaluated on the evaluation prompts (the seed prompts / code prompts): greedy outputs equal,
-   alpha, tokens per round, and time against plain greedy (bench numbers: docs/BENCHMARKS.md).
+   alpha, tokens per round, and time against plain greedy (bench numbers: docs/log/benchmarks.md).
 """
 
 from __future__ import annotations

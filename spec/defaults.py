@@ -10,7 +10,7 @@ CUDA_MAX_NEW_TOKENS = 256
 # draft model (--target/--draft) and where gamma="auto" starts.
 DEFAULT_GAMMA = 5
 # --real's draft sources (prompt lookup, or SmolLM2's own Q4_1 GGUF on spec.cpu.qdraft's kernel, else llama.cpp)
-# and each one's gamma, measured best on the seed prompts (docs/BENCHMARKS.md, "Plain-tensor decoder
+# and each one's gamma, measured best on the seed prompts (docs/log/benchmarks.md, "Plain-tensor decoder
 # layers": with the faster target step q4 at 8 beat 10 in --real and in recipes/bench_qdraft.py); a
 # --draft FILE.gguf run takes "q4"'s.
 REAL_GAMMA = {"lookup": 8, "q4": 8}
@@ -26,7 +26,7 @@ REPEATS = 3
 
 # CPU threads when --threads is not given. On the shared 2-core box the shipped pair ran
 # steadier and faster on one thread than on two whenever another process held a core
-# (two OpenMP threads wait for each other at every barrier); docs/BENCHMARKS.md has the
+# (two OpenMP threads wait for each other at every barrier); docs/log/benchmarks.md has the
 # measurement.
 CPU_THREADS = 1
 

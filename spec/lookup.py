@@ -28,7 +28,7 @@ class PromptLookup(DraftSource):
     occurrence's continuation is short, and none where nothing matches.
     max_ngram, min_ngram: the n-gram lengths tried, longest first. min_ngram 2 by default: on
     SmolLM2-135M-Instruct's greedy text (seed prompts, 128 tokens) a one-token match was
-    accepted too rarely to pay for the dearer verify pass it causes (docs/BENCHMARKS.md)."""
+    accepted too rarely to pay for the dearer verify pass it causes (docs/log/benchmarks.md)."""
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 2):
         for name, value in (("max_ngram", max_ngram), ("min_ngram", min_ngram)):

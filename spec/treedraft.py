@@ -68,7 +68,7 @@ class LookupTree(DraftSource):
     the sequence's last n tokens (the most recent first; longest n first, as PromptLookup), merged
     into a tree where they share a prefix, at most `nodes` nodes and gamma deep. 11 nodes by default:
     with the root a 12-row verify pass, the most spec.cpu.gemv's few-row kernel runs on a CPU (16 nodes
-    measured 1.03x greedy on SmolLM2, 11 nodes 1.13x: docs/BENCHMARKS.md)."""
+    measured 1.03x greedy on SmolLM2, 11 nodes 1.13x: docs/log/benchmarks.md)."""
 
     needs = frozenset({Need.TREES})
 

@@ -1,7 +1,7 @@
 """The kit's one-sided properties against the from-scratch decoders in tests/onesided.py (HF's own
 processors, one switch per side of Algorithm 1): the exact ones pass, the wrong ones are rejected.
 Only the greedy property runs here (a few seconds; the sampling scenarios cost 400-1600 runs each);
-the full table, every variant through `python -m spec conform`, is in docs/CONFORMANCE.md."""
+the full table, every variant through `python -m spec conform`, is in docs/log/conformance.md."""
 
 from __future__ import annotations
 

@@ -558,7 +558,7 @@ def test_a_server_listing_no_model_or_several_is_a_clear_error():
             ep._only_model()
 
 
-# What vLLM 0.32.0 on CPU fails (docs/CONFORMANCE.md, "vLLM CPU: results"): greedy requests among sampled
+# What vLLM 0.32.0 on CPU fails (docs/log/conformance.md, "vLLM CPU: results"): greedy requests among sampled
 # ones, on both methods; a seeded sample not repeated, with a draft model. Everything else passes.
 # (ngram's seeded samples differ between two identical requests sent alone in about 1 pair of 12, on a fresh
 # server, prefix caching on or off; the plain server never did, 0 of 48: docs/CONFORMANCE.md)

@@ -153,7 +153,7 @@ def test_tokenize_identity_and_chat_use_the_native_routes():
     assert json.loads(seen[-1].content)["parse_special"] is True
 
 
-# What llama-server 11434 fails (docs/CONFORMANCE.md, "llama.cpp's server (llama-server)"): the logprob of
+# What llama-server 11434 fails (docs/CONFORMANCE.md, "llama-server: a speculative token's logprob"): the logprob of
 # every token a speculative round emitted is reported as 0 (p = 1). Everything else passes.
 LLAMA_FINDINGS = {"draft": {"endpoint_logprobs", "endpoint_sampled_logprobs"},
                   "ngram-simple": {"endpoint_logprobs", "endpoint_sampled_logprobs"}}

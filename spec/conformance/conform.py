@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from spec import clock
-from spec.conformance import ci
+from spec.conformance import ci, provenance
 
 KIT = Path(__file__).resolve().parent
 NOTHING_RAN = 3
@@ -203,7 +203,9 @@ def _report(args, collector, wall) -> dict:
             r["outcome"], r["outcome"])
         print(f"{r['property']:<22} {r['case'][:44]:<44} {result:<8} {_summary(r['evidence'], 160)}")
     print("  ".join(f"{k} {v}" for k, v in counts.items() if v))
-    report = {"impl": args.impl, "model": args.model, "reference": args.reference, "control": args.control,
+    command = " ".join(["python -m spec conform", *args.argv])
+    meta = provenance.meta(command, llama=args.impl.split(":")[0] == "llama-cpp")
+    report = {"meta": meta, "impl": args.impl, "model": args.model, "reference": args.reference, "control": args.control,
               "budget": args.budget,
               **versions,
               "python": platform.python_version(), "seconds": round(wall, 1), "counts": counts, "results": rows}
@@ -225,10 +227,12 @@ def _reproductions(args, collector) -> None:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        args = parse_args(sys.argv[1:] if argv is None else argv)
+        args = parse_args(argv)
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else 2
+    args.argv = argv
     error = _usage_error(args)
     if error:
         print(f"spec conform: error: {error}", file=sys.stderr)

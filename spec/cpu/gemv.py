@@ -65,7 +65,7 @@ def isa() -> int:
 # The panel copies live in anonymous memory asked for transparent huge pages (madvise(MADV_HUGEPAGE);
 # Linux's default THP mode "madvise" gives them only where asked, torch's allocator does not ask). On the
 # measured Zen 4 the 211 products over SmolLM2's 538 MB took 0.65-0.75 of the time on 4 KB pages at 1 row
-# and 0.75-0.8 at 9 (docs/BENCHMARKS.md, "A hand-written few-row kernel"): a TLB miss per 4 KB and
+# and 0.75-0.8 at 9 (docs/log/benchmarks.md, "A hand-written few-row kernel"): a TLB miss per 4 KB and
 # hardware prefetchers that stop at each 4 KB page. Copies up to ARENA_CHUNK / 2 share 2 MB-aligned chunks
 # of ARENA_CHUNK bytes (a chunk is unmapped when the last tensor in it goes), larger ones get their own
 # mapping. Where there is no madvise or no MADV_HUGEPAGE (not Linux), or the mapping fails: torch's memory.

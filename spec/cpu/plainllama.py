@@ -3,7 +3,7 @@
 On a CPU whose matrix products run on spec's packed weights (spec.cpu.prepack), a SmolLM2 step spent about
 8 ms of its ~28 outside them at one thread: module dispatch, kwargs plumbing, HF's RMSNorm, rotary and
 attention wrappers, and for a pass of several rows `repeat_kv`'s copies of the keys and values
-(docs/BENCHMARKS.md, "Plain-tensor decoder layers"). `layer_forward` is the same computation as
+(docs/log/benchmarks.md, "Plain-tensor decoder layers"). `layer_forward` is the same computation as
 transformers' `LlamaDecoderLayer.forward` with its SDPA attention, op for op: RMSNorm, the packed q/k/v
 products, rotary (rotate-half), the cache's own update (spec.hf.cache_update), SDPA (grouped heads without
 copies), o, residual, RMSNorm, SiLU-gated MLP, residual.

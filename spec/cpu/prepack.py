@@ -1,5 +1,5 @@
 """A model's fp32 CPU linears as packed weights: the products spec.cpu.executor runs a pass on (issue 43;
-docs/BENCHMARKS.md, "Where the verify pass's intercept comes from (GEMM paths)").
+docs/log/benchmarks.md, "Where the verify pass's intercept comes from (GEMM paths)").
 
 Two packed forms of each weight, each made once:
 
@@ -9,7 +9,7 @@ Two packed forms of each weight, each made once:
   dropped from the output). Made at the first call that needs it.
 - the kernel: spec.cpu.gemv's hand-written few-row product over a panel-reordered copy of the weight,
   streamed once per pass, for 1 to KERNEL_ROWS rows (12 with AVX-512F, 6 with AVX2+FMA), faster there than
-  oneDNN (docs/BENCHMARKS.md, "A hand-written few-row kernel"); its panels split over the threads the
+  oneDNN (docs/log/benchmarks.md, "A hand-written few-row kernel"); its panels split over the threads the
   caller names per call (no setting of its own or of torch's is changed).
 
 The outputs differ from F.linear's by fp32 rounding only (a different summation order), which
@@ -33,7 +33,7 @@ MIN_BYTES = 64 << 20
 MIN_ROWS = 3  # 1 and 2 rows are padded to 3: oneDNN's 3-row product is faster than its 1- and 2-row ones
 # spec.cpu.gemv's kernel runs 1 to KERNEL_ROWS[its ISA] rows, the rows its panel kernel takes in
 # one turn over the weight (AVX-512F 12, AVX2+FMA 6); more go to oneDNN. The plain-C variant is there for
-# correctness only: not used here (docs/BENCHMARKS.md, "A hand-written few-row kernel").
+# correctness only: not used here (docs/log/benchmarks.md, "A hand-written few-row kernel").
 KERNEL_ROWS = {2: 12, 1: 6}
 ISA_NAMES = {2: "AVX-512F", 1: "AVX2+FMA"}
 # The most torch threads at which the kernel runs its rows: at 2 threads on the 2-core Zen 4 it was 1.35x

@@ -209,7 +209,7 @@ def hf_generate(model, inputs: dict, max_new_tokens: int, eos=None, decoder_inpu
 
 
 def save_t5_benchmark_pair(out, *, gain: float = 1.5, damp: float = 0.1, seed: int = 0) -> None:
-    """The T5 pair of docs/BENCHMARKS.md, saved to out/target and out/draft with the shipped pair's
+    """The T5 pair of docs/log/benchmarks.md, saved to out/target and out/draft with the shipped pair's
     tokenizer (4000 tokens, EOS 0). Random weights agree with nothing, so the agreement is built in:
     the target (4+4 layers, d_model 256, 8.4M parameters) has its decoder layers 2-4 damped (their
     attention and MLP output projections scaled by `damp`), and the draft is the target with the

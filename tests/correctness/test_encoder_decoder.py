@@ -620,7 +620,7 @@ def test_whisper_decoder_prompt_from_its_configs(config, generation, expected):
         assert decoder_prompt(whisper, [3, 70], name="whisper") == [3, 70]  # decoder_input_ids win
 
 
-# --- what sharing the encoder saves (docs/BENCHMARKS.md): `pytest -m thorough -s -k share_encoder` ----
+# --- what sharing the encoder saves (docs/log/benchmarks.md): `pytest -m thorough -s -k share_encoder` ----
 
 @pytest.mark.thorough
 def test_share_encoder_same_rounds_and_its_time():

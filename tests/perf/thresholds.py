@@ -41,7 +41,7 @@ SPEEDUP_FLOOR: dict[str, dict[str, float]] = {
         "synthetic-pythia-12b/pythia-410m@0.8": 0.8,
     },
     # CPU: the speed gate compares side-by-side ratios with tests/perf/baseline.json instead
-    # (docs/BENCHMARKS.md, "Choosing the tolerance"); the floors once here are history there.
+    # (docs/BENCHMARKS.md, "Choosing the tolerance"); the floors once here are history in docs/log/benchmarks.md.
 }
 
 THEORY_TOLERANCE: dict[str, tuple[float, float]] = {
