@@ -139,7 +139,7 @@ def add_run_options(p: argparse.ArgumentParser, *, prompt_options: bool = True, 
                    help="timed rounds over all prompts, greedy and speculative alternating (default: %(default)s)")
     g.add_argument("--threads", type=_positive_int, default=None,
                    help=f"torch CPU threads (default on CPU: {defaults.CPU_THREADS}: on a shared machine two "
-                        "OpenMP threads stall whenever another process holds a core; see docs/BENCHMARKS.md)")
+                        "OpenMP threads stall whenever another process holds a core; see docs/log/benchmarks.md)")
     if peer:
         g.add_argument("--peer", choices=["hf"], help="also time Hugging Face assisted generation as a peer")
     g.add_argument("--seed", type=int, default=0, help="torch seed; also seeds the random stand-in pair "
