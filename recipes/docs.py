@@ -447,7 +447,7 @@ def render_matrix(results: Path) -> str:
         rows = [r for r in report["results"] if keep is None or keep(r["property"], r["case"])]
         refused = report.get("refused") or _refusal(rows)
         if refused:
-            cells = [f"untested: {refused}"] + [""] * (len(COLUMNS) - 1)
+            cells = [f"untested: {refused}"] + ["untested: refused up front"] * (len(COLUMNS) - 1)
         else:
             cells = [cell(report, [r for r in rows if r["property"] in props], anchors, absent) for _, props in COLUMNS]
         body.append([engine, method] + cells)
