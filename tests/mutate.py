@@ -255,6 +255,12 @@ MUTANTS = {
                                           "const int64_t R = n - c0 < CHUNK ? n - c0 : CHUNK, p0 = pos0 + c0;",
                                           "const int64_t R = n - c0 < CHUNK ? n - c0 : CHUNK, p0 = pos0 + (c0 ? c0 - 1 : 0);",
                                           "spec/cpu/native/qdraft.c"),
+    "prepack-copy-where-the-kernel-runs": ("oneDNN's reordered copy made beside the kernel's panels (a third copy)",
+                                           "return self.small is None or torch.get_num_threads() > KERNEL_THREADS",
+                                           "return True", "spec/cpu/prepack.py"),
+    "prepack-copy-for-long-passes": ("oneDNN's copy made for a prefill's long pass, where the plain weight is as fast",
+                                     "if reordered is None and rows <= REORDER_ROWS and self._copy_pays()",
+                                     "if reordered is None and self._copy_pays()", "spec/cpu/prepack.py"),
     # The kit's two properties (spec/conformance/checks.py) and what they stand on; the kit's own tests
     # (tests/test_conform_*.py, the default --impl run of spec/conformance) catch them.
     "kit-greedy-ignores-divergence": ("greedy exactness never judges a divergence (every output passes)",

@@ -8,7 +8,8 @@ model, dtype and device: spec.probe), or None where the model's own forward runs
                 AVX-512F, 6 with AVX2+FMA) at up to KERNEL_THREADS torch threads, its panels split over the
                 caller's torch threads (named per call: no setting is changed)
   oneDNN        every product of a longer pass (or of any pass above KERNEL_THREADS threads, or without the
-                kernel) on oneDNN's reordered weights; the head's kept rows on the kernel where they are few
+                kernel) on oneDNN (over its reordered copy where that pays, else the model's own weights:
+                spec.cpu.prepack); the head's kept rows on the kernel where they are few
   transformers  the model's own forward, unchanged: a model this code does not run (not fp32 on CPU, linears
                 too small to pay, a probe that disagreed, switched off), or one call it does not follow
 
@@ -428,7 +429,7 @@ def _refusal(model) -> str | None:
         return (f"its linears are {size / 2 ** 20:.1f} MB, under the {prepack.MIN_BYTES >> 20} MB where packed "
                 f"weights pay (they fit in the CPU's caches)")
     if not prepack.fits(size):
-        return f"the packed copies of its {size >> 20} MB of linears would take more than half the memory available"
+        return f"a packed copy of its {size >> 20} MB of linears would take more than half the memory available"
     return None
 
 

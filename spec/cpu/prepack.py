@@ -4,9 +4,16 @@ docs/log/benchmarks.md, "Where the verify pass's intercept comes from (GEMM path
 Two packed forms of each weight, each made once:
 
 - oneDNN: torch's F.linear runs MKL sgemm, which on the measured CPU costs 1.5-2 one-row products for 2 to
-  16 rows; oneDNN's brgemm over a weight reordered once (batch-size hint 16) costs about one from 3 to 9
-  rows. Its 1- and 2-row products are slower than its 3-row one, so 1 and 2 rows are padded to 3 (zero rows,
-  dropped from the output). Made at the first call that needs it.
+  16 rows (and 2.2x oneDNN's time even at 700 rows); oneDNN's brgemm over a weight reordered once (batch-size
+  hint 16) costs about one from 3 to 9 rows. Its 1- and 2-row products are slower than its 3-row one, so 1
+  and 2 rows are padded to 3 (zero rows, dropped from the output). The reordered copy is made only where it
+  pays: at the first call of at most REORDER_ROWS rows that oneDNN runs where the kernel does not run the
+  short passes (no kernel on this CPU, or more torch threads than it runs at), and only if it fits in memory
+  then.
+  Longer passes (a prompt's prefill) run oneDNN on the model's own weight, no copy kept (1.11-1.12x the
+  reordered copy's time at 64 and 700 rows on the measured CPU, against 1.5x at 13 rows): so where the
+  kernel runs every short pass, as in a decode at 1 or 2 threads and gamma up to 11, the linears cost their
+  own memory and the kernel's panels, not a third copy.
 - the kernel: spec.cpu.gemv's hand-written few-row product over a panel-reordered copy of the weight,
   streamed once per pass, for 1 to KERNEL_ROWS rows (12 with AVX-512F, 6 with AVX2+FMA), faster there than
   oneDNN (docs/log/benchmarks.md, "A hand-written few-row kernel"); its panels split over the threads the
@@ -31,6 +38,7 @@ HINT = 16  # the batch size oneDNN picks the weight's layout for (4 and 16 measu
 # caches (the shipped pair: 6 MB) runs its many small products faster through F.linear.
 MIN_BYTES = 64 << 20
 MIN_ROWS = 3  # 1 and 2 rows are padded to 3: oneDNN's 3-row product is faster than its 1- and 2-row ones
+REORDER_ROWS = 32  # the most rows at which oneDNN's reordered copy is made (beyond, the plain weight is as fast)
 # spec.cpu.gemv's kernel runs 1 to KERNEL_ROWS[its ISA] rows, the rows its panel kernel takes in
 # one turn over the weight (AVX-512F 12, AVX2+FMA 6); more go to oneDNN. The plain-C variant is there for
 # correctness only: not used here (docs/log/benchmarks.md, "A hand-written few-row kernel").
@@ -56,11 +64,11 @@ def memory_available() -> int | None:
 
 
 def fits(size: int) -> bool:
-    """Whether the packed copies of `size` bytes of linears (the kernel's panels and oneDNN's reordered
-    weights: up to twice `size` more) fit in half the memory available now; where that is unknown,
-    they are assumed to. A model too large for its copies runs its own forward, slower and whole."""
+    """Whether a packed copy of `size` bytes of linears (the kernel's panels, or oneDNN's reordered weights:
+    each made only where `Packed` says) fits in half the memory available now; where that is unknown, it is
+    assumed to. A model too large for its copy runs its own forward, slower and whole."""
     free = memory_available()
-    return free is None or 2 * size <= free // 2
+    return free is None or size <= free // 2
 
 
 def available(model) -> bool:
@@ -88,11 +96,22 @@ class Packed:
         self.kernel = small is not None
         self.reordered: torch.Tensor | None = None
 
-    def onednn(self, x: torch.Tensor) -> torch.Tensor:
+    def onednn(self, x: torch.Tensor, rows: int) -> torch.Tensor:
+        """oneDNN's product: on the reordered copy where it exists, or where `rows` is few enough for it to
+        pay and it fits in memory now (made here: two threads may both make it, the same copy, one kept);
+        else on the model's own weight."""
         reordered = self.reordered
-        if reordered is None:           # (two threads may both make it: the same copy, one of them kept)
+        if reordered is None and rows <= REORDER_ROWS and self._copy_pays() \
+                and fits(self.weight.numel() * self.weight.element_size()):
             reordered = self.reordered = torch.ops.mkldnn._reorder_linear_weight(self.weight, HINT)
-        return torch.ops.mkldnn._linear_pointwise(x, reordered, self.bias, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight if reordered is None else reordered, self.bias,
+                                                  "none", [], "")
+
+    def _copy_pays(self) -> bool:
+        """Whether oneDNN's short passes are the decode's: without the kernel, or above the torch threads it
+        runs at (where it runs them, a short pass on oneDNN is a probe's, or a verify pass of 13 to
+        REORDER_ROWS rows: gamma 12 and more, on the plain weight at most 1.5x the copy's time)."""
+        return self.small is None or torch.get_num_threads() > KERNEL_THREADS
 
     def __call__(self, x: torch.Tensor, threads: int = 0) -> torch.Tensor:
         """x W^T + b: on the kernel, its panels split over `threads` threads, for 1 to `most` rows when
@@ -101,10 +120,10 @@ class Packed:
         if threads and 0 < rows <= self.most:
             return self.small(x, threads=threads)
         if not 0 < rows < MIN_ROWS:
-            return self.onednn(x)
+            return self.onednn(x, rows)
         flat = x.reshape(rows, x.shape[-1])
         flat = torch.cat([flat, flat.new_zeros(MIN_ROWS - rows, flat.shape[1])])
-        y = self.onednn(flat)[:rows]
+        y = self.onednn(flat, rows)[:rows]
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
 

@@ -114,15 +114,53 @@ def test_packing_is_off_when_asked_or_when_the_packed_forward_disagrees(monkeypa
 
 
 def test_a_model_whose_copies_do_not_fit_in_memory_runs_its_own_forward(monkeypatch):
-    """Packing costs up to twice the linears' bytes more (the kernel's panels and oneDNN's copy): a model
-    whose copies would take more than half the memory available runs its own forward; unknown memory packs."""
+    """Packing costs the linears' bytes once more (the kernel's panels, or oneDNN's copy: never both where the
+    kernel runs the short passes): a model whose copy would take more than half the memory available runs
+    its own forward; unknown memory packs."""
     model = llama()
     size = prepack.linear_bytes(model)
     assert size == sum(m.weight.numel() * 4 for m in model.modules() if type(m) is torch.nn.Linear)
     monkeypatch.setattr(prepack, "MIN_BYTES", 0)
-    for free, packs in ((4 * size - 1, False), (4 * size, True), (None, True)):
+    for free, packs in ((2 * size - 1, False), (2 * size, True), (None, True)):
         monkeypatch.setattr(prepack, "memory_available", lambda free=free: free)
         probe.forget(model)
         assert (executor.executor_for(model) is not None) is packs, (free, size)
     probe.forget(model)
     assert prepack.memory_available() is None or prepack.memory_available() > 0
+
+
+@pytest.mark.parametrize("kernel", [False, True])
+def test_onednns_copy_is_made_only_where_it_pays_and_fits(monkeypatch, kernel):
+    """A pass longer than REORDER_ROWS (a prompt's prefill) runs oneDNN on the model's own weight and makes
+    no reordered copy; a short pass oneDNN runs (no kernel, or more rows than it takes) makes it, unless it
+    would not fit in memory then; every answer is the linear's within fp32 rounding. With the kernel running
+    the decode's short passes, the linear costs its own weight and the panels only."""
+    if kernel and not prepack.kernel_rows():
+        pytest.skip("spec.cpu.gemv's kernel does not run on this CPU (the test_gemv tests say why)")
+    torch.manual_seed(4)
+    lin = torch.nn.Linear(64, 96)
+    monkeypatch.setattr(prepack, "memory_available", lambda: None)
+    with torch.inference_mode():
+        packed = prepack.packed_forward(lin, kernel=kernel)
+        most = packed.most
+        for rows in (prepack.REORDER_ROWS + 1, 200):
+            x = torch.randn(rows, 64)
+            assert_logits_close(packed(x, threads=1), F.linear(x, lin.weight, lin.bias), torch.float32, what=str(rows))
+        assert packed.reordered is None
+        if kernel:
+            for rows in range(1, most + 1):      # the decode's passes: on the kernel, no copy either
+                x = torch.randn(rows, 64)
+                assert_logits_close(packed(x, threads=1), F.linear(x, lin.weight, lin.bias), torch.float32)
+            assert packed.reordered is None
+        short = torch.randn(most + 1, 64)
+        if kernel:      # a short pass on oneDNN where the kernel runs the decode: a probe's, or gamma >= 12
+            assert_logits_close(packed(short, threads=0), F.linear(short, lin.weight, lin.bias), torch.float32)
+            assert packed.reordered is None
+            monkeypatch.setattr(torch, "get_num_threads", lambda: prepack.KERNEL_THREADS + 1)  # oneDNN's own regime
+        monkeypatch.setattr(prepack, "memory_available", lambda: 96 * 64 * 4 * 2 - 1)   # the copy would not fit
+        assert_logits_close(packed(short, threads=1), F.linear(short, lin.weight, lin.bias), torch.float32)
+        assert packed.reordered is None
+        monkeypatch.setattr(prepack, "memory_available", lambda: None)
+        assert_logits_close(packed(short, threads=1), F.linear(short, lin.weight, lin.bias), torch.float32)
+        assert packed.reordered is not None
+        assert lin.weight.data_ptr() == packed.weight.data_ptr()     # the plain path reads the model's own
