@@ -202,6 +202,29 @@ def tokenizer_size():
     return TINY_TOKENIZER_SIZE
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny models on a shared CPU run many times faster on one thread (no OpenMP spinning beside another
+    process); a module takes it with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def saved_pair(tmp_path_factory) -> tuple[str, str]:
+    """(target folder, draft folder): a tiny GPT-NeoX target and a draft made of its first layer (some drafts
+    accepted), saved with save_pretrained; no tokenizer, so the command line feeds prompt bytes as ids, with no
+    chat template and no EOS."""
+    from spec.models import build_gpt_neox, truncated_copy
+    root = tmp_path_factory.mktemp("pair")
+    target = build_gpt_neox("tiny-target", seed=0)
+    truncated_copy(target, num_layers=1).save_pretrained(root / "draft")
+    target.save_pretrained(root / "target")
+    return str(root / "target"), str(root / "draft")
+
+
 @pytest.fixture(scope="session")
 def shipped_pair():
     """The small trained pair shipped in spec/assets/pair, target in fp64 and draft in fp32."""

@@ -19,7 +19,7 @@ import spec.realmodel
 from spec import experiment, theory
 from spec.bench import cli, questions, table
 from spec.experiment.records import Difference
-from spec.models import SHIPPED_PAIR, build_gpt_neox, truncated_copy
+from spec.models import SHIPPED_PAIR, build_gpt_neox
 
 ROOT = Path(__file__).resolve().parents[1]
 N = 10   # new tokens per question: several rounds, cheap on a shared CPU
@@ -31,23 +31,12 @@ QUESTIONS = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def pair_dirs(tmp_path_factory):
-    """A tiny target and a draft made of its first layer (some drafts accepted), saved with save_pretrained; no
-    tokenizer, so the questions' bytes are the ids and there is no chat template and no EOS."""
-    root = tmp_path_factory.mktemp("pair")
-    target = build_gpt_neox("tiny-target", seed=0)
-    truncated_copy(target, num_layers=1).save_pretrained(root / "draft")
-    target.save_pretrained(root / "target")
-    return ["--target", str(root / "target"), "--draft", str(root / "draft")]
+def pair_dirs(saved_pair):
+    return ["--target", saved_pair[0], "--draft", saved_pair[1]]
 
 
 def _file(tmp_path, rows, name="question.jsonl") -> str:
@@ -112,20 +101,24 @@ def test_limit_categories_and_merged_mt_bench(pair_dirs, tmp_path, capsys):
     assert not set(cli.UNTAKEN) & set(res["options"])
 
 
-def test_a_broken_decoder_is_a_bug_and_exits_1(pair_dirs, tmp_path, monkeypatch, capsys):
-    """The timed speculative run of the second question emits a wrong token: that question is not identical,
-    spec.diagnose calls it a bug (fp32 target, a token far from any tie), and the command exits 1."""
+def _tamper(monkeypatch, *, call: int, position: int) -> None:
+    """The `call`-th timed speculative run (trace=True) emits a wrong token at new token `position`."""
     real, calls = spec.decode.speculative_generate, []
 
-    def broken(*args, **kwargs):
+    def tampered(*args, **kwargs):
         result = real(*args, **kwargs)
         if kwargs.get("trace"):
             calls.append(1)
-            if len(calls) == 2:
-                result.tokens[3] = (result.tokens[3] + 1) % 500
+            if len(calls) == call:
+                result.tokens[position] = (result.tokens[position] + 1) % 500
         return result
+    monkeypatch.setattr(spec.decode, "speculative_generate", tampered)
 
-    monkeypatch.setattr(spec.decode, "speculative_generate", broken)
+
+def test_a_broken_decoder_is_a_bug_and_exits_1(pair_dirs, tmp_path, monkeypatch, capsys):
+    """The timed speculative run of the second question emits a wrong token: that question is not identical,
+    spec.diagnose calls it a bug (fp32 target, a token far from any tie), and the command exits 1."""
+    _tamper(monkeypatch, call=2, position=3)
     rc, res = _run(pair_dirs, tmp_path)
     stdout, stderr = capsys.readouterr()
     assert rc == 1
@@ -137,17 +130,7 @@ def test_a_broken_decoder_is_a_bug_and_exits_1(pair_dirs, tmp_path, monkeypatch,
 
 
 def test_a_proven_tie_is_named_and_exits_0(pair_dirs, tmp_path, monkeypatch, capsys):
-    real, calls = spec.decode.speculative_generate, []
-
-    def flipped(*args, **kwargs):
-        result = real(*args, **kwargs)
-        if kwargs.get("trace"):
-            calls.append(1)
-            if len(calls) == 3:
-                result.tokens[5] = (result.tokens[5] + 1) % 500
-        return result
-
-    monkeypatch.setattr(spec.decode, "speculative_generate", flipped)
+    _tamper(monkeypatch, call=3, position=5)
     monkeypatch.setattr(experiment, "diagnose_outputs", lambda target, prompt, expected, actual: Difference(
         position=5, expected=expected[5], actual=actual[5], verdict="tie", message="top-2 gap within fp32 noise"))
     rc, res = _run(pair_dirs, tmp_path)

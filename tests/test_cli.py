@@ -30,25 +30,12 @@ from spec.experiment.report import TABLE_COLUMNS
 N = 12  # new tokens per prompt: enough for several multi-token rounds, cheap on a shared CPU
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models on a shared CPU run many times faster on one thread (no OpenMP spinning)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def pair_dirs(tmp_path_factory):
-    """A tiny target and a draft made from its first layer (so some drafts are accepted), saved
-    with save_pretrained; no tokenizer, so the CLI feeds prompt bytes as ids and ignores EOS."""
-    root = tmp_path_factory.mktemp("pair")
-    target = build_gpt_neox("tiny-target", seed=0)
-    draft = truncated_copy(target, num_layers=1)
-    target.save_pretrained(root / "target")
-    draft.save_pretrained(root / "draft")
-    return str(root / "target"), str(root / "draft")
+def pair_dirs(saved_pair):
+    return saved_pair
 
 
 def _prompts(tmp_path, *lines):
