@@ -29,9 +29,13 @@ import numpy as np
 import torch
 
 from spec import batch, hf, llamaguard
-from spec.draft import ModelDraft, ModelSource, Pick
+from spec.draft import ModelDraft, ModelSource, Pick, resync
+from spec.protocols import Need
+from spec.tree import Tree
 
 INSTALL = 'pip install "spec[llama]"'
+PREFILLS = ("auto", "own")
+FILL_FROM = 64    # the shortest prompt whose keys and values the draft takes from the target's prefill
 N_CTX = 4096      # positions a draft may hold: prompt + new tokens + gamma
 N_BATCH = 64      # a prompt is fed in blocks of this many; llama.cpp keeps an [n_batch, vocab] float buffer
 PROBE_TEXT = "Hello, world! The quick brown fox: 12345 \u00e9t\u00e9\n  def f(x):"
@@ -105,12 +109,14 @@ class GGUFDraft(ModelSource):
     spec.batch.EachRow (neither engine's cache can be copied, so a batch of prompts refuses it)."""
 
     def __init__(self, path, target, tokenizer=None, *, pick: Pick = Pick(), engine: str = "auto", threads: int = 1,
-                 n_ctx: int = N_CTX, n_batch: int = N_BATCH):
+                 n_ctx: int = N_CTX, n_batch: int = N_BATCH, prefill: str = "auto"):
         from spec.cpu import qdraft
 
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"draft: no GGUF file at {str(path)!r}")
+        if prefill not in PREFILLS:
+            raise ValueError(f"prefill: one of {', '.join(map(repr, PREFILLS))} expected, got {prefill!r}")
         if engine not in ENGINES:
             raise ValueError(f"engine: one of {', '.join(map(repr, ENGINES))} expected, got {engine!r}")
         run: qdraft.QuantRun | LlamaRun | None = None
@@ -139,11 +145,48 @@ class GGUFDraft(ModelSource):
         # the draft model's proposals, q and processors exactly as a PyTorch draft's: the one engine
         self.engine = ModelDraft(batch.EachRunner([run]), [pick], [pick.process.prompt_len], width=run.vocab,
                                  rows=run.vocab, clamp=False)
+        # a long prompt's keys and values made from the target's own prefill where it has the draft's shape
+        self.why_own_prefill = self._fills_from(target, prefill)
+        if self.why_own_prefill is None:
+            self.needs = frozenset({Need.HIDDEN})
+            self.layers = tuple(range(run.model.n_layer))     # every layer's input (hidden_states 0..n_layer-1)
 
     needs: frozenset = frozenset()
+    layers: tuple = (-1,)
 
     def _held(self, run) -> torch.Tensor:
         return run.held()
+
+    def _fills_from(self, target, prefill: str) -> str | None:
+        """Why the draft prefills a long prompt itself (None: it takes the target's prefill, `fill`)."""
+        if prefill == "own":
+            return "prefill='own'"
+        if self.engine_name != "native":
+            return "llama.cpp runs the draft"
+        cfg, m = getattr(target, "config", None), self.run.model
+        shape = (getattr(cfg, "num_hidden_layers", None), getattr(cfg, "hidden_size", None))
+        if shape != (m.n_layer, m.dim):
+            return f"the target's layers and width {shape} are not the draft's {(m.n_layer, m.dim)}"
+        return None
+
+    def draft(self, seq: torch.Tensor, n: int, g: int):
+        """A sequence whose prompt the draft holds nothing of, and at least FILL_FROM ids long, gets no
+        proposal on its first round: the target's prefill pass then hands the draft each layer's input at
+        every prompt position (`process`), from which it makes its cache (QuantRun.fill) at about a tenth
+        of its own prefill's cost. Otherwise as any model draft."""
+        if Need.HIDDEN in self.needs and n - 1 >= FILL_FROM and \
+                resync(self.run, self.run.held(), seq, n) == 0:
+            self._waiting = seq
+            return Tree.chain(seq[n:n])
+        return super().draft(seq, n, g)
+
+    def process(self, step) -> None:
+        """The target's layer inputs at the positions its pass has made final: on the first round of a
+        sequence the draft was waiting for, its prompt's, made into the draft's cache; later ones it has
+        fed itself."""
+        seq, self._waiting = getattr(self, "_waiting", None), None
+        if seq is not None and len(self.run) == 0 and int(step.positions[0]) == 0:
+            self.run.fill(step.hidden, seq[step.positions].cpu())
 
     def __repr__(self) -> str:
         return f"GGUFDraft({self.run.path.name}, {self.engine_name})"

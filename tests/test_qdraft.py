@@ -58,8 +58,9 @@ def _quantized(x: np.ndarray) -> np.ndarray:
     return (q.astype(np.float64) * (amax / np.float32(127)).astype(np.float64)).reshape(x.shape)
 
 
-def reference_logits(path, ids: list[int]) -> np.ndarray:
-    """Every position's logits [len(ids), vocab] from the GGUF at `path`, in NumPy."""
+def reference_logits(path, ids: list[int], inputs: list | None = None) -> np.ndarray:
+    """Every position's logits [len(ids), vocab] from the GGUF at `path`, in NumPy; each layer's input
+    [len(ids), dim] appended to `inputs` where given."""
     import gguf
 
     r = gguf.GGUFReader(str(path))
@@ -84,6 +85,8 @@ def reference_logits(path, ids: list[int]) -> np.ndarray:
     x = W("token_embd.weight")[ids].astype(np.float32)
     for i in range(f["llama.block_count"]):
         p = f"blk.{i}."
+        if inputs is not None:
+            inputs.append(x.copy())
         h = norm(x, V(p + "attn_norm.weight"))
         q, k, v = (lin(W(p + n + ".weight"), h) for n in ("attn_q", "attn_k", "attn_v"))
         q, k = rope(q, H), rope(k, KV)
@@ -139,6 +142,54 @@ def test_a_long_prefill_is_the_arithmetic_across_its_chunks(q4_gguf):
         assert_close(run(torch.tensor(ids[:n]), keep=1)[0], want[n - 1], f"prefill of {n}")
         if n == 149:
             assert_close(run(torch.tensor(ids[149:150]))[0], want[149], "the step after it")
+
+
+def test_a_cache_filled_from_layer_inputs_is_the_one_the_forward_makes(q4_gguf):
+    """QuantRun.fill, given each layer's input at every prompt position (here the NumPy forward's own),
+    makes the keys and values the forward would: the steps after it give the NumPy forward's logits; a
+    wrong shape or a fill past the cache is refused by name."""
+    ids = [(5 * i + 1) % 640 for i in range(80)]
+    inputs: list = []
+    want = reference_logits(q4_gguf, ids, inputs)
+    hidden = torch.from_numpy(np.stack(inputs, 1))                  # [ids, layers, dim]
+    run = qdraft.QuantRun(q4_gguf, n_ctx=96)
+    run.fill(hidden[:70], torch.tensor(ids[:70]))
+    assert len(run) == 70 and run.held().tolist() == ids[:70]
+    for i in range(70, 80):     # (the states are NumPy's: where one rounds across an int8 step, 1/127 of a block)
+        got = run(torch.tensor(ids[i:i + 1]))[0].numpy().astype(np.float64)
+        assert np.abs(got - want[i]).max() <= 1e-2 * np.abs(want[i]).max(), f"position {i} after a fill of 70"
+        assert got.argmax() == want[i].argmax()
+    with pytest.raises(ValueError, match=r"hidden: \[3, 2, 64\] expected"):
+        run.fill(hidden[:3, :1], torch.tensor(ids[:3]))
+    with pytest.raises(ValueError, match="context holds 96"):
+        run.fill(hidden[:20], torch.tensor(ids[:20]))
+
+
+def test_a_long_prompt_takes_the_targets_prefill_and_stays_exact(target, q4_gguf):
+    """A prompt of FILL_FROM ids or more: the draft proposes nothing on the first round, makes its cache from
+    the target's own prefill (each layer's input, handed through Need.HIDDEN), then drafts; the output is
+    greedy's, later rounds accept proposals, and the draft's cache holds the sequence. A shorter prompt, or
+    prefill='own', prefills the draft itself."""
+    from spec.gguf_draft import FILL_FROM, GGUFDraft
+    ids = [(11 * i + 7) % 640 for i in range(FILL_FROM + 10)]
+    own, taken = GGUFDraft(q4_gguf, target, engine="native", prefill="own"), GGUFDraft(q4_gguf, target, engine="native")
+    assert not own.needs and own.why_own_prefill == "prefill='own'" and taken.why_own_prefill is None
+    filled = []
+    fill = taken.run.fill
+    taken.run.fill = lambda hidden, got: (filled.append(len(got)), fill(hidden, got))
+    greedy = greedy_generate(target, ids, max_new_tokens=24).tokens
+    accepted = []
+    for drafter in (own, taken):
+        out = speculative_generate(target, drafter, ids, gamma=4, max_new_tokens=24, trace=True)
+        assert out.tokens == greedy
+        accepted.append(sum(r.accepted for r in out.trace[1:]))
+    print("accepted after the first round, own prefill and the target's:", accepted)
+    assert accepted[1] >= 0.8 * accepted[0] > 0, accepted     # the target's states serve the draft as its own
+    assert filled == [len(ids)]
+    assert out.trace[0].drafted == 0 and out.trace[1].drafted > 0
+    assert taken.run.held().tolist()[:len(ids)] == ids
+    short = speculative_generate(target, taken, ids[:FILL_FROM - 1], gamma=4, max_new_tokens=8, trace=True)
+    assert short.trace[0].drafted > 0 and filled == [len(ids)]
 
 
 def test_products_split_over_threads_give_the_same_logits(q4_gguf):
@@ -327,8 +378,8 @@ def test_without_the_kernel_auto_runs_llama_cpp_and_says_why(target, q4_gguf, mo
     ("    qmv_c(j->W, j->kind, N, K, j->xq, j->xd, j->xs, j->R, j->y, p0, p1);\n}",
      "    qmv_c(j->W, j->kind, N, K, j->xq, j->xd, j->xs, j->R, j->y, p0, p1);\n    if (j->R == 3) *(volatile int *)0 = 1;\n}",
      "return code"),
-    ("    if (n <= 0 || pos0 < 0 || pos0 + n > m->n_ctx) return -1;",
-     "    if (n <= 0 || pos0 < 0 || pos0 + n > m->n_ctx) return -1;\n    if (n == 5) *(volatile int *)0 = 1;",
+    ("    if (!qd_fits(m, n, pos0)) return -1;\n    const int64_t D = m->dim, F",
+     "    if (!qd_fits(m, n, pos0)) return -1;\n    if (n == 5) *(volatile int *)0 = 1;\n    const int64_t D = m->dim, F",
      "return code"),
 ], ids=["vnni-sum-drops-half", "crash", "forward-crash"])
 def test_a_broken_kernel_is_caught_by_the_self_test(monkeypatch, tmp_path, old, new, says):

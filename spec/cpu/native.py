@@ -138,6 +138,8 @@ def _declare(lib) -> None:
     lib.spec_attend.argtypes = [P, I, I, P, P, I, I, I, P, P, I, I, I, I, ctypes.c_float, i32]
     lib.spec_qd_forward.restype = i32
     lib.spec_qd_forward.argtypes = [P, P, I, I, P]
+    lib.spec_qd_fill.restype = i32
+    lib.spec_qd_fill.argtypes = [P, P, I, I]
 
 
 def _make():

@@ -280,6 +280,24 @@ class QuantRun:
         self.n += len(new)
         return torch.from_numpy(self.logits.copy())[None]
 
+    def fill(self, hidden: torch.Tensor, ids: torch.Tensor) -> None:
+        """Take `ids` [m] after what the cache holds with their keys and values made from `hidden`
+        [m, n_layer, dim], each layer's input at each position (a target of this shape gives its own:
+        transformers' hidden_states 0..n_layer-1) instead of this model's own forward: the draft then holds
+        them as if it had fed them (its proposals are its own business: the target decides every token)."""
+        m = len(ids)
+        layers, dim = self.model.n_layer, self.model.dim
+        if tuple(hidden.shape) != (m, layers, dim):
+            raise ValueError(f"hidden: [{m}, {layers}, {dim}] expected (ids, layers, width), got {list(hidden.shape)}")
+        if self.n + m > self.n_ctx:
+            raise ValueError(f"the quantized draft's context holds {self.n_ctx} positions; {self.n} + {m} do not fit")
+        states = np.ascontiguousarray(hidden.detach().to(torch.float32).transpose(0, 1).cpu().numpy())
+        rc = self.lib.spec_qd_fill(ctypes.byref(self.model), states.ctypes.data, m, self.n)
+        if rc != 0:
+            raise RuntimeError(f"spec.cpu.qdraft's fill failed ({'out of memory' if rc == -2 else rc})")
+        self.ids[self.n:self.n + m] = ids.numpy().astype(np.int32)
+        self.n += m
+
     def crop(self, keep: int) -> None:
         self.n = min(self.n, max(0, keep))
 

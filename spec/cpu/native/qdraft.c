@@ -197,11 +197,39 @@ static void linear(const spec_qd_model *m, const uint8_t *W, int64_t kind, int64
     spec_qd_matvec(W, kind, N, K, xq, xd, xs, R, y, (int)m->isa, (int)m->threads);
 }
 
+/* Whether n positions from pos0 fit the cache (the last slot included). */
+static int qd_fits(const spec_qd_model *m, int64_t n, int64_t pos0) {
+    return n > 0 && pos0 >= 0 && pos0 + n <= m->n_ctx;
+}
+
+/* transformers' rotary tables for positions p0..p0+R: the angles twice over, [R][head_dim] each. */
+static void qd_tables(const spec_qd_model *m, int64_t p0, int64_t R, float *cs, float *sn) {
+    const int64_t hd = m->head_dim;
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t i = 0; i < hd / 2; i++) {
+            const float f = (float)(p0 + r) * powf(m->theta, -2.f * (float)i / (float)hd);
+            cs[r * hd + i] = cs[r * hd + hd / 2 + i] = cosf(f);
+            sn[r * hd + i] = sn[r * hd + hd / 2 + i] = sinf(f);
+        }
+}
+
+/* Layer l's q|k|v rows [R][QKV] for positions p0..: rotated, their keys and values stored in its caches. */
+static void qd_rotate_and_store(const spec_qd_model *m, int64_t l, float *qkv, int64_t R, int64_t p0,
+                                const float *cs, const float *sn) {
+    const int64_t D = m->dim, hd = m->head_dim, kvd = m->n_kv * hd, QKV = D + 2 * kvd;
+    float *kc = m->kc + l * m->n_ctx * kvd, *vc = m->vc + l * m->n_ctx * kvd;
+    spec_rotary(qkv, R, m->n_head + m->n_kv, QKV, hd, cs, sn);      /* q's heads and k's, in one go */
+    for (int64_t r = 0; r < R; r++) {
+        memcpy(kc + (p0 + r) * kvd, qkv + r * QKV + D, sizeof(float) * kvd);
+        memcpy(vc + (p0 + r) * kvd, qkv + r * QKV + D + kvd, sizeof(float) * kvd);
+    }
+}
+
 /* Feed ids[0..n) at positions pos0.. (the cache holds pos0 positions before), CHUNK rows a pass over the
    weights (a prefill streams each matrix from memory once per CHUNK rows; the products take RMAX rows a turn);
    logits: the last position's [vocab]. 0, or -1 when the positions do not fit, -2 when memory runs out. */
 int spec_qd_forward(const spec_qd_model *m, const int32_t *ids, int64_t n, int64_t pos0, float *logits) {
-    if (n <= 0 || pos0 < 0 || pos0 + n > m->n_ctx) return -1;
+    if (!qd_fits(m, n, pos0)) return -1;
     const int64_t D = m->dim, F = m->ffn, hd = m->head_dim, kvd = m->n_kv * hd, H = m->n_head;
     const int64_t QKV = D + 2 * kvd, widest = F > D ? F : D;
     float *x = malloc(sizeof(float) * CHUNK * D), *h = malloc(sizeof(float) * CHUNK * D);
@@ -215,25 +243,15 @@ int spec_qd_forward(const spec_qd_model *m, const int32_t *ids, int64_t n, int64
     const float scale = 1.f / sqrtf((float)hd);
     for (int64_t c0 = 0; c0 < n; c0 += CHUNK) {
         const int64_t R = n - c0 < CHUNK ? n - c0 : CHUNK, p0 = pos0 + c0;
-        for (int64_t r = 0; r < R; r++) {
-            spec_qd_row(m->embd, m->embd_kind, m->vocab, D, ids[c0 + r], x + r * D);
-            for (int64_t i = 0; i < hd / 2; i++) {     /* transformers' tables: the angles twice over */
-                const float f = (float)(p0 + r) * powf(m->theta, -2.f * (float)i / (float)hd);
-                cs[r * hd + i] = cs[r * hd + hd / 2 + i] = cosf(f);
-                sn[r * hd + i] = sn[r * hd + hd / 2 + i] = sinf(f);
-            }
-        }
+        for (int64_t r = 0; r < R; r++) spec_qd_row(m->embd, m->embd_kind, m->vocab, D, ids[c0 + r], x + r * D);
+        qd_tables(m, p0, R, cs, sn);
         for (int64_t l = 0; l < m->n_layer; l++) {
             const uint8_t *const *W = m->mats + 4 * l;
             const int64_t *kd = m->kinds + 4 * l;
             float *kc = m->kc + l * m->n_ctx * kvd, *vc = m->vc + l * m->n_ctx * kvd;
             spec_rms(x, m->norms[2 * l], h, R, D, m->eps);
             linear(m, W[0], kd[0], QKV, D, h, R, qkv, xq, xd, xs);
-            spec_rotary(qkv, R, H + m->n_kv, QKV, hd, cs, sn);      /* q's heads and k's, in one go */
-            for (int64_t r = 0; r < R; r++) {
-                memcpy(kc + (p0 + r) * kvd, qkv + r * QKV + D, sizeof(float) * kvd);
-                memcpy(vc + (p0 + r) * kvd, qkv + r * QKV + D + kvd, sizeof(float) * kvd);
-            }
+            qd_rotate_and_store(m, l, qkv, R, p0, cs, sn);
             if (spec_attend(qkv, QKV, hd, kc, vc, hd, kvd, p0 + R, NULL, h, R, H, m->n_kv, hd, scale,
                             (int)m->isa) != 0) { rc = -3; goto done; }
             linear(m, W[1], kd[1], D, D, h, R, o, xq, xd, xs);
@@ -251,5 +269,32 @@ int spec_qd_forward(const spec_qd_model *m, const int32_t *ids, int64_t n, int64
     }
 done:
     free(x); free(h); free(qkv); free(gu); free(g); free(o); free(xq); free(xd); free(xs); free(cs); free(sn);
+    return rc;
+}
+
+/* The keys and values of positions pos0..pos0+n from given layer inputs instead of the draft's own forward:
+   hidden [n_layer][n][dim], each layer's input at each position (a target of the same shape hands its
+   own: transformers' hidden_states 0..n_layer-1), through the draft's norm, its k and v products and rotary,
+   into the caches, CHUNK rows at a time. 0, or -1 when the positions do not fit, -2 when memory runs out. */
+int spec_qd_fill(const spec_qd_model *m, const float *hidden, int64_t n, int64_t pos0) {
+    if (!qd_fits(m, n, pos0)) return -1;
+    const int64_t D = m->dim, hd = m->head_dim, QKV = D + 2 * m->n_kv * hd;
+    float *h = malloc(sizeof(float) * CHUNK * D), *qkv = malloc(sizeof(float) * CHUNK * QKV);
+    int8_t *xq = malloc((size_t)CHUNK * D);
+    float *xd = malloc(sizeof(float) * CHUNK * D / 32), *xs = malloc(sizeof(float) * CHUNK * D / 32);
+    float *cs = malloc(sizeof(float) * CHUNK * hd), *sn = malloc(sizeof(float) * CHUNK * hd);
+    int rc = 0;
+    if (!h || !qkv || !xq || !xd || !xs || !cs || !sn) { rc = -2; goto done; }
+    for (int64_t c0 = 0; c0 < n; c0 += CHUNK) {
+        const int64_t rows = n - c0 < CHUNK ? n - c0 : CHUNK;
+        qd_tables(m, pos0 + c0, rows, cs, sn);
+        for (int64_t l = 0; l < m->n_layer; l++) {
+            spec_rms(hidden + (l * n + c0) * D, m->norms[2 * l], h, rows, D, m->eps);
+            linear(m, m->mats[4 * l], m->kinds[4 * l], QKV, D, h, rows, qkv, xq, xd, xs);
+            qd_rotate_and_store(m, l, qkv, rows, pos0 + c0, cs, sn);
+        }
+    }
+done:
+    free(h); free(qkv); free(xq); free(xd); free(xs); free(cs); free(sn);
     return rc;
 }
