@@ -207,10 +207,16 @@ def resync(run, held: torch.Tensor, seq: torch.Tensor, n: int) -> int:
     equals seq[:n - 1] (the final tokens but the newest, which is fed again) and returns the
     length kept, so the caller feeds seq[kept:n]. For a draft one object serves across runs, or
     that was not asked every round: whatever it held that the sequence does not share goes."""
+    run.crop(shared_prefix(run, held, seq, n))
+    return len(run)
+
+
+def shared_prefix(run, held: torch.Tensor, seq: torch.Tensor, n: int) -> int:
+    """How many of the ids `run` holds (`held`) the sequence's final tokens but the newest, seq[:n - 1], begin
+    with (what `resync` keeps)."""
     shared = min(len(run), n - 1, held.numel())
     differs = (held[:shared] != seq[:shared].to(held.device)).nonzero()
-    run.crop(int(differs[0]) if differs.numel() else shared)
-    return len(run)
+    return int(differs[0]) if differs.numel() else shared
 
 
 class NoDraft:

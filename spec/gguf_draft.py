@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from spec import batch, hf, llamaguard
-from spec.draft import ModelDraft, ModelSource, Pick, resync
+from spec.draft import ModelDraft, ModelSource, Pick, shared_prefix
 from spec.protocols import Need
 from spec.tree import Tree
 
@@ -147,7 +147,7 @@ class GGUFDraft(ModelSource):
                                  rows=run.vocab, clamp=False)
         # a long prompt's keys and values made from the target's own prefill where it has the draft's shape
         self.why_own_prefill = self._fills_from(target, prefill)
-        if self.why_own_prefill is None:
+        if self.why_own_prefill is None and isinstance(run, qdraft.QuantRun):
             self.needs = frozenset({Need.HIDDEN})
             self.layers = tuple(range(run.model.n_layer))     # every layer's input (hidden_states 0..n_layer-1)
 
@@ -161,7 +161,8 @@ class GGUFDraft(ModelSource):
         """Why the draft prefills a long prompt itself (None: it takes the target's prefill, `fill`)."""
         if prefill == "own":
             return "prefill='own'"
-        if self.engine_name != "native":
+        from spec.cpu import qdraft
+        if not isinstance(self.run, qdraft.QuantRun):
             return "llama.cpp runs the draft"
         cfg, m = getattr(target, "config", None), self.run.model
         shape = (getattr(cfg, "num_hidden_layers", None), getattr(cfg, "hidden_size", None))
@@ -169,24 +170,39 @@ class GGUFDraft(ModelSource):
             return f"the target's layers and width {shape} are not the draft's {(m.n_layer, m.dim)}"
         return None
 
+    _waiting: torch.Tensor | None = None    # the sequence whose prompt states it waits for (`process`)
+    _gave_up = False                         # the states did not come (asked after the first round): prefill
+
+    def begin(self, prompt: torch.Tensor) -> None:
+        self._waiting, self._gave_up = None, False
+
     def draft(self, seq: torch.Tensor, n: int, g: int):
         """A sequence whose prompt the draft holds nothing of, and at least FILL_FROM ids long, gets no
         proposal on its first round: the target's prefill pass then hands the draft each layer's input at
         every prompt position (`process`), from which it makes its cache (QuantRun.fill) at about a tenth
-        of its own prefill's cost. Otherwise as any model draft."""
-        if Need.HIDDEN in self.needs and n - 1 >= FILL_FROM and \
-                resync(self.run, self.run.held(), seq, n) == 0:
+        of its own prefill's cost. Where those states do not come (first asked after the prefill, as a
+        FirstOf's second source), it prefills itself. Otherwise as any model draft."""
+        if self._waiting is not None:            # asked again, nothing handed in between
+            self._waiting, self._gave_up = None, True
+        if Need.HIDDEN in self.needs and not self._gave_up and \
+                n - 1 - shared_prefix(self.run, self.run.held(), seq, n) >= FILL_FROM:
+            self.run.crop(0)                     # the whole prompt from the target's states, none of its own
             self._waiting = seq
             return Tree.chain(seq[n:n])
         return super().draft(seq, n, g)
 
     def process(self, step) -> None:
         """The target's layer inputs at the positions its pass has made final: on the first round of a
-        sequence the draft was waiting for, its prompt's, made into the draft's cache; later ones it has
-        fed itself."""
-        seq, self._waiting = getattr(self, "_waiting", None), None
-        if seq is not None and len(self.run) == 0 and int(step.positions[0]) == 0:
+        sequence the draft was waiting for, its prompt's, made into the draft's cache (states that start
+        later than the prompt: it prefills itself); later ones it has fed itself."""
+        seq, self._waiting = self._waiting, None
+        if seq is None:
+            return
+        from spec.cpu import qdraft
+        if isinstance(self.run, qdraft.QuantRun) and len(self.run) == 0 and int(step.positions[0]) == 0:
             self.run.fill(step.hidden, seq[step.positions].cpu())
+        else:
+            self._gave_up = True
 
     def __repr__(self) -> str:
         return f"GGUFDraft({self.run.path.name}, {self.engine_name})"

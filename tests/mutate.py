@@ -268,6 +268,9 @@ MUTANTS = {
     "gguf-draft-fills-from-the-wrong-layers": ("the draft's cache made from each layer's output, not its input",
                                                "self.layers = tuple(range(run.model.n_layer))",
                                                "self.layers = tuple(range(1, run.model.n_layer + 1))", "spec/gguf_draft.py"),
+    "gguf-draft-waits-forever": ("a draft asked again with no prompt states handed waits again (no proposals for good)",
+                                 "self._waiting, self._gave_up = None, True", "self._waiting = None",
+                                 "spec/gguf_draft.py"),
     # The kit's two properties (spec/conformance/checks.py) and what they stand on; the kit's own tests
     # (tests/test_conform_*.py, the default --impl run of spec/conformance) catch them.
     "kit-greedy-ignores-divergence": ("greedy exactness never judges a divergence (every output passes)",

@@ -192,6 +192,25 @@ def test_a_long_prompt_takes_the_targets_prefill_and_stays_exact(target, q4_gguf
     assert short.trace[0].drafted > 0 and filled == [len(ids)]
 
 
+def test_a_draft_whose_prompt_states_do_not_come_prefills_itself(target, q4_gguf):
+    """The draft waits one round for the target's prompt states; where they start after the prompt (it was
+    first asked after the prefill: a FirstOf's second source), or where it is asked again with nothing
+    handed, it prefills itself and proposes, rather than proposing nothing for the rest of the sequence."""
+    from spec.gguf_draft import FILL_FROM, GGUFDraft
+    from spec.protocols import Step
+    ids = [(11 * i + 7) % 640 for i in range(FILL_FROM + 10)]
+    n, seq = len(ids), torch.tensor(ids + [0] * 16)
+    draft = GGUFDraft(q4_gguf, target, engine="native")
+    layers, width = len(draft.layers), draft.run.model.dim
+    for handed in (True, False):
+        draft.begin(seq[:n])
+        draft.run.crop(0)
+        assert len(draft.draft(seq, n, 4)) == 0                    # waits for the prefill's states
+        if handed:
+            draft.process(Step(torch.arange(5, n), torch.zeros(n - 5, layers, width), draft.layers))
+        assert len(draft.draft(seq, n, 4)) == 4 and draft.run.held().tolist()[:n] == ids, handed
+
+
 def test_products_split_over_threads_give_the_same_logits(q4_gguf):
     """threads=2 splits each product's panels over the pool: logits equal one thread's bit for bit, a
     prefill and steps, and the pool's worker did run parts; a bad count is refused by name."""
