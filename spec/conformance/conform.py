@@ -19,9 +19,7 @@ torch nor transformers (tests/test_conform_layout.py checks it in a child proces
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
-import platform
 import sys
 from pathlib import Path
 
@@ -179,16 +177,11 @@ def _pytest_args(args) -> list[str]:
     return out
 
 
-def _version(package: str) -> str:
-    """An installed package's version, read without importing it (a served run imports no torch)."""
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
 def _report(args, collector, wall) -> dict:
-    versions = {"transformers": _version("transformers"), "torch": _version("torch")}
+    command = " ".join(["python -m spec conform", *args.argv])
+    meta = provenance.meta(command, llama=args.impl.split(":")[0] == "llama-cpp")
+    # the versions the table's head names (read without importing: a served run imports no torch)
+    versions = {name: meta["versions"].get(name, "not installed") for name in ("transformers", "torch")}
     rows = []
     for nodeid, row in collector.rows.items():
         prop, case = _split(nodeid, args.impl)
@@ -203,12 +196,10 @@ def _report(args, collector, wall) -> dict:
             r["outcome"], r["outcome"])
         print(f"{r['property']:<22} {r['case'][:44]:<44} {result:<8} {_summary(r['evidence'], 160)}")
     print("  ".join(f"{k} {v}" for k, v in counts.items() if v))
-    command = " ".join(["python -m spec conform", *args.argv])
-    meta = provenance.meta(command, llama=args.impl.split(":")[0] == "llama-cpp")
     report = {"meta": meta, "impl": args.impl, "model": args.model, "reference": args.reference, "control": args.control,
               "budget": args.budget,
               **versions,
-              "python": platform.python_version(), "seconds": round(wall, 1), "counts": counts, "results": rows}
+              "python": meta["versions"]["python"], "seconds": round(wall, 1), "counts": counts, "results": rows}
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")
     return report
