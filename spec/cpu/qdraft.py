@@ -247,8 +247,9 @@ class QuantRun:
                 mats[i, j], kinds[i, j] = mat(*(f"blk.{i}.{n}.weight" for n in group))
             norms[i] = norm(f"blk.{i}.attn_norm.weight"), norm(f"blk.{i}.ffn_norm.weight")
         hd = dim // heads
-        self.kc: np.ndarray | None = np.zeros((layers, n_ctx, kv * hd), np.float32)
-        self.vc: np.ndarray | None = np.zeros_like(self.kc)
+        # keys in blocks of 16 positions, d-major (spec_native.h: SPEC_QD_BLOCKS); values a row per position
+        self.kc: np.ndarray | None = np.zeros((layers, kv, -(-n_ctx // 16), hd, 16), np.float32)
+        self.vc: np.ndarray | None = np.zeros((layers, n_ctx, kv * hd), np.float32)
         self._keep += [mats, kinds, norms]
         self.model = Model(layers, dim, heads, kv, hd, int(f("feed_forward_length")), self.vocab, n_ctx,
                            float(f("attention.layer_norm_rms_epsilon")), float(f("rope.freq_base", 10000.0)),

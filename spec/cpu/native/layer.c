@@ -66,8 +66,9 @@ static int attend_row_c(const float *qv, const float *k, const float *v, int64_t
 }
 
 #if defined(__x86_64__)
-/* v[i] = e^(v[i] - mx) for i < n (-inf: exactly 0), 16 lanes at a time; returns their sum */
-static T512 float exp_shift512(float *v, int64_t n, float mx) {
+/* v[i] = e^(v[i] - mx) for i < n (-inf: exactly 0), 16 lanes at a time; returns their sum (qdraft.c's
+   attention too) */
+T512 float spec_exp_shift512(float *v, int64_t n, float mx) {
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 k = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
@@ -95,7 +96,7 @@ static T512 int attend_row512(const float *qv, const float *k, const float *v, i
         if (s[l] > mx) mx = s[l];
     }
     if (mx == -INFINITY) return 0;
-    const float z = exp_shift512(s, n, mx);
+    const float z = spec_exp_shift512(s, n, mx);
     for (int64_t c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t l = 0; l < n; l++) {
         if (s[l] == 0.f) continue;                 /* masked (e^-inf), or underflowed: adds nothing */

@@ -284,7 +284,8 @@ static int check_qd_matvec(int isa, int threads) {
 #define QD_HD 16
 #define QD_F 64
 #define QD_V 32
-#define QD_CTX 8
+#define QD_CTX 40   /* three blocks of 16 keys, the last part-full */
+#define QD_STEPS 8
 typedef struct { double w[4][2 * QD_F * QD_F]; double embd[QD_V * QD_D]; } ref_model;
 
 static void ref_rms(const double *x, double *y) {
@@ -347,15 +348,15 @@ static int check_qd_forward(int isa, int threads) {
     float ones[QD_D];
     for (int i = 0; i < QD_D; i++) ones[i] = 1.f;
     const float *norms[2] = {ones, ones};
-    float *kc = out(QD_CTX * QD_KV * QD_HD), *vc = out(QD_CTX * QD_KV * QD_HD);
+    float *kc = out(SPEC_QD_BLOCKS(QD_CTX) * 16 * QD_KV * QD_HD), *vc = out(QD_CTX * QD_KV * QD_HD);
     spec_qd_model m = {1, QD_D, QD_H, QD_KV, QD_HD, QD_F, QD_V, QD_CTX, 1e-5f, 10000.f, embd, 8, embd, 8, ones,
                        norms, mats, kinds, kc, vc, isa, threads};
     const int32_t ids[QD_CTX + 1] = {1, 5, 3, 9, 2, 7, 30, 11, 4};
-    static const int feeds[][2] = {{0, 5}, {5, 1}, {6, 2}};
+    static const int feeds[][2] = {{0, 5}, {5, 1}, {6, 2}, {8, 31}};
     float *logits = out(QD_V), *steps = out(QD_V);
     double want[QD_V];
     int rc = 0;
-    for (int f = 0; f < 3 && !rc; f++) {
+    for (int f = 0; f < 4 && !rc; f++) {
         if (spec_qd_forward(&m, ids + feeds[f][0], feeds[f][1], feeds[f][0], logits) != 0)
             rc = fail("qd_forward isa %d: refused positions %d..%d of a cache of %d", isa, feeds[f][0],
                       feeds[f][0] + feeds[f][1] - 1, QD_CTX);
@@ -371,12 +372,13 @@ static int check_qd_forward(int isa, int threads) {
     }
     if (!rc && spec_qd_forward(&m, ids + QD_CTX, 1, QD_CTX, logits) != -1)
         rc = fail("qd_forward isa %d: a position past the cache's last was not refused", isa);
-    for (int t = 0; t < QD_CTX && !rc; t++) spec_qd_forward(&m, ids + t, 1, t, steps);
+    for (int t = 0; t < QD_STEPS && !rc; t++) spec_qd_forward(&m, ids + t, 1, t, steps);
     spec_qd_forward(&m, ids + 6, 2, 6, logits);
     for (int i = 0; i < QD_V && !rc; i++)
         if (!(fabs(steps[i] - logits[i]) <= 1e-3 * (fabs(logits[i]) + 1)))
             rc = fail("qd_forward isa %d: one id at a time gives %g, a block %g (logit %d)", isa, steps[i], logits[i], i);
-    if (!rc && (overrun(kc, QD_CTX * QD_KV * QD_HD) || overrun(logits, QD_V)))
+    if (!rc && (overrun(kc, SPEC_QD_BLOCKS(QD_CTX) * 16 * QD_KV * QD_HD) || overrun(vc, QD_CTX * QD_KV * QD_HD) ||
+                overrun(logits, QD_V)))
         rc = fail("qd_forward isa %d: wrote past the cache or the logits", isa);
     return rc;
 }

@@ -43,7 +43,15 @@ int64_t spec_attend(const float *q, int64_t qt, int64_t qh, const float *k, cons
                     float scale, int isa);
 void spec_silu_mul(const float *gu, float *out, int64_t rows, int64_t inner, int isa);
 
-/* qdraft.c: the block-quantized Llama forward of a draft (its own comment says the layout) */
+#if defined(__x86_64__)
+/* layer.c: v[i] = e^(v[i] - mx) for i < n (-inf: 0), AVX-512F; returns their sum */
+HIDDEN __attribute__((target("avx512f"))) float spec_exp_shift512(float *v, int64_t n, float mx);
+#endif
+
+/* qdraft.c: the block-quantized Llama forward of a draft (its own comment says the layout). Its key cache kc
+   holds n_layer x n_kv x SPEC_QD_BLOCKS(n_ctx) blocks of 16 positions x head_dim, d-major in a block (a key's
+   dim d of position p at [d][p % 16]); its value cache vc [n_layer][n_ctx][n_kv * head_dim]. */
+#define SPEC_QD_BLOCKS(n_ctx) (((n_ctx) + 15) / 16)
 typedef struct {
     int64_t n_layer, dim, n_head, n_kv, head_dim, ffn, vocab, n_ctx;
     float eps, theta;
@@ -55,7 +63,7 @@ typedef struct {
     const float *const *norms;     /* [n_layer][2]: attention, ffn */
     const uint8_t *const *mats;    /* [n_layer][4]: q|k|v, o, gate|up, down */
     const int64_t *kinds;          /* [n_layer][4] */
-    float *kc, *vc;                /* [n_layer][n_ctx][n_kv * head_dim] */
+    float *kc, *vc;                /* the key and value caches (above) */
     int64_t isa, threads;
 } spec_qd_model;
 void spec_qd_row(const uint8_t *W, int64_t kind, int64_t N, int64_t K, int64_t row, float *out);
