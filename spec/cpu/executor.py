@@ -7,9 +7,10 @@ model, dtype and device: spec.probe), or None where the model's own forward runs
   kernel        spec.cpu.gemv's few-row kernel runs every product of a pass of 1 to KERNEL_ROWS rows (12 with
                 AVX-512F, 6 with AVX2+FMA) at up to KERNEL_THREADS torch threads, its panels split over the
                 caller's torch threads (named per call: no setting is changed)
-  oneDNN        every product of a longer pass (or of any pass above KERNEL_THREADS threads, or without the
-                kernel) on oneDNN (over its reordered copy where that pays, else the model's own weights:
-                spec.cpu.prepack); the head's kept rows on the kernel where they are few
+  oneDNN        every product of a longer pass where the weights are kept (SPEC_SHED=0; given back, spec.cpu.
+                prepack.shed, the kernel runs longer passes too), of any pass above KERNEL_THREADS threads, or
+                without the kernel, on oneDNN (over its reordered copy where that pays, else the model's own
+                weights: spec.cpu.prepack); the head's kept rows on the kernel where they are few
   transformers  the model's own forward, unchanged: a model this code does not run (not fp32 on CPU, linears
                 too small to pay, a probe that disagreed, switched off), or one call it does not follow
 
@@ -94,9 +95,9 @@ class Passes:
     a pass (`threads`)."""
     kind = ""
 
-    def __init__(self, model, most: int):
+    def __init__(self, model, most: int, shed: bool = False):
         self._model = weakref.ref(model)
-        self.most = most
+        self.most, self.shed = most, shed
         self.key = weights_key(model)
         self.passes: Counter = Counter()
         self.declined: Counter = Counter()
@@ -120,11 +121,17 @@ class Passes:
             return 0, False
         if rows <= self.most:
             return torch_threads, torch_threads > 1
+        if self.shed:                            # (the weights live on the kernel's panels alone: it runs them all)
+            return torch_threads, False
         return 1, False                          # (a longer pass: its head's few kept rows on the kernel, unsplit)
+
+    def on_kernel(self, kernel: int, rows: int) -> bool:
+        """Whether a pass of `rows` rows whose products take `kernel` threads runs them on the kernel."""
+        return bool(kernel) and (rows <= self.most or self.shed)
 
     def path(self, rows: int) -> str:
         """The path a pass of `rows` rows takes at torch's threads now: "kernel" or "oneDNN"."""
-        return KERNEL if self.threads(rows)[0] and rows <= self.most else ONEDNN
+        return KERNEL if self.on_kernel(self.threads(rows)[0], rows) else ONEDNN
 
     def _counted(self, path: str, why: str | None = None) -> None:
         with self._count:
@@ -146,19 +153,21 @@ class Executor(Passes):
     its library (None: where it is there)."""
     kind = "plain Llama layers on packed weights"
 
-    def __init__(self, model, kernel: bool, native: bool | None = None):
+    def __init__(self, model, kernel: bool, native: bool | None = None, shed: bool = False, reorder: bool = True):
         base = model.model
         self.embed, self.norm, self.rotary = base.embed_tokens, base.norm, base.rotary_emb
         self.config = model.config
-        groups = self.groups = {g: prepack.group(g, kernel) for g in plainllama.grouped_linears(model)}
+        groups = self.groups = {g: prepack.group(g, kernel, shed) for g in plainllama.grouped_linears(model)}
         self.linears: dict = {}
         for g, packed in groups.items():
             self.linears.update(zip(g, packed.members))
         for m in model.modules():
             if type(m) is torch.nn.Linear and m not in self.linears:
-                self.linears[m] = prepack.packed_forward(m, kernel)
+                self.linears[m] = prepack.packed_forward(m, kernel, shed_weight=shed)
+        for p in self.linears.values():
+            p.reorder = reorder
         self.head = self.linears[model.lm_head]
-        super().__init__(model, self.head.most)
+        super().__init__(model, self.head.most, any(p.shed for p in self.linears.values()) and bool(self.head.most))
         self.native = gemv.library() is not None if native is None else native
         self.layers = [plainllama.layer_forward(layer, groups, self.linears, self.native)
                        for layer in plainllama.layers_of(model)]
@@ -278,9 +287,9 @@ class Executor(Passes):
         `position_ids` [1, T] (None: past, past + 1, ...), under `mask` (see `_mask`); the logits of the last
         `keep` rows (0: all), the hidden states where `hidden`."""
         T = ids.shape[1]
-        kernel, serial = self.threads(T) if threads is None else (threads, threads > 1)
+        kernel, serial = self.threads(T) if threads is None else (threads, threads > 1 and T <= self.most)
         if threads is None:
-            self._counted(KERNEL if kernel and T <= self.most else ONEDNN)
+            self._counted(KERNEL if self.on_kernel(kernel, T) else ONEDNN)
         with torch.no_grad():
             x = F.embedding(ids, self.embed.weight)
             if position_ids is None:
@@ -327,10 +336,14 @@ class Linears(Passes):
     none)."""
     kind = "the model's own forward, its linears on packed weights"
 
-    def __init__(self, model, kernel: bool):
-        self.linears = {m: prepack.packed_forward(m, kernel) for m in model.modules() if type(m) is torch.nn.Linear}
+    def __init__(self, model, kernel: bool, shed: bool = False, reorder: bool = True):
+        self.linears = {m: prepack.packed_forward(m, kernel, shed_weight=shed) for m in model.modules()
+                        if type(m) is torch.nn.Linear}
+        for p in self.linears.values():
+            p.reorder = reorder
         self._by_weight = {id(m.weight): (m.weight, m.bias, p) for m, p in self.linears.items()}
-        super().__init__(model, prepack.kernel_rows() if kernel else 0)
+        most = prepack.kernel_rows() if kernel else 0
+        super().__init__(model, most, bool(most) and any(p.shed for p in self.linears.values()))
 
     def threads(self, rows: int) -> tuple[int, bool]:
         """As Passes.threads, the kernel on the calling thread alone: the model's own torch ops run at torch's
@@ -349,7 +362,7 @@ class Linears(Passes):
         rows = ids.numel()
         kernel = self.threads(rows)[0] if threads is None else threads
         if threads is None:
-            self._counted(KERNEL if kernel and rows <= self.most else ONEDNN)
+            self._counted(KERNEL if self.on_kernel(kernel, rows) else ONEDNN)
         model = self._model()
         assert model is not None
         with _Products(self._by_weight, kernel):
@@ -381,7 +394,8 @@ def decision(model) -> tuple[Passes | None, str | None]:
         made = _MADE.get(model)
         if made is None or made.key != weights_key(model) or bool(made.most) != kernel or \
                 isinstance(made, Executor) != (plain is None):
-            made = _MADE[model] = Executor(model, kernel) if plain is None else Linears(model, kernel)
+            shed = kernel and prepack.shedding()
+            made = _MADE[model] = Executor(model, kernel, shed=shed) if plain is None else Linears(model, kernel, shed)
         return made, why
 
 
@@ -479,10 +493,16 @@ def _tried(model, kind, no_kernel: str | None) -> tuple[Passes | None, str, str 
     """(a `kind` executor of `model` that agrees with its own forward, or None; why not; why it runs no
     kernel, or None)."""
     try:
-        ex = kind(model, no_kernel is None)
-        if not agrees(model, ex, threads=0):
+        shed = no_kernel is None and prepack.shedding()
+        # The model's own logits first: where the weights move out of memory (prepack.shed), nothing reads them
+        # after, and the oneDNN probe runs on an executor that makes no copy of them
+        refs = references(model, prepack.kernel_rows() if no_kernel is None else 0)
+        ex = kind(model, False, reorder=False) if shed else kind(model, no_kernel is None)
+        if not agrees(model, ex, threads=0, refs=refs):
             return None, "were off the model's own forward by more than the probe's tolerance", no_kernel
-        if no_kernel is None and not agrees(model, ex, threads=1):
+        if shed:
+            ex = kind(model, True, shed=True)
+        if no_kernel is None and not agrees(model, ex, threads=1, refs=refs):
             no_kernel = "the kernel's logits were off the model's own by more than the probe's tolerance"
     except Exception as e:       # (a transformers release whose parts take other arguments: its own forward runs)
         log.debug("spec.cpu.executor: %s's passes on %s failed here (%s: %s)", type(model).__name__, kind.__name__,
@@ -491,7 +511,16 @@ def _tried(model, kind, no_kernel: str | None) -> tuple[Passes | None, str, str 
     return ex, "", no_kernel
 
 
-def agrees(model, ex: Passes, threads: int) -> bool:
+def references(model, most: int) -> dict:
+    """The model's own forward's logits that `agrees` holds an executor to, over the probe's ids: {n: the
+    logits of the first n ids}, for every n it asks for on oneDNN and, with `most` (the kernel's rows), on
+    the kernel."""
+    ids = probe.ids(model, probe.probe_length(model), next(model.parameters()).device)
+    ns = {1, 3, ids.numel()} | ({min(most, ids.numel()), min(ids.numel(), 1 + 2 * most)} if most else set())
+    return {n: hf.authors_forward(model, ids[:min(n, ids.numel())]) for n in ns}
+
+
+def agrees(model, ex: Passes, threads: int, refs: dict | None = None) -> bool:
     """`ex`'s logits with its products on `threads` (0 oneDNN, 1 the kernel for 1 to `most` rows) are within
     the probe's tolerance of the model's own forward's over the probe's ids: cache-free for the first id,
     the first 3 and the first `most` (all of them on oneDNN), and, on an Executor (whose cache handling is its
@@ -500,14 +529,15 @@ def agrees(model, ex: Passes, threads: int) -> bool:
     ids = probe.ids(model, probe.probe_length(model), next(model.parameters()).device)
     tol = probe.tolerance(model)
     fn = lambda **kwargs: ex.forward(kwargs, threads)      # noqa: E731
+    own = (lambda n: refs[n]) if refs is not None else (lambda n: hf.authors_forward(model, ids[:n]))  # noqa: E731
     cuts = sorted({min(n, ids.numel()) for n in (1, 3, ex.most if threads else ids.numel())})
     for n in cuts:
-        if not probe.close(hf.authors_forward(model, ids[:n], fn), hf.authors_forward(model, ids[:n]), tol):
+        if not probe.close(hf.authors_forward(model, ids[:n], fn), own(n), tol):
             return False
     if not isinstance(ex, Executor):
         return True
     end = min(ids.numel(), 1 + 2 * ex.most) if threads else ids.numel()
-    full = hf.authors_forward(model, ids[:end])
+    full = own(end)
     cache = hf.new_cache(model)
     for start, stop in ((0, end // 2), (end // 2, end // 2 + 1), (end // 2 + 1, end)):
         got = hf.step(model, ids[start:stop], cache, position_ids=torch.arange(start, stop)[None], fn=fn)[0]

@@ -108,38 +108,47 @@ def buffer(numel: int, huge: bool = True) -> torch.Tensor:
         return torch.empty(numel, dtype=torch.float32)
 
 
-def panels(weight: torch.Tensor, huge: bool = True) -> torch.Tensor:
+FILL_PANELS = 256   # panels filled at a time (4096 rows): `done` is told after each such block
+
+
+def panels(weight: torch.Tensor, huge: bool = True, done=None) -> torch.Tensor:
     """W [N, K] reordered for the panel layout: [ceil(N/16), K, 16], panel p holding rows 16p..16p+15
-    interleaved k by k (the last panel's missing rows zero); in `buffer`'s memory (`huge`: huge pages)."""
+    interleaved k by k (the last panel's missing rows zero); in `buffer`'s memory (`huge`: huge pages).
+    `done(lo, hi)`, where given, is called once rows lo..hi of W are copied (FILL_PANELS panels at a time)."""
     N, K = weight.shape
     P = -(-N // 16)
-    return _fill_panels(buffer(P * K * 16, huge).view(P, K, 16), weight)
+    return _fill_panels(buffer(P * K * 16, huge).view(P, K, 16), weight, done)
 
 
-def _fill_panels(out: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def _fill_panels(out: torch.Tensor, weight: torch.Tensor, done=None) -> torch.Tensor:
     N, K = weight.shape
     P = out.shape[0]
     full = N // 16
     w = weight.detach()
-    if full:
-        out[:full].copy_(w[:full * 16].view(full, 16, K).transpose(1, 2))
+    for p in range(0, full, FILL_PANELS):
+        q = min(full, p + FILL_PANELS)
+        out[p:q].copy_(w[p * 16:q * 16].view(q - p, 16, K).transpose(1, 2))
+        if done is not None:
+            done(p * 16, q * 16)
     if full < P:
         tail = w.new_zeros(16, K)
         tail[:N - full * 16] = w[full * 16:]
         out[full].copy_(tail.t())
+        if done is not None:
+            done(full * 16, N)
     return out
 
 
 def product(weight: torch.Tensor, bias: torch.Tensor | None = None, layout: str = "panel",
-            prefetch: int | None = None, variant: int = -1, far: int | None = None, huge: bool = True):
+            prefetch: int | None = None, variant: int = -1, far: int | None = None, huge: bool = True, done=None):
     """x -> x W^T + b on the library (which must be there: see `library()`), W [N, K] fp32 contiguous
     on CPU as nn.Linear stores it; x [..., K] fp32 on CPU. layout "rows": W read in place; "panel": a
     reordered copy made here once (`panels`; `huge`: on huge pages). `variant`: the ISA to use at most
     (-1: the one SPEC_NATIVE_ISA forces, else chosen by the kernel per call, see spec_gemv_panel; 2 AVX-512F,
     1 AVX2+FMA, 0 plain C).
     `prefetch`, `far`: floats ahead in the weight's stream prefetched into L1 and into L2 (None: PREFETCH,
-    FAR; -1: the kernel's choice; 0 none; `far` only in the panel layout). The Product keeps the tensors
-    it reads alive (`keep`)."""
+    FAR; -1: the kernel's choice; 0 none; `far` only in the panel layout). `done`: as `panels`' (the panel
+    layout). The Product keeps the tensors it reads alive (`keep`)."""
     lib = library()
     if lib is None:
         raise RuntimeError(f"spec.cpu.gemv's library is not available: {reason()}")
@@ -156,7 +165,7 @@ def product(weight: torch.Tensor, bias: torch.Tensor | None = None, layout: str 
                          f"{None if b is None else tuple(b.shape)}")
     N, K = w.shape
     return Product(lib.spec_gemv_panel if layout == "panel" else lib.spec_gemv_rows,
-                   panels(w, huge) if layout == "panel" else w, b, N, K, PREFETCH if prefetch is None else prefetch,
+                   panels(w, huge, done) if layout == "panel" else w, b, N, K, PREFETCH if prefetch is None else prefetch,
                    FAR if far is None else far, native.variant() if variant < 0 else variant)
 
 

@@ -11,17 +11,21 @@ Two packed forms of each weight, each made once:
   short passes (no kernel on this CPU, or more torch threads than it runs at), and only if it fits in memory
   then.
   Longer passes (a prompt's prefill) run oneDNN on the model's own weight, no copy kept (1.11-1.12x the
-  reordered copy's time at 64 and 700 rows on the measured CPU, against 1.5x at 13 rows): so where the
-  kernel runs every short pass, as in a decode at 1 or 2 threads and gamma up to 11, the linears cost their
-  own memory and the kernel's panels, not a third copy.
+  reordered copy's time at 64 and 700 rows on the measured CPU, against 1.5x at 13 rows), where the weight
+  is kept (`SPEC_SHED=0`, or one that cannot be given back: `shed`).
 - the kernel: spec.cpu.gemv's hand-written few-row product over a panel-reordered copy of the weight,
   streamed once per pass, for 1 to KERNEL_ROWS rows (12 with AVX-512F, 6 with AVX2+FMA), faster there than
   oneDNN (docs/log/benchmarks.md, "A hand-written few-row kernel"); its panels split over the threads the
-  caller names per call (no setting of its own or of torch's is changed).
+  caller names per call (no setting of its own or of torch's is changed). Once a weight's panels are made,
+  the weight gives its memory back (`shed`: its pages dropped where it is mapped from its checkpoint, else
+  moved to an unlinked file it is mapped from; values, shape and Parameter kept) and the kernel runs every
+  pass of it, the longer ones in blocks of rows that stay in L2 (1.08-1.21x oneDNN's time on the model's
+  own weight at 64-700 rows, SmolLM2's 135M-1.7B shapes, one thread): the linears then cost the panels'
+  memory, about the model's own.
 
 The outputs differ from F.linear's by fp32 rounding only (a different summation order), which
-spec.cpu.executor's probes check against the model's own forward once per model. The packed copies add the
-linears' weight memory once more for each form made (`fits`).
+spec.cpu.executor's probes check against the model's own forward once per model, before any weight is given
+back. A packed copy adds the linears' weight memory once more where its weight is kept (`fits`).
 
 Nothing here touches a module: a Packed or a Group is a function the executor calls with the rows and the
 threads of its pass.
@@ -29,9 +33,19 @@ threads of its pass.
 
 from __future__ import annotations
 
+import ctypes
+import logging
+import mmap
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
 import torch
 
 from spec.cpu import gemv
+
+log = logging.getLogger(__name__)
 
 HINT = 16  # the batch size oneDNN picks the weight's layout for (4 and 16 measured alike)
 # Packing pays where a pass streams the weights from memory; a model whose linears fit in the CPU's
@@ -87,14 +101,142 @@ def kernel_rows() -> int:
     return KERNEL_ROWS.get(gemv.isa(), 0)
 
 
+# --- the model's own weights, where the kernel's panels serve every pass ---------------------------------
+
+def shedding() -> bool:
+    """Whether a linear whose panels run every pass gives up its own weight's memory (`shed`): SPEC_SHED=0
+    keeps it (oneDNN then runs the long passes on it, 1.1-1.2x faster than the kernel, at twice the memory)."""
+    return os.environ.get("SPEC_SHED", "1") != "0"
+
+
+def weights_dir() -> Path:
+    return Path(os.environ.get("SPEC_CACHE") or Path.home() / ".cache" / "spec").expanduser() / "weights"
+
+
+def shed(param: torch.nn.Parameter) -> bool:
+    """Give back the memory of `param`'s values (fp32, contiguous, on CPU) once packed copies serve every pass,
+    keeping the values where the model reads them:
+
+    - mapped from a file (transformers maps a checkpoint's safetensors) and holding the file's own bytes
+      there: its pages are dropped from the process (madvise MADV_DONTNEED on the whole pages it spans; read
+      again from the file, the page cache, if anything reads them). The Parameter is not touched.
+    - in the process's own memory: its values are written to a file in weights_dir(), unlinked at once, and
+      the Parameter's storage becomes a private mapping of it (same values and shape, same Parameter object,
+      read from the page cache only when something reads it); its memory is freed (glibc's malloc_trim where
+      that is the C library).
+
+    Returns False, changing nothing, where it cannot (not such a tensor, a view into a larger storage, a
+    mapped file whose bytes there differ from the values, a file that cannot be written)."""
+    t = param.data
+    if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() or not t.numel():
+        return False
+    nbytes, ptr = t.numel() * 4, t.data_ptr()
+    mapped = _file_mapping(ptr, nbytes)
+    if mapped is not None:
+        return _drop_pages(t, *mapped)
+    if t.untyped_storage().nbytes() != nbytes:
+        return False
+    try:
+        weights_dir().mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=weights_dir(), suffix=".f32")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                t.numpy().tofile(f)
+            copy = torch.from_file(name, shared=False, size=t.numel(), dtype=torch.float32)
+        finally:
+            os.unlink(name)
+    except (OSError, RuntimeError) as e:
+        log.debug("spec.cpu.prepack: a weight stays in memory (%s)", e)
+        return False
+    with torch.no_grad():
+        param.data = copy.view(t.shape)
+    _trim()
+    return True
+
+
+PAGE = mmap.PAGESIZE
+
+
+def _file_mapping(ptr: int, nbytes: int) -> tuple[str, int] | None:
+    """(the file, the offset in it) that [ptr, ptr + nbytes) is mapped from, where one mapping of a regular
+    file covers it (/proc/self/maps), else None."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                fields = line.split(maxsplit=5)
+                lo, hi = (int(v, 16) for v in fields[0].split("-"))
+                if lo <= ptr < hi:
+                    path = fields[5].strip() if len(fields) > 5 else ""
+                    if ptr + nbytes > hi or not path.startswith("/") or path.endswith(" (deleted)"):
+                        return None
+                    return path, ptr - lo + int(fields[2], 16)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def dropper(param: torch.nn.Parameter):
+    """Where `param` is mapped from a file (as `shed` says), a function of (lo, hi) that drops the pages of its
+    rows lo..hi that hold the file's bytes (packing a large weight block by block: gemv.panels' `done`), so
+    that its copy and itself are not both whole in memory; else None."""
+    t = param.data
+    if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() or t.dim() != 2:
+        return None
+    mapped = _file_mapping(t.data_ptr(), t.numel() * 4)
+    if mapped is None:
+        return None
+    path, offset = mapped
+    row = t.shape[1] * 4
+    return lambda lo, hi: _drop_pages(t[lo:hi], path, offset + lo * row)
+
+
+def _drop_pages(t: torch.Tensor, path: str, offset: int) -> bool:
+    """Drop the whole pages of mapped values `t` (contiguous) from the process where the file holds them at
+    `offset` (read back 16 MB at a time and compared); False where it does not (changed since mapped)."""
+    ptr, nbytes = t.data_ptr(), t.numel() * 4
+    values = t.numpy().reshape(-1).view(np.uint8)
+    chunk = 16 << 20
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            for at in range(0, nbytes, chunk):
+                disk = f.read(min(chunk, nbytes - at))
+                if disk != values[at:at + len(disk)].tobytes():
+                    return False
+    except OSError:
+        return False
+    lo, hi = -(-ptr // PAGE) * PAGE, (ptr + nbytes) // PAGE * PAGE
+    if hi > lo:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        if libc.madvise(lo, hi - lo, mmap.MADV_DONTNEED) != 0:
+            return False
+    return True
+
+
+def _trim() -> None:
+    """Give freed heap memory back to the system (glibc); elsewhere nothing."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 class Packed:
     """A linear's function x -> x W^T + b on packed weights (made by `packed_forward`). `kernel`: whether
-    it has the kernel's panels (`small`, for 1 to `most` rows)."""
+    it has the kernel's panels (`small`, for 1 to `most` rows; with `shed`, for every pass the kernel runs:
+    the weight itself lives in a file, `shed`). The weight is read from the linear's Parameter at each
+    oneDNN call (`param`): its storage may have moved."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, small, most: int):
-        self.weight, self.bias, self.small, self.most = weight, bias, small, most
+    def __init__(self, param: torch.Tensor, bias: torch.Tensor | None, small, most: int, shed: bool = False):
+        self.param, self.bias, self.small, self.most, self.shed = param, bias, small, most, shed
         self.kernel = small is not None
         self.reordered: torch.Tensor | None = None
+        self.reorder = True     # False: oneDNN never makes its copy (a probe's executor, beside a shedding one)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.param.detach()
 
     def onednn(self, x: torch.Tensor, rows: int) -> torch.Tensor:
         """oneDNN's product: on the reordered copy where it exists, or where `rows` is few enough for it to
@@ -111,13 +253,13 @@ class Packed:
         """Whether oneDNN's short passes are the decode's: without the kernel, or above the torch threads it
         runs at (where it runs them, a short pass on oneDNN is a probe's, or a verify pass of 13 to
         REORDER_ROWS rows: gamma 12 and more, on the plain weight at most 1.5x the copy's time)."""
-        return self.small is None or torch.get_num_threads() > KERNEL_THREADS
+        return self.reorder and (self.small is None or torch.get_num_threads() > KERNEL_THREADS)
 
     def __call__(self, x: torch.Tensor, threads: int = 0) -> torch.Tensor:
         """x W^T + b: on the kernel, its panels split over `threads` threads, for 1 to `most` rows when
         `threads` > 0; else on oneDNN."""
         rows = x.numel() // x.shape[-1]
-        if threads and 0 < rows <= self.most:
+        if threads and rows and (rows <= self.most or self.shed):
             return self.small(x, threads=threads)
         if not 0 < rows < MIN_ROWS:
             return self.onednn(x, rows)
@@ -127,16 +269,17 @@ class Packed:
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
-def packed_forward(linear: torch.nn.Linear, kernel: bool = False, small=None) -> Packed:
+def packed_forward(linear: torch.nn.Linear, kernel: bool = False, small=None, shed_weight: bool = False) -> Packed:
     """linear's function on packed weights: with `kernel`, spec.cpu.gemv's panels too (made here, or `small`,
-    a gemv Product made elsewhere) for 1 to KERNEL_ROWS[its ISA] rows; oneDNN's reordered copy of the
-    weight is made at the first call that needs it."""
-    weight = linear.weight.detach()
+    a gemv Product made elsewhere) for 1 to KERNEL_ROWS[its ISA] rows, and with `shed_weight` for every pass,
+    its own weight moved out of memory once they are made (`shed`); oneDNN's reordered copy of the weight is
+    made at the first call that needs it."""
     bias = None if linear.bias is None else linear.bias.detach()
     most = kernel_rows() if kernel else 0
     if most and small is None:
-        small = gemv.product(weight, bias, "panel")
-    return Packed(weight, bias, small if most else None, most)
+        small = gemv.product(linear.weight.detach(), bias, "panel", done=dropper(linear.weight) if shed_weight else None)
+    gone = bool(most) and shed_weight and shed(linear.weight)
+    return Packed(linear.weight, bias, small if most else None, most, gone)
 
 
 class Group:
@@ -149,16 +292,19 @@ class Group:
         self.members, self.whole = members, whole
         self.most = members[0].most if whole is not None else 0
 
+    shed = False    # every member's weight moved out of memory: the kernel runs every pass
+
     def __call__(self, x: torch.Tensor, threads: int = 0) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
-        if threads and 0 < rows <= self.most:
+        if self.most and threads and rows and (rows <= self.most or self.shed):
             return self.whole(x, threads=threads)
         return torch.cat([m(x, threads) for m in self.members], dim=-1)
 
 
-def group(linears: tuple, kernel: bool = False) -> Group:
+def group(linears: tuple, kernel: bool = False, shed_weights: bool = False) -> Group:
     """`linears` (nn.Linear reading the same x) packed as one Group; with `kernel`, their panels made once,
-    together (where gemv.grouped cannot, each its own)."""
+    together (where gemv.grouped cannot, each its own), and with `shed_weights` each weight moved out of
+    memory once they are (`packed_forward`)."""
     parts: list = [None] * len(linears)
     whole = None
     if kernel and kernel_rows():
@@ -166,4 +312,7 @@ def group(linears: tuple, kernel: bool = False) -> Group:
                             [None if m.bias is None else m.bias.detach() for m in linears])
         if made is not None:
             whole, parts = made
-    return Group([packed_forward(m, kernel, part) for m, part in zip(linears, parts)], whole)
+    members = [packed_forward(m, kernel, part, shed_weights) for m, part in zip(linears, parts)]
+    g = Group(members, whole)
+    g.shed = all(m.shed for m in members)
+    return g

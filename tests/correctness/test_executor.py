@@ -252,10 +252,13 @@ def test_the_path_is_named_with_its_reason(threads, monkeypatch):
     probe.forget(qwen)
 
 
-def test_the_runners_count_each_pass_by_path(packed, threads):
-    """A greedy decode at one thread: the prefill of 16 rows on oneDNN, each step on the kernel (where there is
-    one), nothing on the model's own forward; the report's summary prints the counts."""
+@pytest.mark.parametrize("shed", ["1", "0"])
+def test_the_runners_count_each_pass_by_path(packed, threads, monkeypatch, shed):
+    """A greedy decode at one thread: each step on the kernel (where there is one), the prefill of 16 rows too
+    where the model's weights gave their memory to the kernel's panels (prepack.shed), else on oneDNN; nothing
+    on the model's own forward; the report's summary prints the counts."""
     from spec.experiment import report
+    monkeypatch.setenv("SPEC_SHED", shed)
     model = packed()
     threads(1)
     runner.verdict(model)                       # (the runner probe's own passes counted before)
@@ -263,7 +266,7 @@ def test_the_runners_count_each_pass_by_path(packed, threads):
     greedy_generate(model, list(range(3, 19)), max_new_tokens=5)
     counts = {k: v - before.get(k, 0) for k, v in executor.passes(model).items() if v != before.get(k, 0)}
     if prepack.kernel_rows():
-        assert counts == {"oneDNN": 1, "kernel": 4}, counts
+        assert counts == ({"kernel": 5} if shed == "1" else {"oneDNN": 1, "kernel": 4}), counts
     else:
         assert counts == {"oneDNN": 5}, counts
     s = type("S", (), {"target_passes": counts})()

@@ -164,3 +164,109 @@ def test_onednns_copy_is_made_only_where_it_pays_and_fits(monkeypatch, kernel):
         assert_logits_close(packed(short, threads=1), F.linear(short, lin.weight, lin.bias), torch.float32)
         assert packed.reordered is not None
         assert lin.weight.data_ptr() == packed.weight.data_ptr()     # the plain path reads the model's own
+
+
+# --- the model's own weights, where the kernel's panels run every pass (prepack.shed) ---------------------
+
+def _mapping(t: torch.Tensor) -> str:
+    """The /proc/self/maps line of the mapping that holds t's first byte."""
+    ptr = t.data_ptr()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            lo, hi = (int(v, 16) for v in line.split()[0].split("-"))
+            if lo <= ptr < hi:
+                return line.strip()
+    raise AssertionError("no mapping holds the tensor")
+
+
+def _resident(t: torch.Tensor) -> int:
+    """Bytes of t's whole pages resident in this process (mincore over them)."""
+    import ctypes
+    import mmap
+    page = mmap.PAGESIZE
+    lo, hi = -(-t.data_ptr() // page) * page, (t.data_ptr() + t.numel() * t.element_size()) // page * page
+    if hi <= lo:
+        return 0
+    vec = (ctypes.c_ubyte * ((hi - lo) // page))()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+    assert libc.mincore(lo, hi - lo, vec) == 0
+    # (mincore says whether the page cache holds a file page; what the process maps is /proc/self/pagemap's,
+    # readable without privileges only as "present": bit 63)
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(lo // page * 8)
+        raw = f.read((hi - lo) // page * 8)
+    present = sum(int.from_bytes(raw[i:i + 8], "little") >> 63 for i in range(0, len(raw), 8))
+    return present * page
+
+
+# At a fault on a mapped file Linux maps up to 64 KB of its neighbouring pages already in the page cache
+# (fault-around): reading one weight brings back at most that much of each neighbour's, 128 KB a weight.
+FAULT_AROUND = 128 << 10
+needs_linux = pytest.mark.skipif(not __import__("os").path.exists("/proc/self/pagemap"), reason="Linux only")
+
+
+@needs_linux
+def test_a_weight_in_the_process_memory_moves_to_a_file_with_its_values(tmp_path, monkeypatch):
+    """shed: the same Parameter object, the same values, now a private mapping of an unlinked file in
+    $SPEC_CACHE/weights, none of it resident until read; the module computes what it did."""
+    monkeypatch.setenv("SPEC_CACHE", str(tmp_path))
+    lin = torch.nn.Linear(512, 1024)
+    x = torch.randn(3, 512)
+    want, before, param = lin(x).detach(), lin.weight.detach().clone(), lin.weight
+    assert "weights" not in _mapping(lin.weight)
+    assert prepack.shed(lin.weight)
+    assert lin.weight is param and torch.equal(lin.weight.detach(), before) and torch.equal(lin(x).detach(), want)
+    assert f"{tmp_path}/weights/" in _mapping(lin.weight) and "(deleted)" in _mapping(lin.weight)
+    assert not list((tmp_path / "weights").iterdir())          # unlinked at once
+
+
+@needs_linux
+def test_a_mapped_checkpoint_gives_its_pages_back_and_keeps_its_values(tmp_path, monkeypatch):
+    """A model loaded from safetensors (transformers maps the file): once the executor's panels serve every
+    pass, its linears' pages leave the process (the Parameters untouched, still mapped from the checkpoint),
+    the decode stays exact; a weight changed in memory after loading keeps its change (its pages differ from
+    the file's, so they are not dropped); SPEC_SHED=0 keeps every page."""
+    from transformers import LlamaForCausalLM
+
+    from spec import greedy_generate
+    from transformers import LlamaConfig
+    monkeypatch.setattr(prepack, "MIN_BYTES", 0)
+    monkeypatch.setenv("SPEC_CACHE", str(tmp_path / "cache"))
+    torch.manual_seed(0)        # (linears of 256 KB and more: Linux maps up to 64 KB of a file's neighbouring
+    #                             pages at each fault, fault-around, which brings a few pages of a small one back)
+    cfg = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2)
+    LlamaForCausalLM(cfg).eval().save_pretrained(tmp_path / "ckpt")
+    for shed in ("1", "0"):
+        monkeypatch.setenv("SPEC_SHED", shed)
+        model = LlamaForCausalLM.from_pretrained(tmp_path / "ckpt", dtype=torch.float32).eval()
+        up = model.model.layers[1].mlp.up_proj.weight
+        ids = [3 + i % 500 for i in range(17)]
+        assert "ckpt/model.safetensors" in _mapping(up), "transformers no longer maps the checkpoint"
+        with torch.no_grad():
+            up[0, 0] += 1.0                                   # a changed page: its values are the model's now
+        changed = up.detach().clone()
+        with torch.inference_mode():
+            ref = hf.authors_forward(model, torch.tensor(ids))
+        probe.forget(model)
+        out = greedy_generate(model, ids, max_new_tokens=8).tokens   # (its probes first, then the executor's)
+        ex = executor.executor_for(model)
+        assert ex is not None and ex.most == prepack.kernel_rows() and ex.shed == (shed == "1" and ex.most > 0)
+        assert not ex.linears[model.model.layers[1].mlp.up_proj].shed   # (the changed one: kept)
+        weights = [m.weight for m in ex.linears if m is not model.model.layers[1].mlp.up_proj]
+        assert all("ckpt/model.safetensors" in _mapping(w) for w in weights)    # the Parameters are not moved
+        total = sum(w.numel() * 4 for w in weights)
+        resident = lambda: sum(_resident(w) for w in weights)     # noqa: E731
+        if ex.shed:
+            assert resident() <= FAULT_AROUND * len(weights), "the checkpoint's pages stayed in the process"
+        else:
+            assert resident() > total * 3 / 4
+        assert torch.equal(up.detach(), changed)                  # the changed weight kept its change
+        assert greedy_generate(model, ids, max_new_tokens=8).tokens == out
+        assert resident() <= FAULT_AROUND * len(weights) or not ex.shed   # (a decode reads none of them back)
+        with torch.inference_mode():
+            assert_logits_close(hf.authors_forward(model, torch.tensor(ids), ex), ref, torch.float32)
+            assert torch.equal(hf.authors_forward(model, torch.tensor(ids)), ref)   # its own forward: as before
+        assert out == model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)[0, len(ids):].tolist()
+        probe.forget(model)

@@ -237,6 +237,7 @@ int spec_gemv_rows(const float *x, const float *w, const float *b, float *y, int
    0.1-0.3 more); PF 512 with a far prefetch, 1024 without. FAR 0 and PF -1: the kernel before the far
    prefetch. Returns the isa used. */
 #define FAR_ROWS 7
+#define X_FLOATS 65536   /* a block of x rows the panels run against, at most (256 KB: in L2) */
 typedef struct { const float *x, *wp, *b; float *y; int64_t M, N, K, PF, FAR; int isa; } panel_job;
 
 /* One part of a product: the columns of panels P*part/parts .. P*(part+1)/parts (P = ceil(N/16)), every
@@ -248,12 +249,27 @@ static void panel_part(void *arg, int part, int parts) {
     if (n0 >= n1) return;
 #ifdef HAVE_X86
     if (j->isa > 0) {
-        int most = j->isa == 2 ? 12 : 6;
-        for (int64_t m = 0; m < j->M; ) {
-            int64_t mb = j->M - m < most ? j->M - m : most;
-            (j->isa == 2 ? panel512 : panel256)[mb](j->x + m * j->K, j->wp, j->y + m * j->N, j->N, j->K,
-                                                    m == 0 ? j->PF : 0, m == 0 ? j->FAR : 0, n0, n1);
-            m += mb;
+        const int64_t most = j->isa == 2 ? 12 : 6, K = j->K;
+        void (*const *kernel)(const float *, const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t,
+                              int64_t) = j->isa == 2 ? panel512 : panel256;
+        if (j->M <= most) {          /* one turn over the panels */
+            kernel[j->M](j->x, j->wp, j->y, j->N, K, j->PF, j->FAR, n0, n1);
+        } else {
+            /* more rows (a prefill): blocks of rows whose x stays in L2 (X_FLOATS), and within a block each
+               panel, read from memory once, run against every turn of `most` rows from L1 and L2 */
+            int64_t block = X_FLOATS / K / most * most;
+            if (block < most) block = most;
+            for (int64_t m0 = 0; m0 < j->M; m0 += block) {
+                const int64_t m1 = j->M - m0 < block ? j->M : m0 + block;
+                for (int64_t n = n0; n < n1; n += 16) {
+                    const int64_t e = n + 16 < n1 ? n + 16 : n1;
+                    for (int64_t m = m0; m < m1; m += most) {
+                        const int64_t mb = m1 - m < most ? m1 - m : most;
+                        kernel[mb](j->x + m * K, j->wp, j->y + m * j->N, j->N, K, m == m0 ? j->PF : 0,
+                                   m == m0 ? j->FAR : 0, n, e);
+                    }
+                }
+            }
         }
     } else
 #endif

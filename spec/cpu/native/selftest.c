@@ -58,7 +58,8 @@ static int fail(const char *fmt, ...) {
 
 /* ---- products ---- */
 static int check_gemv(int isa, int threads) {
-    static const int64_t NK[][2] = {{1, 1}, {15, 7}, {16, 16}, {17, 17}, {25, 33}, {33, 71}, {47, 130}};
+    /* (33, 6000): the panel kernel's rows in blocks of 12 from 13 rows on (X_FLOATS / K under 12) */
+    static const int64_t NK[][2] = {{1, 1}, {15, 7}, {16, 16}, {17, 17}, {25, 33}, {33, 71}, {47, 130}, {33, 6000}};
     for (int64_t M = 1; M <= 13; M++)
         for (size_t c = 0; c < sizeof NK / sizeof NK[0]; c++) {
             const int64_t N = NK[c][0], K = NK[c][1], P = (N + 15) / 16;
