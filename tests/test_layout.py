@@ -425,17 +425,18 @@ def test_one_build_and_one_dispatch():
 
 
 def test_one_llama_layer_for_target_and_draft():
-    """RMSNorm, rotary, attention and the SiLU gate are written once (layer.c) and the draft's forward
-    calls them: qdraft.c computes no square root, exponential, sine or cosine table of its own but the
+    """RMSNorm, rotary, attention and the SiLU gate are written once (layer.c; attention over the draft's
+    cache of keys in blocks, spec_attend_blocked, beside the target's) and the draft's forward calls them: qdraft.c computes no square root, exponential, sine or cosine table of its own but the
     rotary angles, and defines no norm, rope, softmax or attention of its own."""
     qd = (NATIVE / "qdraft.c").read_text()
-    for op in ("spec_rms(", "spec_rotary(", "spec_attend(", "spec_silu_mul("):
+    for op in ("spec_rms(", "spec_rotary(", "spec_attend_blocked(", "spec_silu_mul("):
         assert op in qd, f"the draft's forward does not call {op}"
     own = re.findall(r"^static[^\n(]*\b(\w*(?:norm|rope|rms|attend|softmax|silu|exp)\w*)\(", qd, re.M)
     assert not own, f"qdraft.c defines layer ops of its own: {own}"
     assert "expf(" not in qd and "sqrtf(" not in qd.replace("1.f / sqrtf((float)hd)", "")
     layer = (NATIVE / "layer.c").read_text()
-    for entry in ("void spec_rms(", "void spec_rotary(", "int64_t spec_attend(", "void spec_silu_mul("):
+    for entry in ("void spec_rms(", "void spec_rotary(", "int64_t spec_attend(", "void spec_attend_blocked(",
+                  "void spec_silu_mul("):
         assert sum(p.read_text().count(entry) for p in NATIVE.glob("*.c")) == 1 and entry in layer, entry
     # the GGUF read by the gguf package: no struct-level reader of spec's own
     q = (SPEC / "cpu" / "qdraft.py").read_text()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import mmap
 import os
 from pathlib import Path
 from typing import Any
@@ -130,13 +131,29 @@ class GGUF:
             raise Unsupported(f"{self.path.name}: the gguf package cannot read it ({e})") from e
         self.fields = {k: v.contents() for k, v in self.reader.fields.items()
                        if not k.startswith("tokenizer.ggml.merges")}
-        self._tensors = {t.name: t for t in self.reader.tensors}
+        self._tensors = {t.name: (t.data_offset, t.data.shape, t.data.dtype) for t in self.reader.tensors}
         self.tensors = {t.name: (GGUF_TYPES.get(int(t.tensor_type), f"type {int(t.tensor_type)}"),
                                  [int(s) for s in t.shape]) for t in self.reader.tensors}
+        # the file mapped once; the reader's own structures (~120 MB for SmolLM2's 49k-token vocabulary,
+        # an object per token) are not kept
+        self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
+        self.reader = None
 
     def data(self, name: str) -> np.ndarray:
-        d = self._tensors[name].data
+        """The tensor's bytes, [rows, bytes a row] (a view of the mapped file)."""
+        offset, shape, dtype = self._tensors[name]
+        d = np.ndarray(shape, dtype=dtype, buffer=self._map, offset=offset)
         return d if d.dtype == np.uint8 else d.view(np.uint8).reshape(d.shape[0] if d.ndim > 1 else 1, -1)
+
+    def drop_pages(self) -> None:
+        """Drop the mapped file's pages from the process (read again from the page cache if asked for): a
+        QuantRun has copied what it reads into its records."""
+        mm = getattr(self._map, "_mmap", None)
+        if mm is not None and hasattr(mmap, "MADV_DONTNEED"):
+            try:
+                mm.madvise(mmap.MADV_DONTNEED)
+            except OSError:
+                pass
 
 
 @functools.lru_cache(maxsize=2)
@@ -199,6 +216,14 @@ def _check(g: GGUF) -> None:
                 raise Unsupported(f"blk.{i}: {', '.join(group)} are of different types (the kernel runs them as one)")
 
 
+def _zeros(shape: tuple) -> np.ndarray:
+    """Zeroed fp32 memory resident only where written, 4 KB at a time: an anonymous mapping (numpy asks
+    Linux for huge pages for large arrays, and a cache's first positions in each layer would then make all
+    of it resident, 2 MB a layer at a time: 180 MB for SmolLM2 at 4096 positions)."""
+    count = int(np.prod(shape))
+    return np.frombuffer(mmap.mmap(-1, max(4 * count, 1)), dtype=np.float32, count=count).reshape(shape)
+
+
 class QuantRun:
     """A Runner over one sequence of the GGUF Llama at `path` on spec's kernel (the module docstring);
     n_ctx: the positions its KV cache holds; threads: the threads its products are split over (the
@@ -248,14 +273,15 @@ class QuantRun:
             norms[i] = norm(f"blk.{i}.attn_norm.weight"), norm(f"blk.{i}.ffn_norm.weight")
         hd = dim // heads
         # keys in blocks of 16 positions, d-major (spec_native.h: SPEC_QD_BLOCKS); values a row per position
-        self.kc: np.ndarray | None = np.zeros((layers, kv, -(-n_ctx // 16), hd, 16), np.float32)
-        self.vc: np.ndarray | None = np.zeros((layers, n_ctx, kv * hd), np.float32)
+        self.kc: np.ndarray | None = _zeros((layers, kv, -(-n_ctx // 16), hd, 16))
+        self.vc: np.ndarray | None = _zeros((layers, n_ctx, kv * hd))
         self._keep += [mats, kinds, norms]
         self.model = Model(layers, dim, heads, kv, hd, int(f("feed_forward_length")), self.vocab, n_ctx,
                            float(f("attention.layer_norm_rms_epsilon")), float(f("rope.freq_base", 10000.0)),
                            embd, embd_kind, out, out_kind, norm("output_norm.weight"), norms.ctypes.data,
                            mats.ctypes.data, kinds.ctypes.data, self.kc.ctypes.data, self.vc.ctypes.data,  # type: ignore[union-attr]
                            native.variant(), threads)
+        g.drop_pages()          # (every byte it reads is in its records and norms now)
         self.lib = library()
         self.ids: np.ndarray = np.zeros(n_ctx, np.int32)
         self.n = 0

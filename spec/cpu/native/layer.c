@@ -65,10 +65,29 @@ static int attend_row_c(const float *qv, const float *k, const float *v, int64_t
     return 1;
 }
 
+/* spec_attend_blocked, plain C: the same sums in the same order as the AVX-512 code's lanes */
+static void attend_blocked_c(const float *q, int64_t G, int64_t D, const float *kb, const float *v, int64_t vt,
+                             int64_t n, float *s, int64_t ss, float *o) {
+    for (int64_t g = 0; g < G; g++) {
+        float *sg = s + g * ss, mx = -INFINITY, z = 0;
+        for (int64_t p = 0; p < n; p++) {
+            const float *k = kb + (p / 16) * 16 * D + p % 16;
+            float a = 0;
+            for (int64_t d = 0; d < D; d++) a += q[g * D + d] * k[d * 16];
+            sg[p] = a;
+            if (a > mx) mx = a;
+        }
+        for (int64_t p = 0; p < n; p++) z += sg[p] = expf(sg[p] - mx);
+        for (int64_t d = 0; d < D; d++) o[g * D + d] = 0;
+        for (int64_t p = 0; p < n; p++)
+            for (int64_t d = 0; d < D; d++) o[g * D + d] += sg[p] * v[p * vt + d];
+        for (int64_t d = 0; d < D; d++) o[g * D + d] *= 1.f / z;
+    }
+}
+
 #if defined(__x86_64__)
-/* v[i] = e^(v[i] - mx) for i < n (-inf: exactly 0), 16 lanes at a time; returns their sum (qdraft.c's
-   attention too) */
-T512 float spec_exp_shift512(float *v, int64_t n, float mx) {
+/* v[i] = e^(v[i] - mx) for i < n (-inf: exactly 0), 16 lanes at a time; returns their sum */
+static T512 float exp_shift512(float *v, int64_t n, float mx) {
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 k = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
@@ -96,7 +115,7 @@ static T512 int attend_row512(const float *qv, const float *k, const float *v, i
         if (s[l] > mx) mx = s[l];
     }
     if (mx == -INFINITY) return 0;
-    const float z = spec_exp_shift512(s, n, mx);
+    const float z = exp_shift512(s, n, mx);
     for (int64_t c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t l = 0; l < n; l++) {
         if (s[l] == 0.f) continue;                 /* masked (e^-inf), or underflowed: adds nothing */
@@ -119,6 +138,89 @@ static T512 int64_t silu_mul512(const float *g, const float *u, float *o, int64_
         _mm512_storeu_ps(o + i, _mm512_mul_ps(s, _mm512_loadu_ps(u + i)));
     }
     return i;
+}
+
+/* spec_attend_blocked's scores for GG heads: 16 keys a block, one FMA chain per head along d */
+static inline __attribute__((always_inline)) T512 void blocked_scores512(const float *kb, int64_t D, const float *q,
+                                                                        int64_t n, float *s, int64_t ss, const int GG) {
+    for (int64_t b = 0; b * 16 < n; b++) {
+        const float *k = kb + b * 16 * D;
+        __m512 acc[8];
+#pragma GCC unroll 8
+        for (int g = 0; g < GG; g++) acc[g] = _mm512_setzero_ps();
+        for (int64_t d = 0; d < D; d++) {
+            const __m512 kv = _mm512_loadu_ps(k + d * 16);
+#pragma GCC unroll 8
+            for (int g = 0; g < GG; g++) acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(q[g * D + d]), kv, acc[g]);
+        }
+#pragma GCC unroll 8
+        for (int g = 0; g < GG; g++) _mm512_storeu_ps(s + g * ss + b * 16, acc[g]);
+    }
+}
+
+/* spec_attend_blocked's values for GG heads: each value row read once for them, 4 lines at a time */
+static inline __attribute__((always_inline)) T512 void blocked_values512(const float *v, int64_t vt, int64_t D,
+                                                                        int64_t n, const float *s, int64_t ss,
+                                                                        const float *z, float *o, const int GG) {
+    for (int64_t c0 = 0; c0 < D; c0 += 64) {
+        const int C = D - c0 >= 64 ? 4 : (int)((D - c0) / 16);
+        __m512 acc[4][4];
+#pragma GCC unroll 4
+        for (int g = 0; g < GG; g++)
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) acc[g][c] = _mm512_setzero_ps();
+        for (int64_t p = 0; p < n; p++) {
+            const float *vp = v + p * vt + c0;
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                if (c >= C) break;
+                const __m512 x = _mm512_loadu_ps(vp + 16 * c);
+#pragma GCC unroll 4
+                for (int g = 0; g < GG; g++) acc[g][c] = _mm512_fmadd_ps(_mm512_set1_ps(s[g * ss + p]), x, acc[g][c]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int g = 0; g < GG; g++)
+#pragma GCC unroll 4
+            for (int c = 0; c < C; c++)
+                _mm512_storeu_ps(o + g * D + c0 + 16 * c, _mm512_mul_ps(acc[g][c], _mm512_set1_ps(1.f / z[g])));
+    }
+}
+
+static T512 void attend_blocked512(const float *q, int64_t G, int64_t D, const float *kb, const float *v,
+                                   int64_t vt, int64_t n, float *s, int64_t ss, float *o) {
+    float z[4];
+    for (int64_t g0 = 0; g0 < G; g0 += 8) {
+        const int64_t gg = G - g0 < 8 ? G - g0 : 8;
+        const float *qg = q + g0 * D;
+        float *sg = s + g0 * ss;
+        switch (gg) {
+            case 1: blocked_scores512(kb, D, qg, n, sg, ss, 1); break;
+            case 2: blocked_scores512(kb, D, qg, n, sg, ss, 2); break;
+            case 3: blocked_scores512(kb, D, qg, n, sg, ss, 3); break;
+            case 4: blocked_scores512(kb, D, qg, n, sg, ss, 4); break;
+            case 5: blocked_scores512(kb, D, qg, n, sg, ss, 5); break;
+            case 6: blocked_scores512(kb, D, qg, n, sg, ss, 6); break;
+            case 7: blocked_scores512(kb, D, qg, n, sg, ss, 7); break;
+            default: blocked_scores512(kb, D, qg, n, sg, ss, 8); break;
+        }
+    }
+    for (int64_t g0 = 0; g0 < G; g0 += 4) {
+        const int64_t gg = G - g0 < 4 ? G - g0 : 4;
+        for (int64_t g = 0; g < gg; g++) {
+            float *sg = s + (g0 + g) * ss, mx = -INFINITY;
+            for (int64_t p = 0; p < n; p++) mx = sg[p] > mx ? sg[p] : mx;
+            z[g] = exp_shift512(sg, n, mx);
+        }
+        float *og = o + g0 * D;
+        const float *sg = s + g0 * ss;
+        switch (gg) {
+            case 1: blocked_values512(v, vt, D, n, sg, ss, z, og, 1); break;
+            case 2: blocked_values512(v, vt, D, n, sg, ss, z, og, 2); break;
+            case 3: blocked_values512(v, vt, D, n, sg, ss, z, og, 3); break;
+            default: blocked_values512(v, vt, D, n, sg, ss, z, og, 4); break;
+        }
+    }
 }
 #endif
 
@@ -154,6 +256,25 @@ int64_t spec_attend(const float *q, int64_t qt, int64_t qh, const float *k, cons
         }
     free(s);
     return empty;
+}
+
+/* Attention of one key head's G query heads, q [G][D] (already scaled), over its first n keys held in blocks
+   of 16 positions, d-major (key p's dim d at kb[(p / 16) * 16 * D + d * 16 + p % 16]: the quantized draft's
+   cache, qdraft.c), values a row per position (value p at v + p * vt). The scores of 16 keys are one FMA
+   chain per head along d (no horizontal sums), and each key and value is read once for the G heads.
+   s: scratch of G * ss floats (ss: n rounded up to 16 at least). o [G][D]. AVX-512F for D a multiple of 16
+   up to 256, else plain C. */
+void spec_attend_blocked(const float *q, int64_t G, int64_t D, const float *kb, const float *v, int64_t vt,
+                         int64_t n, float *s, int64_t ss, float *o, int isa) {
+#if defined(__x86_64__)
+    if (spec_pick_isa(isa) >= SPEC_ISA_AVX512 && D % 16 == 0 && D <= 256) {
+        attend_blocked512(q, G, D, kb, v, vt, n, s, ss, o);
+        return;
+    }
+#else
+    (void)isa;
+#endif
+    attend_blocked_c(q, G, D, kb, v, vt, n, s, ss, o);
 }
 
 /* SwiGLU's gate: out[r][i] = silu(gu[r][i]) gu[r][inner + i] (gate and up side by side in each row of gu),

@@ -235,138 +235,20 @@ static void qd_rotate_and_store(const spec_qd_model *m, int64_t l, float *qkv, i
     }
 }
 
-/* Attention of key head j's G query heads (q [G][hd], already scaled) over its first n keys: scores s [G][ss]
-   (16 keys a block: one FMA chain per head along d, no horizontal sums), softmax, values. o [G][hd]. */
-static void qd_attend_c(const spec_qd_model *m, int64_t l, int64_t j, const float *q, int64_t G, int64_t n,
-                        float *s, int64_t ss, float *o) {
-    const int64_t hd = m->head_dim, kvd = m->n_kv * hd;
-    const float *v = m->vc + l * m->n_ctx * kvd + j * hd;
-    for (int64_t g = 0; g < G; g++) {
-        float *sg = s + g * ss, mx = -INFINITY, z = 0;
-        for (int64_t p = 0; p < n; p++) {
-            const float *kb = qd_kblock(m, l, j, p / 16) + p % 16;
-            float a = 0;
-            for (int64_t d = 0; d < hd; d++) a += q[g * hd + d] * kb[d * 16];
-            sg[p] = a;
-            if (a > mx) mx = a;
-        }
-        for (int64_t p = 0; p < n; p++) z += sg[p] = expf(sg[p] - mx);
-        for (int64_t d = 0; d < hd; d++) o[g * hd + d] = 0;
-        for (int64_t p = 0; p < n; p++)
-            for (int64_t d = 0; d < hd; d++) o[g * hd + d] += sg[p] * v[p * kvd + d];
-        for (int64_t d = 0; d < hd; d++) o[g * hd + d] *= 1.f / z;
-    }
-}
-
-#if defined(__x86_64__)
-#include "vexp.h"
-#define QD_INL static inline __attribute__((always_inline))
-/* qd_attend_c in 16 lanes for GG heads at a time (hd a multiple of 16, at most 256) */
-QD_INL T512 void qd_scores512(const float *kb0, int64_t hd, const float *q, int64_t n, float *s, int64_t ss,
-                              const int GG) {
-    for (int64_t b = 0; b * 16 < n; b++) {
-        const float *kb = kb0 + b * 16 * hd;
-        __m512 acc[8];
-#pragma GCC unroll 8
-        for (int g = 0; g < GG; g++) acc[g] = _mm512_setzero_ps();
-        for (int64_t d = 0; d < hd; d++) {
-            const __m512 k = _mm512_loadu_ps(kb + d * 16);
-#pragma GCC unroll 8
-            for (int g = 0; g < GG; g++) acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(q[g * hd + d]), k, acc[g]);
-        }
-#pragma GCC unroll 8
-        for (int g = 0; g < GG; g++) _mm512_storeu_ps(s + g * ss + b * 16, acc[g]);
-    }
-}
-
-QD_INL T512 void qd_values512(const float *v, int64_t kvd, int64_t hd, int64_t n, const float *s, int64_t ss,
-                              const float *z, float *o, const int GG) {
-    for (int64_t c0 = 0; c0 < hd; c0 += 64) {          /* 4 lines of a value row, GG heads: 4 GG accumulators */
-        const int C = hd - c0 >= 64 ? 4 : (int)((hd - c0) / 16);
-        __m512 acc[4][4];
-#pragma GCC unroll 4
-        for (int g = 0; g < GG; g++)
-#pragma GCC unroll 4
-            for (int c = 0; c < 4; c++) acc[g][c] = _mm512_setzero_ps();
-        for (int64_t p = 0; p < n; p++) {
-            const float *vp = v + p * kvd + c0;
-#pragma GCC unroll 4
-            for (int c = 0; c < 4; c++) {
-                if (c >= C) break;
-                const __m512 x = _mm512_loadu_ps(vp + 16 * c);
-#pragma GCC unroll 4
-                for (int g = 0; g < GG; g++) acc[g][c] = _mm512_fmadd_ps(_mm512_set1_ps(s[g * ss + p]), x, acc[g][c]);
-            }
-        }
-#pragma GCC unroll 4
-        for (int g = 0; g < GG; g++)
-#pragma GCC unroll 4
-            for (int c = 0; c < C; c++)
-                _mm512_storeu_ps(o + g * hd + c0 + 16 * c, _mm512_mul_ps(acc[g][c], _mm512_set1_ps(1.f / z[g])));
-    }
-}
-
-static T512 void qd_attend512(const spec_qd_model *m, int64_t l, int64_t j, const float *q, int64_t G, int64_t n,
-                              float *s, int64_t ss, float *o) {
-    const int64_t hd = m->head_dim, kvd = m->n_kv * hd;
-    const float *kb = qd_kblock(m, l, j, 0), *v = m->vc + l * m->n_ctx * kvd + j * hd;
-    float z[8];
-    for (int64_t g0 = 0; g0 < G; g0 += 8) {
-        const int64_t gg = G - g0 < 8 ? G - g0 : 8;
-        const float *qg = q + g0 * hd;
-        float *sg = s + g0 * ss;
-        switch (gg) {
-            case 1: qd_scores512(kb, hd, qg, n, sg, ss, 1); break;
-            case 2: qd_scores512(kb, hd, qg, n, sg, ss, 2); break;
-            case 3: qd_scores512(kb, hd, qg, n, sg, ss, 3); break;
-            case 4: qd_scores512(kb, hd, qg, n, sg, ss, 4); break;
-            case 5: qd_scores512(kb, hd, qg, n, sg, ss, 5); break;
-            case 6: qd_scores512(kb, hd, qg, n, sg, ss, 6); break;
-            case 7: qd_scores512(kb, hd, qg, n, sg, ss, 7); break;
-            default: qd_scores512(kb, hd, qg, n, sg, ss, 8); break;
-        }
-    }
-    for (int64_t g0 = 0; g0 < G; g0 += 4) {
-        const int64_t gg = G - g0 < 4 ? G - g0 : 4;
-        for (int64_t g = 0; g < gg; g++) {
-            float *sg = s + (g0 + g) * ss, mx = -INFINITY;
-            for (int64_t p = 0; p < n; p++) mx = sg[p] > mx ? sg[p] : mx;
-            z[g] = spec_exp_shift512(sg, n, mx);
-        }
-        float *og = o + g0 * hd;
-        const float *sg = s + g0 * ss;
-        switch (gg) {
-            case 1: qd_values512(v, kvd, hd, n, sg, ss, z, og, 1); break;
-            case 2: qd_values512(v, kvd, hd, n, sg, ss, z, og, 2); break;
-            case 3: qd_values512(v, kvd, hd, n, sg, ss, z, og, 3); break;
-            default: qd_values512(v, kvd, hd, n, sg, ss, z, og, 4); break;
-        }
-    }
-}
-#endif
-
 /* Layer l's attention for R rows at positions p0.. (row r sees keys 0 .. p0 + r), q in qkv's rows [R][QKV]
-   (rotated); each key head's G = n_head / n_kv query heads together, reading its keys and values once.
-   out [R][n_head * head_dim]. 0, or -2 when memory runs out. */
-static int qd_attend(const spec_qd_model *m, int64_t l, const float *qkv, int64_t R, int64_t p0, float *out) {
-    const int64_t hd = m->head_dim, H = m->n_head, KV = m->n_kv, G = H / KV, QKV = m->dim + 2 * KV * hd;
+   (rotated): each key head's G = n_head / n_kv query heads together on layer.c's spec_attend_blocked, which
+   reads the head's keys and values once. out [R][n_head * head_dim]. 0, or -2 when memory runs out. */
+static int qd_context(const spec_qd_model *m, int64_t l, const float *qkv, int64_t R, int64_t p0, float *out) {
+    const int64_t hd = m->head_dim, H = m->n_head, KV = m->n_kv, G = H / KV, kvd = KV * hd, QKV = m->dim + 2 * kvd;
     const int64_t ss = SPEC_QD_BLOCKS(m->n_ctx) * 16;
     float *s = malloc(sizeof(float) * (size_t)(G * ss)), *q = malloc(sizeof(float) * (size_t)(G * hd));
     if (!s || !q) { free(s); free(q); return -2; }
     const float scale = 1.f / sqrtf((float)hd);
-    const int wide = spec_pick_isa((int)m->isa) >= SPEC_ISA_AVX512 && hd % 16 == 0 && hd <= 256;
-    (void)wide;                                    /* (no AVX-512 variant off x86-64) */
     for (int64_t r = 0; r < R; r++)
         for (int64_t j = 0; j < KV; j++) {
             for (int64_t i = 0; i < G * hd; i++) q[i] = qkv[r * QKV + j * G * hd + i] * scale;
-            float *o = out + r * H * hd + j * G * hd;
-#if defined(__x86_64__)
-            if (wide) {
-                qd_attend512(m, l, j, q, G, p0 + r + 1, s, ss, o);
-                continue;
-            }
-#endif
-            qd_attend_c(m, l, j, q, G, p0 + r + 1, s, ss, o);
+            spec_attend_blocked(q, G, hd, qd_kblock(m, l, j, 0), m->vc + l * m->n_ctx * kvd + j * hd, kvd, p0 + r + 1,
+                                s, ss, out + r * H * hd + j * G * hd, (int)m->isa);
         }
     free(s);
     free(q);
@@ -398,7 +280,7 @@ int spec_qd_forward(const spec_qd_model *m, const int32_t *ids, int64_t n, int64
             spec_rms(x, m->norms[2 * l], h, R, D, m->eps);
             linear(m, W[0], kd[0], QKV, D, h, R, qkv, xq, xd, xs);
             qd_rotate_and_store(m, l, qkv, R, p0, cs, sn);
-            if (qd_attend(m, l, qkv, R, p0, h) != 0) { rc = -2; goto done; }
+            if (qd_context(m, l, qkv, R, p0, h) != 0) { rc = -2; goto done; }
             linear(m, W[1], kd[1], D, D, h, R, o, xq, xd, xs);
             for (int64_t i = 0; i < R * D; i++) x[i] += o[i];
             spec_rms(x, m->norms[2 * l + 1], h, R, D, m->eps);

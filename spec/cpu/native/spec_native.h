@@ -42,11 +42,8 @@ int64_t spec_attend(const float *q, int64_t qt, int64_t qh, const float *k, cons
                     int64_t L, const uint8_t *mask, float *out, int64_t T, int64_t H, int64_t KV, int64_t D,
                     float scale, int isa);
 void spec_silu_mul(const float *gu, float *out, int64_t rows, int64_t inner, int isa);
-
-#if defined(__x86_64__)
-/* layer.c: v[i] = e^(v[i] - mx) for i < n (-inf: 0), AVX-512F; returns their sum */
-HIDDEN __attribute__((target("avx512f"))) float spec_exp_shift512(float *v, int64_t n, float mx);
-#endif
+HIDDEN void spec_attend_blocked(const float *q, int64_t G, int64_t D, const float *kb, const float *v, int64_t vt,
+                                int64_t n, float *s, int64_t ss, float *o, int isa);   /* the draft's cache */
 
 /* qdraft.c: the block-quantized Llama forward of a draft (its own comment says the layout). Its key cache kc
    holds n_layer x n_kv x SPEC_QD_BLOCKS(n_ctx) blocks of 16 positions x head_dim, d-major in a block (a key's
