@@ -42,6 +42,7 @@ def model_and_ids(shape: str, prompt: int):
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg)
     model = model.to_empty(device="cpu")
+    model.model.rotary_emb = type(model.model.rotary_emb)(config=cfg)   # to_empty leaves buffers uninitialized
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in model.parameters():
