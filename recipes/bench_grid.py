@@ -21,7 +21,8 @@ acceptance means nothing, so the self-draft's speedup there is Theorem 3.8 price
 costs (the draft's time per proposal and the verify round, in target steps) at the acceptance SmolLM2 measured
 at the same threads and prompt length; on SmolLM2 it is measured.
 
-Each child loads its model, warms up on a short prompt (one-time costs: packing, probes, the native library),
+Each child loads its model, warms up on the prompt's first WARM ids (one-time costs: packing, probes, the native
+library, the draft's first fill from the target's states),
 then times a prefill (one new token) and the whole decode (--tokens new tokens); ms/token is the decode's
 (total - prefill over tokens - 1), speedups are of the whole run, prefill included. Writes --out (every cell
 as it finishes) and, with matplotlib, --plot.
@@ -46,6 +47,7 @@ SHAPES = {  # SmolLM2's public shapes: hidden, layers, heads, kv heads, ffn
     "1.7b": (2048, 24, 32, 32, 8192),
 }
 GAMMA = 8
+WARM = 80   # the warm-up's prompt: past spec.gguf_draft.FILL_FROM, so that its first long-prompt round is paid too
 SYSTEMS = ("hf", "spec greedy", "spec + Q4_1 draft", "spec + lookup", "verify round", "llama.cpp f32",
            "llama.cpp Q4_1")
 LLAMA = ("llama.cpp f32", "llama.cpp Q4_1")
@@ -174,7 +176,7 @@ def child(system: str, size: str, threads: int, ids: list[int], tokens: int) -> 
                 return greedy_generate(model, x, max_new_tokens=n).tokens, None
             r = speculative_generate(model, draft, x, gamma=GAMMA, max_new_tokens=n, trace=trace)
             return r.tokens, r
-    run(ids[:, :16], 4)
+    run(ids[:, :WARM], 4)
     t0 = time.perf_counter()
     run(ids, 1)
     prefill = time.perf_counter() - t0
@@ -211,7 +213,7 @@ def llama_child(system: str, size: str, threads: int, ids: list[int], tokens: in
             if len(out) == n:
                 break
         return out
-    greedy(ids[:16], 4)
+    greedy(ids[:WARM], 4)
     t0 = time.perf_counter()
     greedy(ids, 1)
     prefill = time.perf_counter() - t0

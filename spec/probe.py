@@ -102,7 +102,7 @@ def close(a: torch.Tensor, b: torch.Tensor, tol: float) -> bool:
     return worst <= tol * (1.0 + scale)
 
 
-CLOSE_BLOCK = 1 << 20
+CLOSE_BLOCK = 1 << 18
 
 
 # model -> {question: ((dtype, device), the answer, or the exception to raise again)}

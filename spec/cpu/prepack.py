@@ -276,9 +276,15 @@ def packed_forward(linear: torch.nn.Linear, kernel: bool = False, small=None, sh
     made at the first call that needs it."""
     bias = None if linear.bias is None else linear.bias.detach()
     most = kernel_rows() if kernel else 0
+    dropped: list = []        # each block's drop (`dropper`): all done, the weight is given back already
     if most and small is None:
-        small = gemv.product(linear.weight.detach(), bias, "panel", done=dropper(linear.weight) if shed_weight else None)
-    gone = bool(most) and shed_weight and shed(linear.weight)
+        drop = dropper(linear.weight) if shed_weight else None
+        small = gemv.product(linear.weight.detach(), bias, "panel",
+                             done=None if drop is None else lambda lo, hi: dropped.append(drop(lo, hi)))
+    if dropped and all(dropped):
+        gone = True           # (checked and dropped block by block: shed would read it all back to check it)
+    else:
+        gone = bool(most) and shed_weight and shed(linear.weight)
     return Packed(linear.weight, bias, small if most else None, most, gone)
 
 
