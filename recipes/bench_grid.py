@@ -285,6 +285,8 @@ def price(cell: dict, smollm: dict | None) -> dict | None:
     step = greedy["ms_per_token"]
     c = 1e3 * q4["draft_s"] / q4["drafted"] / step
     verify = (rnd["total_s"] - rnd["prefill_s"]) * 1e3 / max(rnd["rounds"] - 1, 1) / step
+    if verify <= 0:     # (its one-token run took longer than its whole run: a first-use cost; nothing to price)
+        return None
     alpha = theory.implied_alpha(min(ref["tokens_per_round"], GAMMA + 0.999), GAMMA)
     per_round = theory.expected_tokens_per_round(alpha, GAMMA)
     decode = per_round / (GAMMA * c + verify)
@@ -303,6 +305,7 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--out", type=Path, default=ROOT / "results" / "grid.json")
     p.add_argument("--plot", type=Path, default=ROOT / "docs" / "grid.png")
+    p.add_argument("--replot", action="store_true", help="draw --plot from --out's cells, measuring nothing")
     p.add_argument("--child", choices=SYSTEMS, help=argparse.SUPPRESS)
     p.add_argument("--ids", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -310,13 +313,17 @@ def main(argv=None) -> int:
         ids = json.loads(args.ids.read_text())
         print(json.dumps(child(args.child, args.sizes, int(args.threads), ids, args.tokens)))
         return 0
+    if args.replot:
+        plot(json.loads(args.out.read_text()), args.plot)
+        return 0
     sizes, threads = args.sizes.split(","), [int(t) for t in args.threads.split(",")]
     lengths = [int(n) for n in args.prompts.split(",")]
     if not (native_llama() / "llama_cpp").is_dir():
         sys.exit(f"no natively built llama-cpp-python in {native_llama()}: run bash requirements/build-llama-native")
     from spec.conformance import provenance
-    result = {"meta": provenance.meta(command=provenance.recipe_command("bench_grid", argv)),
-              "tokens": args.tokens, "gamma": GAMMA, "cells": []}
+    result = {"meta": provenance.meta(command=provenance.recipe_command(__file__, argv)),
+              "tokens": args.tokens, "gamma": GAMMA, "cells": [],
+              "planned": [[s, n, t] for s in sizes for n in lengths for t in threads]}
     result["meta"]["build"] = {"llama.cpp": native_build()}
     for size in sizes:
         if size not in ("135m", *SHAPES):
@@ -378,9 +385,9 @@ def plot(result: dict, path: Path) -> None:
                 ys = []
                 for c in mine:
                     r = c["rows"].get(system, {})
-                    if system == "spec + Q4_1 draft" and c.get("priced"):
-                        g = c["rows"]["spec greedy"]
-                        ys.append(1e3 * g["total_s"] / c["priced"]["speedup"] / len(g["tokens"]))
+                    if system == "spec + Q4_1 draft" and size != "135m":    # random weights: priced, or nothing
+                        g, priced = c["rows"]["spec greedy"], c.get("priced")
+                        ys.append(1e3 * g["total_s"] / priced["speedup"] / len(g["tokens"]) if priced else float("nan"))
                     else:
                         ys.append(1e3 * r["total_s"] / len(r["tokens"]) if "total_s" in r else float("nan"))
                 label = system + (" (priced)" if system == "spec + Q4_1 draft" and size != "135m" else "")

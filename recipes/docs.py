@@ -17,7 +17,8 @@ dated log (docs/log/) for what cannot be re-measured on the machine at hand; its
 DATE" and where the figures come from.
 
 The parts:
-- BENCHMARKS.md: `cpu` (results/cpu_limit.json, results/cpu_limit_vllm.json), `seed` (results/seed.json),
+- BENCHMARKS.md: `grid` (results/grid.json, and the plot docs/grid.png the same command draws), `cpu`
+  (results/cpu_limit.json, results/cpu_limit_vllm.json), `seed` (results/seed.json),
   `batch` (results/batch.json), `trees` (results/trees.json), `served` (results/endpoints_*.json), `ci`
   (results/ci.json).
 - CONFORMANCE.md: `matrix` (results/conformance/*.json: `python -m spec conform --out` reports, and
@@ -140,6 +141,126 @@ def verify_fit(steps: dict) -> tuple[float, float]:
     gs, ys = [g for g, _ in points], [y for _, y in points]
     slope = statistics.covariance(gs, ys) / statistics.variance(gs)
     return statistics.fmean(ys) - slope * statistics.fmean(gs), slope
+
+
+GRID_SIZES = {"135m": "SmolLM2-135M", "360m": "360M shape", "1.7b": "1.7B shape"}
+
+
+def render_grid(results: Path) -> str:
+    r = load(results, "grid.json")
+    meta, cells, bw = r["meta"], r["cells"], r.get("bandwidth_GBps")
+
+    def ms(row: dict | None) -> float | None:
+        return None if not row or "total_s" not in row else 1e3 * row["total_s"] / len(row["tokens"])
+
+    def f1(v) -> str:
+        return "-" if v is None else f"{v:.1f}"
+
+    def mb(row: dict | None) -> str:
+        return "-" if not row or "peak_rss_mb" not in row else f"{row['peak_rss_mb']:,.0f}"
+
+    times, ratios, failed, differ = [], [], [], []
+    for c in cells:
+        rows, priced = c["rows"], c.get("priced")
+        name = GRID_SIZES.get(c["size"], c["size"])
+        where = [name, c["threads"], c["prompt"]]
+        greedy = rows.get("spec greedy")
+        q4 = rows.get("spec + Q4_1 draft")
+        random = c["size"] != "135m"     # (random weights: the draft's acceptance means nothing, only a price)
+        if priced:
+            draft_ms, draft = f"≈{ms(greedy) / priced['speedup']:.1f} (priced)", priced
+        else:
+            draft_ms, draft = ("- (not priced)" if random else f1(ms(q4))), None
+        limit = None
+        if bw and greedy and greedy.get("weight_bytes"):
+            limit = greedy["weight_bytes"] / (bw * 1e9) * 1e3
+        times.append(where + [f1(ms(rows.get(k))) for k in ("hf", "spec greedy")] + [draft_ms] +
+                     [f1(ms(rows.get(k))) for k in ("spec + lookup", "llama.cpp f32", "llama.cpp Q4_1")] + [f1(limit)])
+        llama = rows.get("llama.cpp f32")
+        vs_llama = x(ms(greedy) / ms(llama)) if ms(greedy) and ms(llama) else "-"
+        if draft:
+            self_draft = f"≈{x(draft['speedup'])} / ≈{x(draft['decode_speedup'])} (priced: alpha {draft['alpha']:.2f}, " \
+                         f"c {draft['c']:.3f})"
+        elif random:
+            self_draft = "- (not priced: no verify round measured)"
+        elif ms(greedy) and ms(q4):
+            # decode only: both runs less the target's prefill as greedy's own run measured it (the draft's
+            # fill and first round count as decode)
+            left = q4["total_s"] - greedy["prefill_s"]
+            decode = (greedy["total_s"] - greedy["prefill_s"]) / left if left > 0 else None
+            self_draft = f"{x(ms(greedy) / ms(q4))} / {x(decode)}"
+        else:
+            self_draft = "-"
+        rnd = rows.get("verify round")
+        steps = "-"
+        if rnd and greedy and "total_s" in rnd and rnd.get("rounds", 0) > 1 and rnd["total_s"] > rnd["prefill_s"]:
+            steps = f"{(rnd['total_s'] - rnd['prefill_s']) * 1e3 / (rnd['rounds'] - 1) / greedy['ms_per_token']:.2f}"
+        elif rnd and "total_s" in rnd:
+            steps = "- (its one-token run took longer than the whole: a first-use cost, not separable here)"
+        hf = rows.get("hf")
+        rss = " / ".join(mb(rows.get(k)) for k in ("hf", "spec greedy", "spec + Q4_1 draft", "llama.cpp f32",
+                                                    "llama.cpp Q4_1"))
+        ratio = x(greedy["peak_rss_mb"] / hf["peak_rss_mb"]) if greedy and hf and "peak_rss_mb" in greedy and \
+            "peak_rss_mb" in hf else "-"
+        ratios.append(where + [vs_llama, self_draft, steps, rss, ratio])
+        for system, row in rows.items():
+            if "error" in row:
+                failed.append(f"{name}, {c['threads']} thread(s), {c['prompt']} tokens, {system}: "
+                              f"{row['error'].strip().splitlines()[-1][:200]}")
+            elif row.get("identical") is False:
+                differ.append(f"{name}, {c['threads']} thread(s), {c['prompt']} tokens, {system}")
+    checked = sum(1 for c in cells for row in c["rows"].values() if "identical" in row)
+    done = {(c["size"], c["prompt"], c["threads"]) for c in cells}
+    sizes = list(dict.fromkeys(c["size"] for c in cells))
+    planned = [tuple(p) for p in r.get("planned") or
+               [[z, n, t] for z in sizes for n in sorted({c["prompt"] for c in cells})
+                for t in sorted({c["threads"] for c in cells})]]
+    missing = [f"{GRID_SIZES.get(z, z)} at {n} tokens, {t} thread{'s' if t > 1 else ''}" for z, n, t in planned
+               if (z, n, t) not in done]
+    build = (meta.get("build") or {}).get("llama.cpp") or {}
+    parts = [
+        f"Each cell: a prompt of that many tokens, then {r['tokens']} new tokens, greedy; each system in a process "
+        "of its own, the systems of a cell back to back; the second call timed after a warm-up. SmolLM2-135M is "
+        "the real model with a chat request to summarize this repository's docs; the 360M and 1.7B shapes are "
+        "SmolLM2's public shapes with seeded random weights and random token prompts (real speed and memory; "
+        "their acceptance means nothing, so the Q4_1 self-draft there is Theorem 3.8 priced with that size's "
+        "measured draft cost and verify round at the acceptance SmolLM2 measured in the same cell, marked ≈). "
+        f"spec speculates with gamma {r['gamma']}.",
+        "",
+        "**Time**: ms per new token, the prompt's prefill included (the whole run over the new tokens). The "
+        "machine's limit: the model's weights read once per token at the measured bandwidth "
+        f"({bw:.1f} GB/s, one thread)." if bw else "**Time**: ms per new token, prefill included.",
+        "",
+        table(["model", "threads", "prompt", "HF `generate`", "spec greedy", "spec + Q4_1 self-draft",
+               "spec + prompt lookup", "llama.cpp f32", "llama.cpp Q4_1", "machine's limit"], times),
+        "",
+        "**Ratios and memory**: spec greedy's time over llama.cpp f32's (below 1: faster); the self-draft's speed "
+        "over spec greedy's, whole run / decode only (prefill left out); a round of a free draft whose "
+        f"{r['gamma']} proposals are all accepted, in one-token steps of spec greedy (the verify pass and the "
+        "loop); peak RSS of each system's process, MB, and spec greedy's over HF's.",
+        "",
+        table(["model", "threads", "prompt", "spec greedy / llama.cpp f32", "self-draft x spec greedy",
+               "verify round (steps)", "peak RSS: HF / spec greedy / spec + Q4_1 / llama.cpp f32 / Q4_1",
+               "spec greedy / HF memory"], ratios),
+        "",
+        f"Outputs: {checked - len(differ)} of {checked} spec and llama.cpp f32 outputs identical to HF's"
+        + (f"; differing: {'; '.join(differ)}" if differ else "") + "."
+        + (f" Failed: {'; '.join(failed)}." if failed else "")
+        + (f" Not measured in this run (the session's time ran out; the command runs them): {'; '.join(missing)}."
+           if missing else ""),
+        "",
+        "![ms per new token against prompt length, by size and threads](grid.png)",
+        "",
+        provenance(meta) + (f" llama.cpp: llama-cpp-python {build.get('version')} built with "
+                            f"`{build.get('cmake_args')}` ({build.get('where')}); its system info: "
+                            f"{build.get('system_info', '').replace('|', '/').strip()}" if build else ""),
+        "",
+        "Made by:",
+        "",
+        command_block("bash requirements/build-llama-native     # llama.cpp as pip builds it (native), once",
+                      meta["command"]),
+    ]
+    return "\n".join(parts)
 
 
 def render_cpu(results: Path) -> str:
@@ -474,7 +595,7 @@ ENGINE_PACKAGES = ("transformers", "torch", "llama-cpp-python")
 # --- the docs ---------------------------------------------------------------------------------------------
 
 PARTS = {
-    "docs/BENCHMARKS.md": {"cpu": render_cpu, "seed": render_seed, "batch": render_batch, "trees": render_trees,
+    "docs/BENCHMARKS.md": {"grid": render_grid, "cpu": render_cpu, "seed": render_seed, "batch": render_batch, "trees": render_trees,
                            "served": render_served, "ci": render_ci},
     "docs/CONFORMANCE.md": {"matrix": render_matrix},
 }

@@ -121,13 +121,12 @@ class Passes:
             return 0, False
         if rows <= self.most:
             return torch_threads, torch_threads > 1
-        if self.shed:                            # (the weights live on the kernel's panels alone: it runs them all)
-            return torch_threads, False
-        return 1, False                          # (a longer pass: its head's few kept rows on the kernel, unsplit)
+        return 1, False      # (a longer pass: on the kernel unsplit where its weights were shed and torch runs one
+        #                      thread, else oneDNN, the head's few kept rows on the kernel: prepack.Packed)
 
     def on_kernel(self, kernel: int, rows: int) -> bool:
         """Whether a pass of `rows` rows whose products take `kernel` threads runs them on the kernel."""
-        return bool(kernel) and (rows <= self.most or self.shed)
+        return bool(kernel) and (rows <= self.most or self.shed and prepack.long_on_kernel())
 
     def path(self, rows: int) -> str:
         """The path a pass of `rows` rows takes at torch's threads now: "kernel" or "oneDNN"."""

@@ -109,6 +109,14 @@ def shedding() -> bool:
     return os.environ.get("SPEC_SHED", "1") != "0"
 
 
+def long_on_kernel() -> bool:
+    """Whether a shed weight's longer passes (a prefill) run on the kernel: where torch runs one thread (1.1x
+    oneDNN's time there). At more, oneDNN's threads run them over the weight, read back from its file (the
+    kernel's long passes beside torch's thread team measured 1.6x oneDNN's prefill at 2 threads, 700 rows,
+    SmolLM2): its memory is given back at one thread only, once a prefill has run."""
+    return torch.get_num_threads() == 1
+
+
 def weights_dir() -> Path:
     return Path(os.environ.get("SPEC_CACHE") or Path.home() / ".cache" / "spec").expanduser() / "weights"
 
@@ -259,7 +267,7 @@ class Packed:
         """x W^T + b: on the kernel, its panels split over `threads` threads, for 1 to `most` rows when
         `threads` > 0; else on oneDNN."""
         rows = x.numel() // x.shape[-1]
-        if threads and rows and (rows <= self.most or self.shed):
+        if threads and rows and (rows <= self.most or self.shed and long_on_kernel()):
             return self.small(x, threads=threads)
         if not 0 < rows < MIN_ROWS:
             return self.onednn(x, rows)
@@ -302,7 +310,7 @@ class Group:
 
     def __call__(self, x: torch.Tensor, threads: int = 0) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
-        if self.most and threads and rows and (rows <= self.most or self.shed):
+        if self.most and threads and rows and (rows <= self.most or self.shed and long_on_kernel()):
             return self.whole(x, threads=threads)
         return torch.cat([m(x, threads) for m in self.members], dim=-1)
 

@@ -222,7 +222,7 @@ def test_a_weight_in_the_process_memory_moves_to_a_file_with_its_values(tmp_path
 
 
 @needs_linux
-def test_a_mapped_checkpoint_gives_its_pages_back_and_keeps_its_values(tmp_path, monkeypatch):
+def test_a_mapped_checkpoint_gives_its_pages_back_and_keeps_its_values(tmp_path, monkeypatch, one_thread):
     """A model loaded from safetensors (transformers maps the file): once the executor's panels serve every
     pass, its linears' pages leave the process (the Parameters untouched, still mapped from the checkpoint),
     the decode stays exact; a weight changed in memory after loading keeps its change (its pages differ from
