@@ -20,34 +20,17 @@ import sys
 import time
 from pathlib import Path
 
-SHAPES = {  # SmolLM2's public shapes: hidden, layers, heads, kv heads, ffn
-    "360m": (960, 32, 15, 5, 2560),
-    "1.7b": (2048, 24, 32, 32, 8192),
-}
 SYSTEMS = ("hf", "spec greedy", "spec + Q4_1 draft")
 
 
 def model_and_ids(shape: str, prompt: int):
     import torch
-    from spec import realmodel
-    if shape == "135m":
-        model, tok = realmodel.load(lambda *_: None, dtype=torch.float32)
-        text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-        return model, tok, tok(text, return_tensors="pt").input_ids[:, :prompt]
-    from transformers import LlamaConfig, LlamaForCausalLM
-    hidden, layers, heads, kv, ffn = SHAPES[shape]
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
-                      num_attention_heads=heads, num_key_value_heads=kv, tie_word_embeddings=True,
-                      max_position_embeddings=8192)
-    with torch.device("meta"):
-        model = LlamaForCausalLM(cfg)
-    model = model.to_empty(device="cpu")
-    model.model.rotary_emb = type(model.model.rotary_emb)(config=cfg)   # to_empty leaves buffers uninitialized
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
-    return model.eval(), None, torch.randint(0, 49152, (1, prompt), generator=torch.Generator().manual_seed(1))
+    from bench_grid import load     # (the random-weight shapes: one builder, bench_grid's)
+    model, tok = load(shape)
+    if tok is None:
+        return model, None, torch.randint(0, 49152, (1, prompt), generator=torch.Generator().manual_seed(1))
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    return model, tok, tok(text, return_tensors="pt").input_ids[:, :prompt]
 
 
 def child(system: str, shape: str, prompt: int, tokens: int, threads: int) -> dict:
@@ -78,7 +61,7 @@ def child(system: str, shape: str, prompt: int, tokens: int, threads: int) -> di
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shape", choices=("135m", *SHAPES), default="135m")
+    p.add_argument("--shape", choices=("135m", "360m", "1.7b"), default="135m")
     p.add_argument("--prompt", type=int, default=700)
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=1)

@@ -65,3 +65,15 @@ def plant(monkeypatch, tmp_path, file: str, old: str, new: str) -> None:
     monkeypatch.setattr(native, "SOURCES", folder)
     monkeypatch.setenv("SPEC_CACHE", str(tmp_path / "cache"))
     native.forget()
+
+
+def resident(ptr: int, nbytes: int) -> int:
+    """Bytes of the whole pages in [ptr, ptr + nbytes) this process has mapped (/proc/self/pagemap's "present"
+    bit, readable without privileges; Linux only)."""
+    import mmap
+    page = mmap.PAGESIZE
+    lo, hi = -(-ptr // page) * page, (ptr + nbytes) // page * page
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(lo // page * 8)
+        raw = f.read(max(0, hi - lo) // page * 8)
+    return sum(int.from_bytes(raw[i:i + 8], "little") >> 63 for i in range(0, len(raw), 8)) * page

@@ -438,18 +438,6 @@ def test_a_gguf_of_another_tokenizer_is_refused_without_llama_cpp(target, q4_ggu
         GGUFDraft(q4_gguf, target, Pieces(640, bos=3), engine="native")
 
 
-def _resident(ptr: int, nbytes: int) -> int:
-    """Bytes of the whole pages in [ptr, ptr + nbytes) this process has mapped (/proc/self/pagemap's
-    "present" bit)."""
-    import mmap
-    page = mmap.PAGESIZE
-    lo, hi = -(-ptr // page) * page, (ptr + nbytes) // page * page
-    with open("/proc/self/pagemap", "rb") as f:
-        f.seek(lo // page * 8)
-        raw = f.read(max(0, hi - lo) // page * 8)
-    return sum(int.from_bytes(raw[i:i + 8], "little") >> 63 for i in range(0, len(raw), 8)) * page
-
-
 @pytest.mark.skipif(not __import__("os").path.exists("/proc/self/pagemap"), reason="Linux only")
 def test_the_draft_holds_in_memory_only_what_it_has_written(q4_gguf):
     """A QuantRun's caches are resident only where positions were written, a page at a time (numpy asks for
@@ -457,9 +445,9 @@ def test_the_draft_holds_in_memory_only_what_it_has_written(q4_gguf):
     into its records, leave the process once it is made."""
     run = qdraft.QuantRun(q4_gguf, n_ctx=1 << 16)
     g = qdraft.read(q4_gguf)
-    assert _resident(g._map.ctypes.data, g._map.nbytes) < g._map.nbytes / 4
+    assert nativecheck.resident(g._map.ctypes.data, g._map.nbytes) < g._map.nbytes / 4
     run(torch.tensor(PROMPTS[0] + PROMPTS[1]), keep=1)
     caches = run.kc.nbytes + run.vc.nbytes
     assert caches > 8 << 20                                   # (large enough for numpy's huge pages)
-    held = _resident(run.kc.ctypes.data, run.kc.nbytes) + _resident(run.vc.ctypes.data, run.vc.nbytes)
+    held = sum(nativecheck.resident(c.ctypes.data, c.nbytes) for c in (run.kc, run.vc))
     assert 0 < held <= 64 * 4096, f"{held} bytes of {caches} resident after {len(run)} positions"

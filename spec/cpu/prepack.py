@@ -122,7 +122,7 @@ def weights_dir() -> Path:
 
 
 def shed(param: torch.nn.Parameter) -> bool:
-    """Give back the memory of `param`'s values (fp32, contiguous, on CPU) once packed copies serve every pass,
+    """Give back the memory of `param`'s values (fp32, 2-D, contiguous, on CPU) once packed copies serve every pass,
     keeping the values where the model reads them:
 
     - mapped from a file (transformers maps a checkpoint's safetensors) and holding the file's own bytes
@@ -136,13 +136,12 @@ def shed(param: torch.nn.Parameter) -> bool:
     Returns False, changing nothing, where it cannot (not such a tensor, a view into a larger storage, a
     mapped file whose bytes there differ from the values, a file that cannot be written)."""
     t = param.data
-    if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() or not t.numel():
+    if not _packable(t):
         return False
-    nbytes, ptr = t.numel() * 4, t.data_ptr()
-    mapped = _file_mapping(ptr, nbytes)
-    if mapped is not None:
-        return _drop_pages(t, *mapped)
-    if t.untyped_storage().nbytes() != nbytes:
+    drop = dropper(param)
+    if drop is not None:
+        return drop(0, t.shape[0])
+    if t.untyped_storage().nbytes() != t.numel() * 4:
         return False
     try:
         weights_dir().mkdir(parents=True, exist_ok=True)
@@ -163,6 +162,11 @@ def shed(param: torch.nn.Parameter) -> bool:
 
 
 PAGE = mmap.PAGESIZE
+
+
+def _packable(t: torch.Tensor) -> bool:
+    """A linear's weight `shed` and `dropper` take: fp32, 2-D, contiguous, on CPU, not empty."""
+    return t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() and t.dim() == 2 and t.numel() > 0
 
 
 def _file_mapping(ptr: int, nbytes: int) -> tuple[str, int] | None:
@@ -188,7 +192,7 @@ def dropper(param: torch.nn.Parameter):
     rows lo..hi that hold the file's bytes (packing a large weight block by block: gemv.panels' `done`), so
     that its copy and itself are not both whole in memory; else None."""
     t = param.data
-    if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() or t.dim() != 2:
+    if not _packable(t):
         return None
     mapped = _file_mapping(t.data_ptr(), t.numel() * 4)
     if mapped is None:
@@ -305,8 +309,7 @@ class Group:
     def __init__(self, members: list, whole=None):
         self.members, self.whole = members, whole
         self.most = members[0].most if whole is not None else 0
-
-    shed = False    # every member's weight moved out of memory: the kernel runs every pass
+        self.shed = all(m.shed for m in members)    # every member's weight given back: the kernel runs every pass
 
     def __call__(self, x: torch.Tensor, threads: int = 0) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
@@ -326,7 +329,4 @@ def group(linears: tuple, kernel: bool = False, shed_weights: bool = False) -> G
                             [None if m.bias is None else m.bias.detach() for m in linears])
         if made is not None:
             whole, parts = made
-    members = [packed_forward(m, kernel, part, shed_weights) for m, part in zip(linears, parts)]
-    g = Group(members, whole)
-    g.shed = all(m.shed for m in members)
-    return g
+    return Group([packed_forward(m, kernel, part, shed_weights) for m, part in zip(linears, parts)], whole)

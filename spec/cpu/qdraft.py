@@ -126,18 +126,17 @@ class GGUF:
                 raise Unsupported(f"{self.path.name} is not a GGUF file (no GGUF magic)")
         import gguf
         try:
-            self.reader = gguf.GGUFReader(self.path)
+            reader = gguf.GGUFReader(self.path)
         except (ValueError, KeyError) as e:
             raise Unsupported(f"{self.path.name}: the gguf package cannot read it ({e})") from e
-        self.fields = {k: v.contents() for k, v in self.reader.fields.items()
+        self.fields = {k: v.contents() for k, v in reader.fields.items()
                        if not k.startswith("tokenizer.ggml.merges")}
-        self._tensors = {t.name: (t.data_offset, t.data.shape, t.data.dtype) for t in self.reader.tensors}
+        self._tensors = {t.name: (t.data_offset, t.data.shape, t.data.dtype) for t in reader.tensors}
         self.tensors = {t.name: (GGUF_TYPES.get(int(t.tensor_type), f"type {int(t.tensor_type)}"),
-                                 [int(s) for s in t.shape]) for t in self.reader.tensors}
+                                 [int(s) for s in t.shape]) for t in reader.tensors}
         # the file mapped once; the reader's own structures (~120 MB for SmolLM2's 49k-token vocabulary,
         # an object per token) are not kept
         self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
-        self.reader = None
 
     def data(self, name: str) -> np.ndarray:
         """The tensor's bytes, [rows, bytes a row] (a view of the mapped file)."""

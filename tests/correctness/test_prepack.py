@@ -12,6 +12,8 @@ from oracles import assert_logits_close
 from spec import hf, probe, runner
 from spec.cpu import executor, prepack
 
+import nativecheck
+
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch")
 
 
@@ -180,24 +182,8 @@ def _mapping(t: torch.Tensor) -> str:
 
 
 def _resident(t: torch.Tensor) -> int:
-    """Bytes of t's whole pages resident in this process (mincore over them)."""
-    import ctypes
-    import mmap
-    page = mmap.PAGESIZE
-    lo, hi = -(-t.data_ptr() // page) * page, (t.data_ptr() + t.numel() * t.element_size()) // page * page
-    if hi <= lo:
-        return 0
-    vec = (ctypes.c_ubyte * ((hi - lo) // page))()
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
-    assert libc.mincore(lo, hi - lo, vec) == 0
-    # (mincore says whether the page cache holds a file page; what the process maps is /proc/self/pagemap's,
-    # readable without privileges only as "present": bit 63)
-    with open("/proc/self/pagemap", "rb") as f:
-        f.seek(lo // page * 8)
-        raw = f.read((hi - lo) // page * 8)
-    present = sum(int.from_bytes(raw[i:i + 8], "little") >> 63 for i in range(0, len(raw), 8))
-    return present * page
+    """Bytes of t's whole pages resident in this process."""
+    return nativecheck.resident(t.data_ptr(), t.numel() * t.element_size())
 
 
 # At a fault on a mapped file Linux maps up to 64 KB of its neighbouring pages already in the page cache
