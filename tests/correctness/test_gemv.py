@@ -15,7 +15,7 @@ import nativecheck
 from oracles import assert_logits_close
 
 from spec import hf, probe
-from spec.cpu import executor, gemv, prepack
+from spec.cpu import executor, gemv, plainllama, prepack
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch")
 
@@ -374,11 +374,14 @@ def test_plain_layers_on_the_kernel_compute_the_models_layers(lib):
 
 
 @pytest.mark.parametrize("T,L,H,KV,masked", [(1, 70, 9, 3, False), (9, 73, 9, 3, True), (5, 5, 4, 4, False),
-                                             (3, 40, 4, 1, True)])
+                                             (3, 40, 4, 1, True), (9, 730, 9, 3, False), (40, 40, 9, 3, False),
+                                             (70, 75, 4, 4, False)])
 def test_attention_on_the_library_is_sdpa(lib, T, L, H, KV, masked):
     """gemv.attend: SDPA's output within fp32 rounding, for one row, a verify pass under the model's
-    mask, a causal prefill and grouped heads; q a strided view as a plain layer hands it over; None (the
-    caller's own attention) where a row may attend to nothing, for a batch, or off AVX-512F."""
+    mask or after a long cache, a causal prefill and grouped heads, with more rows than one block of the
+    library's attention takes (its keys packed as later rows reach them); q a strided view as a plain layer
+    hands it over; None (the caller's own attention) where a row may attend to nothing, for a batch, or off
+    AVX-512F."""
     if gemv.isa() != 2:
         q = torch.randn(1, H, T, 16)
         assert gemv.attend(q, torch.randn(1, KV, L, 16), torch.randn(1, KV, L, 16), None, 0.25) is None
@@ -388,14 +391,12 @@ def test_attention_on_the_library_is_sdpa(lib, T, L, H, KV, masked):
     q = torch.randn(1, T, H + 2 * KV, D).transpose(1, 2)[:, :H]
     k, v = torch.randn(1, KV, L, D), torch.randn(1, KV, L, D)
     mask = (torch.rand(T, L) < 0.7).logical_or(torch.eye(T, L, dtype=torch.bool))[None, None] if masked else None
-    causal = mask is None and T > 1
-    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.125, is_causal=causal,
+    causal = mask is None and T == L > 1           # (SDPA's is_causal is top-left: after a cache, the mask)
+    sees = plainllama.causal_mask(T, L) if mask is None and 1 < T < L else mask
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=sees, scale=0.125, is_causal=causal,
                                           enable_gqa=True).transpose(1, 2).reshape(1, T, -1)
-    if mask is None and 1 < T < L:
-        want = None                                    # (SDPA's is_causal is top-left: a plain layer slices first)
     got = gemv.attend(q, k, v, mask, 0.125)
-    if want is not None:
-        assert_logits_close(got, want, torch.float32, what=f"T={T} L={L}")
+    assert_logits_close(got, want, torch.float32, what=f"T={T} L={L}")
     if masked:
         blind = mask.clone()
         blind[0, 0, T - 1] = False

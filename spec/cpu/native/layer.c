@@ -8,6 +8,10 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
+
+/* query rows a pass of the blocked attention takes together: its scores, ROWS x keys floats, stay in L2 */
+#define SPEC_ATTEND_ROWS 48
 
 /* RMSNorm over rows of n: y = w (x / sqrt(mean(x^2) + eps)); the sum of squares runs in 16 lanes (torch's
    own order differs: fp32 rounding apart). */
@@ -100,33 +104,6 @@ static T512 float exp_shift512(float *v, int64_t n, float mx) {
     return _mm512_reduce_add_ps(acc);
 }
 
-/* attend_row_c in 16 lanes: D a multiple of 16 up to 256 */
-static T512 int attend_row512(const float *qv, const float *k, const float *v, int64_t kt, int64_t n,
-                              const uint8_t *m, float *o, int64_t D, float scale, float *s) {
-    const int64_t C = D / 16;
-    __m512 qr[16], acc[16];
-    for (int64_t c = 0; c < C; c++) qr[c] = _mm512_mul_ps(_mm512_loadu_ps(qv + 16 * c), _mm512_set1_ps(scale));
-    float mx = -INFINITY;
-    for (int64_t l = 0; l < n; l++) {
-        const float *kl = k + l * kt;
-        __m512 a = _mm512_mul_ps(qr[0], _mm512_loadu_ps(kl));
-        for (int64_t c = 1; c < C; c++) a = _mm512_fmadd_ps(qr[c], _mm512_loadu_ps(kl + 16 * c), a);
-        s[l] = m && !m[l] ? -INFINITY : _mm512_reduce_add_ps(a);
-        if (s[l] > mx) mx = s[l];
-    }
-    if (mx == -INFINITY) return 0;
-    const float z = exp_shift512(s, n, mx);
-    for (int64_t c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
-    for (int64_t l = 0; l < n; l++) {
-        if (s[l] == 0.f) continue;                 /* masked (e^-inf), or underflowed: adds nothing */
-        const __m512 p = _mm512_set1_ps(s[l]);
-        for (int64_t c = 0; c < C; c++) acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + l * kt + 16 * c), acc[c]);
-    }
-    const __m512 inv = _mm512_set1_ps(1.f / z);
-    for (int64_t c = 0; c < C; c++) _mm512_storeu_ps(o + 16 * c, _mm512_mul_ps(acc[c], inv));
-    return 1;
-}
-
 /* o[i] = silu(g[i]) u[i] = g[i] / (1 + e^-g[i]) u[i], 16 lanes at a time; returns the i done (the rest: the
    caller's, in scalar code) */
 static T512 int64_t silu_mul512(const float *g, const float *u, float *o, int64_t n) {
@@ -187,40 +164,141 @@ static inline __attribute__((always_inline)) T512 void blocked_values512(const f
     }
 }
 
+/* blocked_scores512 over R query rows, 8 at a time: s[r * ss + p] for the first n keys (whole blocks) */
+static T512 void blocked_scores_rows512(const float *kb, int64_t D, const float *q, int64_t R, int64_t n, float *s,
+                                        int64_t ss) {
+    for (int64_t r0 = 0; r0 < R; r0 += 8) {
+        const float *qr = q + r0 * D;
+        float *sr = s + r0 * ss;
+        switch (R - r0 < 8 ? R - r0 : 8) {
+            case 1: blocked_scores512(kb, D, qr, n, sr, ss, 1); break;
+            case 2: blocked_scores512(kb, D, qr, n, sr, ss, 2); break;
+            case 3: blocked_scores512(kb, D, qr, n, sr, ss, 3); break;
+            case 4: blocked_scores512(kb, D, qr, n, sr, ss, 4); break;
+            case 5: blocked_scores512(kb, D, qr, n, sr, ss, 5); break;
+            case 6: blocked_scores512(kb, D, qr, n, sr, ss, 6); break;
+            case 7: blocked_scores512(kb, D, qr, n, sr, ss, 7); break;
+            default: blocked_scores512(kb, D, qr, n, sr, ss, 8); break;
+        }
+    }
+}
+
+/* blocked_values512 over R rows, 4 at a time: o[r * D ..] = sum_p s[r * ss + p] v_p / z[r] */
+static T512 void blocked_values_rows512(const float *v, int64_t vt, int64_t D, int64_t R, int64_t n, const float *s,
+                                        int64_t ss, const float *z, float *o) {
+    for (int64_t r0 = 0; r0 < R; r0 += 4) {
+        const float *sr = s + r0 * ss, *zr = z + r0;
+        float *orow = o + r0 * D;
+        switch (R - r0 < 4 ? R - r0 : 4) {
+            case 1: blocked_values512(v, vt, D, n, sr, ss, zr, orow, 1); break;
+            case 2: blocked_values512(v, vt, D, n, sr, ss, zr, orow, 2); break;
+            case 3: blocked_values512(v, vt, D, n, sr, ss, zr, orow, 3); break;
+            default: blocked_values512(v, vt, D, n, sr, ss, zr, orow, 4); break;
+        }
+    }
+}
+
 static T512 void attend_blocked512(const float *q, int64_t G, int64_t D, const float *kb, const float *v,
                                    int64_t vt, int64_t n, float *s, int64_t ss, float *o) {
-    float z[4];
-    for (int64_t g0 = 0; g0 < G; g0 += 8) {
-        const int64_t gg = G - g0 < 8 ? G - g0 : 8;
-        const float *qg = q + g0 * D;
-        float *sg = s + g0 * ss;
-        switch (gg) {
-            case 1: blocked_scores512(kb, D, qg, n, sg, ss, 1); break;
-            case 2: blocked_scores512(kb, D, qg, n, sg, ss, 2); break;
-            case 3: blocked_scores512(kb, D, qg, n, sg, ss, 3); break;
-            case 4: blocked_scores512(kb, D, qg, n, sg, ss, 4); break;
-            case 5: blocked_scores512(kb, D, qg, n, sg, ss, 5); break;
-            case 6: blocked_scores512(kb, D, qg, n, sg, ss, 6); break;
-            case 7: blocked_scores512(kb, D, qg, n, sg, ss, 7); break;
-            default: blocked_scores512(kb, D, qg, n, sg, ss, 8); break;
+    float z[SPEC_ATTEND_ROWS];
+    for (int64_t g0 = 0; g0 < G; g0 += SPEC_ATTEND_ROWS) {
+        const int64_t R = G - g0 < SPEC_ATTEND_ROWS ? G - g0 : SPEC_ATTEND_ROWS;
+        blocked_scores_rows512(kb, D, q + g0 * D, R, n, s, ss);
+        for (int64_t r = 0; r < R; r++) {
+            float *sr = s + r * ss, mx = -INFINITY;
+            for (int64_t p = 0; p < n; p++) mx = sr[p] > mx ? sr[p] : mx;
+            z[r] = exp_shift512(sr, n, mx);
+        }
+        blocked_values_rows512(v, vt, D, R, n, s, ss, z, o + g0 * D);
+    }
+}
+
+/* A 16 x 16 tile of floats transposed in registers: r[i][j] becomes r[j][i] */
+static inline __attribute__((always_inline)) T512 void transpose16(__m512 r[16]) {
+    __m512 t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {                  /* pairs of rows interleaved: a0 b0 a1 b1 | a4 b4 .. */
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {                  /* u[i + c]'s 128-bit lane l: column 4l + c of rows i..i+3 */
+        u[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
+        u[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xEE);
+        u[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        u[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    for (int h = 0; h < 16; h += 8)                    /* t[h + c]: columns c, c + 8 of rows h..h+7 (c < 4), */
+        for (int c = 0; c < 4; c++) {                  /* t[h + 4 + c]: columns 4 + c, 12 + c */
+            t[h + c] = _mm512_shuffle_f32x4(u[h + c], u[h + 4 + c], 0x88);
+            t[h + 4 + c] = _mm512_shuffle_f32x4(u[h + c], u[h + 4 + c], 0xDD);
+        }
+    for (int c = 0; c < 8; c++) {                      /* column c from rows 0-7 and 8-15, likewise c + 8 */
+        r[c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0x88);
+        r[c + 8] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0xDD);
+    }
+}
+
+/* The first n keys of one head (key l at k + l kt, D floats) into blocks of 16 positions, d-major (as
+   spec_attend_blocked reads them); the last block's missing keys are zeros. */
+static T512 void pack_keys512(const float *k, int64_t kt, int64_t n, int64_t D, float *kb) {
+    for (int64_t b = 0; b * 16 < n; b++) {
+        const int64_t w = n - b * 16 < 16 ? n - b * 16 : 16;
+        float *dst = kb + b * 16 * D;
+        for (int64_t c = 0; c < D; c += 16) {
+            __m512 r[16];
+            for (int64_t i = 0; i < 16; i++)
+                r[i] = i < w ? _mm512_loadu_ps(k + (b * 16 + i) * kt + c) : _mm512_setzero_ps();
+            transpose16(r);
+            for (int64_t i = 0; i < 16; i++) _mm512_storeu_ps(dst + (c + i) * 16, r[i]);
         }
     }
-    for (int64_t g0 = 0; g0 < G; g0 += 4) {
-        const int64_t gg = G - g0 < 4 ? G - g0 : 4;
-        for (int64_t g = 0; g < gg; g++) {
-            float *sg = s + (g0 + g) * ss, mx = -INFINITY;
-            for (int64_t p = 0; p < n; p++) mx = sg[p] > mx ? sg[p] : mx;
-            z[g] = exp_shift512(sg, n, mx);
-        }
-        float *og = o + g0 * D;
-        const float *sg = s + g0 * ss;
-        switch (gg) {
-            case 1: blocked_values512(v, vt, D, n, sg, ss, z, og, 1); break;
-            case 2: blocked_values512(v, vt, D, n, sg, ss, z, og, 2); break;
-            case 3: blocked_values512(v, vt, D, n, sg, ss, z, og, 3); break;
-            default: blocked_values512(v, vt, D, n, sg, ss, z, og, 4); break;
+}
+
+/* spec_attend on AVX-512F (D a multiple of 16 up to 256): each key head's keys packed once (pack_keys512),
+   then the rows of its G query heads at up to SPEC_ATTEND_ROWS / G positions at a time scored, masked, put
+   through the softmax and summed over the values together, so that each key and value is read once per
+   block of rows, not once per (row, head). w: scratch (attend_scratch's floats). */
+static T512 int64_t attend_heads512(const float *q, int64_t qt, int64_t qh, const float *k, const float *v,
+                                    int64_t kh, int64_t kt, int64_t L, const uint8_t *mask, float *out, int64_t T,
+                                    int64_t H, int64_t KV, int64_t D, float scale, float *w) {
+    const int64_t G = H / KV, P = G < SPEC_ATTEND_ROWS ? SPEC_ATTEND_ROWS / G : 1, ss = (L + 15) / 16 * 16;
+    float *kb = w, *s = kb + ss * D, *qs = s + P * G * ss, *o = qs + P * G * D, *z = o + P * G * D;
+    int64_t empty = 0;
+    for (int64_t j = 0; j < KV; j++) {
+        int64_t packed = 0;
+        for (int64_t t0 = 0; t0 < T; t0 += P) {
+            const int64_t tb = T - t0 < P ? T - t0 : P, R = tb * G, n = mask ? L : L - T + t0 + tb;
+            if (n > packed) {                          /* keys up to n, packed as the rows reach them */
+                const int64_t from = packed / 16 * 16;     /* (a part-filled block again, whole) */
+                pack_keys512(k + j * kh + from * kt, kt, n - from, D, kb + from * D);
+                packed = n;
+            }
+            for (int64_t r = 0; r < R; r++)
+                for (int64_t d = 0; d < D; d++)
+                    qs[r * D + d] = q[(t0 + r / G) * qt + (j * G + r % G) * qh + d] * scale;
+            blocked_scores_rows512(kb, D, qs, R, n, s, ss);
+            for (int64_t r = 0; r < R; r++) {
+                const int64_t t = t0 + r / G, see = mask ? L : L - T + t + 1;
+                const uint8_t *m = mask ? mask + t * L : NULL;
+                float *sr = s + r * ss, mx = -INFINITY;
+                for (int64_t p = 0; p < n; p++) {
+                    if (p >= see || (m && !m[p])) sr[p] = -INFINITY;
+                    mx = sr[p] > mx ? sr[p] : mx;
+                }
+                if (mx == -INFINITY) {                 /* no key: reported, left unwritten */
+                    for (int64_t p = 0; p < n; p++) sr[p] = 0.f;
+                    z[r] = 0.f;
+                    empty++;
+                    continue;
+                }
+                z[r] = exp_shift512(sr, n, mx);
+            }
+            blocked_values_rows512(v + j * kh, kt, D, R, n, s, ss, z, o);
+            for (int64_t r = 0; r < R; r++)
+                if (z[r] != 0.f)
+                    memcpy(out + ((t0 + r / G) * H + j * G + r % G) * D, o + r * D, (size_t)D * sizeof(float));
         }
     }
+    return empty;
 }
 #endif
 
@@ -229,7 +307,8 @@ static T512 void attend_blocked512(const float *q, int64_t G, int64_t D, const f
    mask [T][L] (nonzero: may attend) or NULL: row t sees keys 0 .. L - T + t (one row: all of them; T = L:
    causal). out [T][H][D]. The scores' maximum is subtracted before the exponential. Returns the (row,
    head) pairs with no key to attend (out left unwritten for them), or -1 for shapes it does not take (D
-   over 256; the AVX-512F variant: D a multiple of 16; otherwise plain C). */
+   over 256). AVX-512F with D a multiple of 16: attend_heads512 (each key and value read once for a block of
+   rows and the heads that share them); otherwise plain C, a (row, head) at a time. */
 int64_t spec_attend(const float *q, int64_t qt, int64_t qh, const float *k, const float *v, int64_t kh, int64_t kt,
                     int64_t L, const uint8_t *mask, float *out, int64_t T, int64_t H, int64_t KV, int64_t D,
                     float scale, int isa) {
@@ -237,6 +316,16 @@ int64_t spec_attend(const float *q, int64_t qt, int64_t qh, const float *k, cons
     isa = spec_pick_isa(isa);
     const int wide = isa >= SPEC_ISA_AVX512 && D % 16 == 0;
     (void)wide;                                    /* (no AVX-512 variant off x86-64) */
+#if defined(__x86_64__)
+    if (wide) {
+        const int64_t G = H / KV, R = (G < SPEC_ATTEND_ROWS ? SPEC_ATTEND_ROWS / G : 1) * G, ss = (L + 15) / 16 * 16;
+        float *w = (float *)malloc((size_t)(ss * D + R * ss + 2 * R * D + R) * sizeof(float));
+        if (!w) return -1;
+        const int64_t empty = attend_heads512(q, qt, qh, k, v, kh, kt, L, mask, out, T, H, KV, D, scale, w);
+        free(w);
+        return empty;
+    }
+#endif
     float *s = (float *)malloc((size_t)(L + 16) * sizeof(float));
     if (!s) return -1;
     int64_t empty = 0;
@@ -246,12 +335,6 @@ int64_t spec_attend(const float *q, int64_t qt, int64_t qh, const float *k, cons
             const uint8_t *m = mask ? mask + t * L : NULL;
             const float *qv = q + t * qt + h * qh;
             float *o = out + (t * H + h) * D;
-#if defined(__x86_64__)
-            if (wide) {
-                empty += !attend_row512(qv, k + j * kh, v + j * kh, kt, n, m, o, D, scale, s);
-                continue;
-            }
-#endif
             empty += !attend_row_c(qv, k + j * kh, v + j * kh, kt, n, m, o, D, scale, s);
         }
     free(s);

@@ -155,12 +155,14 @@ static int check_small(int isa) {
     return 0;
 }
 
-/* attention: head-major keys ([KV][L][D], as a DynamicCache) and position-major ones ([L][KV][D], as the
-   draft's cache); with a mask (row 0 masked out entirely: reported, not written) and without one (row t
-   sees keys up to L - T + t); grouped heads; head sizes that are and are not multiples of 16 */
+/* attention: head-major keys ([KV][L][D], as a DynamicCache) and position-major ones ([L][KV][D]); with a
+   mask (row 0 masked out entirely: reported, not written) and without one (row t sees keys up to L - T + t);
+   grouped heads; head sizes that are and are not multiples of 16; more rows than one pass of the blocked
+   attention takes (a prefill: T = L), so that its keys are packed as later rows reach them */
 static int check_attend(int isa) {
     static const int64_t C[][7] = {{1, 5, 2, 1, 16, 0, 0}, {3, 7, 4, 2, 32, 1, 0}, {4, 4, 2, 2, 16, 0, 1},
-                                   {2, 9, 3, 1, 8, 0, 0}, {5, 40, 6, 2, 64, 0, 1}, {3, 6, 2, 1, 24, 1, 1}};
+                                   {2, 9, 3, 1, 8, 0, 0}, {5, 40, 6, 2, 64, 0, 1}, {3, 6, 2, 1, 24, 1, 1},
+                                   {40, 40, 6, 2, 64, 0, 0}, {20, 50, 3, 1, 32, 1, 0}, {60, 64, 2, 2, 16, 0, 1}};
     for (size_t c = 0; c < sizeof C / sizeof C[0]; c++) {
         const int64_t T = C[c][0], L = C[c][1], H = C[c][2], KV = C[c][3], D = C[c][4], masked = C[c][5];
         const int64_t kh = C[c][6] ? D : L * D, kt = C[c][6] ? KV * D : D;      /* position-major : head-major */
