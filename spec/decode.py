@@ -403,7 +403,9 @@ def _steps(states: list[torch.Tensor], live: list[int], starts: list[int], befor
         assert first >= 0, "a row's runner went back past the states already delivered"
         rows = list(range(first, sequence)) + [sequence + i for i in paths[j]][:emitted[j] - 1]
         positions = torch.arange(delivered[b], before[j] + emitted[j] - 1)
-        out.append(Step(positions, states[j][rows], layers))
+        # (consecutive rows, as a prompt's: a view, not a copy of every layer's states)
+        there = states[j][first:first + len(rows)] if rows == list(range(first, first + len(rows))) else states[j][rows]
+        out.append(Step(positions, there, layers))
         delivered[b] = before[j] + emitted[j] - 1
     return out
 

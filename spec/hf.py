@@ -234,7 +234,24 @@ def hidden_states(out, layers: tuple[int, ...] = (-1,)) -> torch.Tensor:
         if not -len(states) <= layer < len(states):
             raise ValueError(f"layers: {layer} is not a layer of this model's {len(states)} hidden states "
                              f"(0 the embeddings .. {len(states) - 1}, or -1 the last)")
-    return torch.stack([states[layer][0] for layer in layers], dim=1)
+    picked = [states[layer][0] for layer in layers]
+    view = _side_by_side(picked) if 2 * len(picked) > len(states) else None    # (a few: copied, the rest freed)
+    return view if view is not None else torch.stack(picked, dim=1)
+
+
+def _side_by_side(picked: list) -> torch.Tensor | None:
+    """[n, len(picked), H] as a view where the states already lie so in one tensor, equally spaced (as
+    spec.cpu.executor keeps them): no copy of a long prompt's states; else None."""
+    first = picked[0]
+    if len(picked) < 2 or first.dim() != 2 or any(p.shape != first.shape or p.stride() != first.stride()
+                                                   or p.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+                                                   for p in picked):
+        return None
+    gap = picked[1].storage_offset() - first.storage_offset()
+    if gap <= 0 or any(p.storage_offset() != first.storage_offset() + i * gap for i, p in enumerate(picked)):
+        return None
+    return first.as_strided((first.shape[0], len(picked), first.shape[1]), (first.stride(0), gap, first.stride(1)),
+                            first.storage_offset())
 
 
 def authors_forward(model, ids: torch.Tensor, fn=None) -> torch.Tensor:

@@ -9,6 +9,8 @@ where it should run and does not."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -146,14 +148,16 @@ def test_a_long_prefill_is_the_arithmetic_across_its_chunks(q4_gguf):
 
 def test_a_cache_filled_from_layer_inputs_is_the_one_the_forward_makes(q4_gguf):
     """QuantRun.fill, given each layer's input at every prompt position (here the NumPy forward's own),
-    makes the keys and values the forward would: the steps after it give the NumPy forward's logits; a
-    wrong shape or a fill past the cache is refused by name."""
+    makes the keys and values the forward would: the steps after it give the NumPy forward's logits,
+    whether the states lie position-major or layer-major (read where they lie); a wrong shape or a fill
+    past the cache is refused by name."""
     ids = [(5 * i + 1) % 640 for i in range(80)]
     inputs: list = []
     want = reference_logits(q4_gguf, ids, inputs)
     hidden = torch.from_numpy(np.stack(inputs, 1))                  # [ids, layers, dim]
     run = qdraft.QuantRun(q4_gguf, n_ctx=96)
-    run.fill(hidden[:70], torch.tensor(ids[:70]))
+    run.fill(torch.from_numpy(np.stack(inputs))[:, :40].transpose(0, 1), torch.tensor(ids[:40]))   # layer-major
+    run.fill(hidden[40:70], torch.tensor(ids[40:70]))
     assert len(run) == 70 and run.held().tolist() == ids[:70]
     for i in range(70, 80):     # (the states are NumPy's: where one rounds across an int8 step, 1/127 of a block)
         got = run(torch.tensor(ids[i:i + 1]))[0].numpy().astype(np.float64)
@@ -451,3 +455,23 @@ def test_the_draft_holds_in_memory_only_what_it_has_written(q4_gguf):
     assert caches > 8 << 20                                   # (large enough for numpy's huge pages)
     held = sum(nativecheck.resident(c.ctypes.data, c.nbytes) for c in (run.kc, run.vc))
     assert 0 < held <= 64 * 4096, f"{held} bytes of {caches} resident after {len(run)} positions"
+
+
+def test_the_header_reader_reads_what_the_gguf_package_reads(q4_gguf, tmp_path):
+    """qdraft.GGUF reads the header itself (the gguf package's reader makes an object per token: ~120 MB
+    for a 49k-token vocabulary): the package's fields (the merges aside), tensor types, shapes and bytes;
+    a file cut inside its header is refused by name."""
+    gguf = pytest.importorskip("gguf")
+    r, g = gguf.GGUFReader(str(q4_gguf)), qdraft.GGUF(q4_gguf)
+    assert g.fields == {k: v.contents() for k, v in r.fields.items()
+                        if not k.startswith(("tokenizer.ggml.merges", "GGUF."))}
+    assert any(isinstance(v, list) and v and isinstance(v[0], str) for v in g.fields.values())     # (tokens)
+    assert len(g.tensors) == len(r.tensors)
+    for t in r.tensors:
+        assert g.tensors[t.name] == (qdraft.GGUF_TYPES[int(t.tensor_type)], [int(s) for s in t.shape]), t.name
+        raw = t.data if t.data.dtype == np.uint8 else t.data.view(np.uint8).reshape(1, -1)
+        assert np.array_equal(g.data(t.name), raw), t.name
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(Path(q4_gguf).read_bytes()[:300])
+    with pytest.raises(qdraft.Unsupported, match="cut.gguf: its GGUF header cannot be read"):
+        qdraft.GGUF(cut)

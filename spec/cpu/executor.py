@@ -294,19 +294,23 @@ class Executor(Passes):
             if position_ids is None:
                 position_ids = torch.arange(past, past + T, device=ids.device)[None]
             cos, sin = self.rotary_tables(position_ids, x)
-            states = [x] if hidden else None
-            for layer in self.layers:
+            # every layer's input side by side in one tensor [1, T, layers + 1, H] (spec.hf.hidden_states
+            # then hands a run of them on as a view), each layer's output freed as the next is made
+            states = x.new_empty(*x.shape[:2], len(self.layers) + 1, x.shape[2]) if hidden else None
+            if states is not None:
+                states[:, :, 0] = x
+            for i, layer in enumerate(self.layers):
                 x = layer(x, mask, cos, sin, cache, kernel, serial)
                 if states is not None:
-                    states.append(x)
+                    states[:, :, i + 1] = x
             if states is None and keep:
                 x = x[:, -keep:]
             norm = gemv.rms if self.native else plainllama.rms
             x = norm(x, self.norm.weight, self.norm.variance_epsilon)
             if states is not None:
-                states[-1] = x
+                states[:, :, -1] = x
                 x = x[:, -keep:] if keep else x
-            return Output(self.head(x, kernel), cache, tuple(states) if states is not None else None)
+            return Output(self.head(x, kernel), cache, states.unbind(2) if states is not None else None)
 
 
 class _Products(TorchFunctionMode):

@@ -5,7 +5,7 @@ The draft's cost bounds what a self-draft can gain (Theorem 3.8: the speedup is 
 draft's numbers never touch the output: whatever it proposes, the target's acceptance rule keeps the
 output exactly the target's. So the draft may be computed the fastest way a CPU allows. This module reads
 a GGUF written for llama.cpp's `llama` architecture (Q4_1 and Q8_0 matrices, f32 norms; the layout every
-llama.cpp Q4_1 export of a Llama has) with the `gguf` package into records of 16 rows x 32 inputs
+llama.cpp Q4_1 export of a Llama has; its header read here, its tensors where the file lies) into records of 16 rows x 32 inputs
 (spec/cpu/native/qdraft.c says the layout), q/k/v and gate/up each as one matrix, q's and k's rows put
 back in transformers' order (llama.cpp's converter interleaves each head's halves for its rotary), so the
 forward runs the same layer ops as the fp32 target's plain layers (layer.c) around its own products.
@@ -79,7 +79,21 @@ class Model(ctypes.Structure):
 
 def records(kind: int, raw: np.ndarray, n: int, k: int) -> np.ndarray:
     """A GGUF matrix's raw blocks (Q4_1 when kind is 4, Q8_0 when 8; [n rows, bytes]) as the kernel's
-    records (qdraft.c's comment), in memory asked for huge pages (spec.cpu.gemv.buffer)."""
+    records (qdraft.c's comment), in memory asked for huge pages (spec.cpu.gemv.buffer), made RECORD_ROWS
+    rows at a time (their intermediate arrays are a few times the rows' bytes)."""
+    row = (k // 32) * (20 if kind == 4 else 36)                      # a record's bytes over its 16 rows
+    out = gemv.buffer(-(-n * row // 4)).view(torch.uint8)[:n * row].numpy()
+    for r0 in range(0, n, RECORD_ROWS):
+        r1 = min(n, r0 + RECORD_ROWS)
+        out[r0 * row:r1 * row] = _records(kind, raw[r0:r1], r1 - r0, k).reshape(-1)
+    return out
+
+
+RECORD_ROWS = 1024       # (a multiple of 16: whole panels)
+
+
+def _records(kind: int, raw: np.ndarray, n: int, k: int) -> np.ndarray:
+    """records' for n rows (a multiple of 16), [n / 16, k / 32, record bytes]."""
     B, P = k // 32, n // 16
     d: np.ndarray
     m: np.ndarray
@@ -98,10 +112,7 @@ def records(kind: int, raw: np.ndarray, n: int, k: int) -> np.ndarray:
         w = u.reshape(P, 16, B, 8, 4).transpose(0, 2, 3, 1, 4).reshape(P, B, 512)
     scales: list[np.ndarray] = [a.reshape(P, 16, B).transpose(0, 2, 1).copy().view(np.uint8).reshape(P, B, 32)
                                 for a in (d, m)]
-    rec = np.concatenate([w, *scales], axis=-1)
-    out = gemv.buffer(-(-rec.size // 4)).view(torch.uint8)[:rec.size].numpy()
-    out[:] = rec.reshape(-1)
-    return out
+    return np.concatenate([w, *scales], axis=-1)
 
 
 def unpermute(raw: np.ndarray, heads: int) -> np.ndarray:
@@ -115,43 +126,115 @@ class Unsupported(ValueError):
     """The kernel cannot run this file here (the message says why)."""
 
 
+# GGUF's value types: the numeric ones as struct/NumPy formats (7: bool), 8 a string, 9 an array
+_NUMERIC = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<?", 10: "<u8", 11: "<i8",
+            12: "<f8"}
+# the types of tensors read here: (elements a block, bytes a block)
+_BLOCKS = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34)}
+_SKIPPED = ("tokenizer.ggml.merges",)    # (~50k strings nothing here reads: passed over, not decoded)
+
+
+class _Cursor:
+    """Reads GGUF's little-endian header values from `buf` (the mapped file) at `at`, moving on."""
+
+    def __init__(self, buf):
+        self.buf, self.at = buf, 0
+
+    def number(self, kind: int):
+        v = np.frombuffer(self.buf, _NUMERIC[kind], 1, self.at)[0]
+        self.at += v.nbytes
+        return v.item()
+
+    def string(self, keep: bool = True) -> str | None:
+        n = self.number(10)
+        if self.at + n > len(self.buf):
+            raise ValueError("a string runs past the end of the file")
+        text = bytes(self.buf[self.at:self.at + n]).decode("utf-8") if keep else None
+        self.at += n
+        return text
+
+    def value(self, kind: int, keep: bool = True) -> Any:
+        if kind == 8:
+            return self.string(keep)
+        if kind == 9:
+            inner, n = self.number(4), self.number(10)
+            if inner in _NUMERIC:
+                a = np.frombuffer(self.buf, _NUMERIC[inner], n, self.at)
+                self.at += a.nbytes
+                return a.tolist() if keep else None
+            items = [self.value(inner, keep) for _ in range(n)]
+            return items if keep else None
+        if kind not in _NUMERIC:
+            raise ValueError(f"value type {kind}")
+        return self.number(kind)
+
+
 class GGUF:
-    """A GGUF file read by the `gguf` package: `fields` (key -> value), `tensors` (name -> (type name,
-    shape [ne0, ne1, ...])), `data(name)` (the raw bytes, [rows, bytes a row], memory-mapped)."""
+    """A GGUF file's header (versions 2 and 3), read here: `fields` (key -> value; arrays as lists; the
+    merges left out), `tensors` (name -> (type name, shape [ne0, ne1, ...])), `data(name)` (the raw bytes,
+    [rows, bytes a row], a view of the file mapped once). (The `gguf` package's reader makes an object per
+    token: ~120 MB and 2 s for SmolLM2's 49k-token vocabulary, where this takes a few MB and a tenth of it.)"""
 
     def __init__(self, path):
         self.path = Path(path)
         with open(self.path, "rb") as f:
             if f.read(4) != b"GGUF":
                 raise Unsupported(f"{self.path.name} is not a GGUF file (no GGUF magic)")
-        import gguf
-        try:
-            reader = gguf.GGUFReader(self.path)
-        except (ValueError, KeyError) as e:
-            raise Unsupported(f"{self.path.name}: the gguf package cannot read it ({e})") from e
-        self.fields = {k: v.contents() for k, v in reader.fields.items()
-                       if not k.startswith("tokenizer.ggml.merges")}
-        self._tensors = {t.name: (t.data_offset, t.data.shape, t.data.dtype) for t in reader.tensors}
-        self.tensors = {t.name: (GGUF_TYPES.get(int(t.tensor_type), f"type {int(t.tensor_type)}"),
-                                 [int(s) for s in t.shape]) for t in reader.tensors}
-        # the file mapped once; the reader's own structures (~120 MB for SmolLM2's 49k-token vocabulary,
-        # an object per token) are not kept
         self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
+        try:
+            self._header(_Cursor(self._map))
+        except (ValueError, IndexError, UnicodeDecodeError) as e:
+            raise Unsupported(f"{self.path.name}: its GGUF header cannot be read ({e})") from e
+
+    def _header(self, c: _Cursor) -> None:
+        c.at = 4
+        version = c.number(4)
+        if version not in (2, 3):
+            raise ValueError(f"GGUF version {version} (2 and 3 are read)")
+        n_tensors, n_fields = c.number(10), c.number(10)
+        self.fields: dict[str, Any] = {}
+        for _ in range(n_fields):
+            key = c.string()
+            keep = not key.startswith(_SKIPPED)
+            value = c.value(c.number(4), keep)
+            if keep:
+                self.fields[key] = value
+        infos = []
+        for _ in range(n_tensors):
+            name = c.string()
+            shape = [c.number(10) for _ in range(c.number(4))]
+            infos.append((name, shape, c.number(4), c.number(10)))
+        align = int(self.fields.get("general.alignment", 32))
+        start = -(-c.at // align) * align
+        self.tensors = {name: (GGUF_TYPES.get(kind, f"type {kind}"), shape) for name, shape, kind, _ in infos}
+        self._tensors = {name: (start + offset, shape, kind) for name, shape, kind, offset in infos}
 
     def data(self, name: str) -> np.ndarray:
         """The tensor's bytes, [rows, bytes a row] (a view of the mapped file)."""
-        offset, shape, dtype = self._tensors[name]
-        d = np.ndarray(shape, dtype=dtype, buffer=self._map, offset=offset)
-        return d if d.dtype == np.uint8 else d.view(np.uint8).reshape(d.shape[0] if d.ndim > 1 else 1, -1)
+        offset, shape, kind = self._tensors[name]
+        if kind not in _BLOCKS:
+            raise Unsupported(f"{name}: tensor type {kind} is not read here")
+        per, size = _BLOCKS[kind]
+        rows = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
+        row = shape[0] // per * size
+        if offset + rows * row > len(self._map):
+            raise Unsupported(f"{self.path.name}: {name} runs past the end of the file")
+        return np.ndarray((rows, row), dtype=np.uint8, buffer=self._map, offset=offset)
 
-    def drop_pages(self) -> None:
-        """Drop the mapped file's pages from the process (read again from the page cache if asked for): a
-        QuantRun has copied what it reads into its records."""
+    def drop_pages(self, *names: str) -> None:
+        """Drop the mapped file's pages from the process, those of the tensors `names` (none: all of them);
+        they are read again from the page cache if asked for. A QuantRun drops each matrix's once its
+        records are made, so that the file is never resident whole beside them."""
         mm = getattr(self._map, "_mmap", None)
-        if mm is not None and hasattr(mmap, "MADV_DONTNEED"):
+        if mm is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        spans = [(0, len(mm))] if not names else [(o, o + d.nbytes) for o, d in
+                                                   ((self._tensors[n][0], self.data(n)) for n in names)]
+        for lo, hi in spans:
+            lo -= lo % mmap.PAGESIZE
             try:
-                mm.madvise(mmap.MADV_DONTNEED)
-            except OSError:
+                mm.madvise(mmap.MADV_DONTNEED, lo, min(hi, len(mm)) - lo)
+            except (OSError, ValueError):
                 pass
 
 
@@ -249,9 +332,11 @@ class QuantRun:
 
         def mat(*names: str) -> tuple[int, int]:
             kind, (k, _) = g.tensors[names[0]]
-            raw = np.concatenate([unpermute(np.asarray(g.data(n)), heads_of[n.split(".")[-2]])
-                                  if n.split(".")[-2] in heads_of else np.asarray(g.data(n)) for n in names])
+            parts = [unpermute(np.asarray(g.data(n)), heads_of[n.split(".")[-2]])
+                     if n.split(".")[-2] in heads_of else np.asarray(g.data(n)) for n in names]
+            raw = parts[0] if len(parts) == 1 else np.concatenate(parts)      # (one: read from the file's map)
             r = records(KINDS[kind], raw, raw.shape[0], k)
+            g.drop_pages(*names)
             self._keep.append(r)
             return r.ctypes.data, KINDS[kind]
 
@@ -317,8 +402,12 @@ class QuantRun:
             raise ValueError(f"hidden: [{m}, {layers}, {dim}] expected (ids, layers, width), got {list(hidden.shape)}")
         if self.n + m > self.n_ctx:
             raise ValueError(f"the quantized draft's context holds {self.n_ctx} positions; {self.n} + {m} do not fit")
-        states = np.ascontiguousarray(hidden.detach().to(torch.float32).transpose(0, 1).cpu().numpy())
-        rc = self.lib.spec_qd_fill(ctypes.byref(self.model), states.ctypes.data, m, self.n)
+        states = hidden.detach().to(device="cpu", dtype=torch.float32)
+        if states.stride(2) != 1:
+            states = states.contiguous()
+        # read where they lie (no copy: a prompt's states are n_layer x its length x width floats)
+        rc = self.lib.spec_qd_fill(ctypes.byref(self.model), states.data_ptr(), m, self.n, states.stride(0),
+                                   states.stride(1))
         if rc != 0:
             raise RuntimeError(f"spec.cpu.qdraft's fill failed ({'out of memory' if rc == -2 else rc})")
         self.ids[self.n:self.n + m] = ids.numpy().astype(np.int32)

@@ -218,21 +218,30 @@ static float *qd_kblock(const spec_qd_model *m, int64_t l, int64_t j, int64_t b)
     return m->kc + ((l * m->n_kv + j) * SPEC_QD_BLOCKS(m->n_ctx) + b) * 16 * m->head_dim;
 }
 
-/* Layer l's q|k|v rows [R][QKV] for positions p0..: rotated, their keys and values stored in its caches. */
-static void qd_rotate_and_store(const spec_qd_model *m, int64_t l, float *qkv, int64_t R, int64_t p0,
-                                const float *cs, const float *sn) {
-    const int64_t D = m->dim, hd = m->head_dim, kvd = m->n_kv * hd, QKV = D + 2 * kvd;
+/* Layer l's keys and values for R rows at positions p0.. (each row: its keys, then its values; rows `stride`
+   floats apart): the keys rotated, both stored in its caches. */
+static void qd_store(const spec_qd_model *m, int64_t l, float *kv, int64_t stride, int64_t R, int64_t p0,
+                     const float *cs, const float *sn) {
+    const int64_t hd = m->head_dim, kvd = m->n_kv * hd;
     float *vc = m->vc + l * m->n_ctx * kvd;
-    spec_rotary(qkv, R, m->n_head + m->n_kv, QKV, hd, cs, sn);      /* q's heads and k's, in one go */
+    spec_rotary(kv, R, m->n_kv, stride, hd, cs, sn);
     for (int64_t r = 0; r < R; r++) {
         const int64_t p = p0 + r;
         for (int64_t j = 0; j < m->n_kv; j++) {
             float *kb = qd_kblock(m, l, j, p / 16) + p % 16;
-            const float *k = qkv + r * QKV + D + j * hd;
+            const float *k = kv + r * stride + j * hd;
             for (int64_t d = 0; d < hd; d++) kb[d * 16] = k[d];
         }
-        memcpy(vc + p * kvd, qkv + r * QKV + D + kvd, sizeof(float) * kvd);
+        memcpy(vc + p * kvd, kv + r * stride + kvd, sizeof(float) * kvd);
     }
+}
+
+/* Layer l's q|k|v rows [R][QKV] for positions p0..: rotated, their keys and values stored in its caches. */
+static void qd_rotate_and_store(const spec_qd_model *m, int64_t l, float *qkv, int64_t R, int64_t p0,
+                                const float *cs, const float *sn) {
+    const int64_t D = m->dim, QKV = D + 2 * m->n_kv * m->head_dim;
+    spec_rotary(qkv, R, m->n_head, QKV, m->head_dim, cs, sn);
+    qd_store(m, l, qkv + D, QKV, R, p0, cs, sn);
 }
 
 /* Layer l's attention for R rows at positions p0.. (row r sees keys 0 .. p0 + r), q in qkv's rows [R][QKV]
@@ -300,28 +309,32 @@ done:
 }
 
 /* The keys and values of positions pos0..pos0+n from given layer inputs instead of the draft's own forward:
-   hidden [n_layer][n][dim], each layer's input at each position (a target of the same shape hands its
-   own: transformers' hidden_states 0..n_layer-1), through the draft's norm, its k and v products and rotary,
-   into the caches, CHUNK rows at a time. 0, or -1 when the positions do not fit, -2 when memory runs out. */
-int spec_qd_fill(const spec_qd_model *m, const float *hidden, int64_t n, int64_t pos0) {
+   layer l's input at position pos0 + i at hidden + l ls + i rs (dim floats; a target of the same shape hands
+   its own: transformers' hidden_states 0..n_layer-1, read where they lie), through the draft's norm, its k
+   and v products (the fused matrix's key and value rows alone) and rotary, into the caches, CHUNK rows at a
+   time. 0, or -1 when the positions do not fit, -2 when memory runs out. */
+int spec_qd_fill(const spec_qd_model *m, const float *hidden, int64_t n, int64_t pos0, int64_t rs, int64_t ls) {
     if (!qd_fits(m, n, pos0)) return -1;
-    const int64_t D = m->dim, hd = m->head_dim, QKV = D + 2 * m->n_kv * hd;
-    float *h = malloc(sizeof(float) * CHUNK * D), *qkv = malloc(sizeof(float) * CHUNK * QKV);
+    const int64_t D = m->dim, hd = m->head_dim, KV2 = 2 * m->n_kv * hd;
+    float *h = malloc(sizeof(float) * CHUNK * D), *kv = malloc(sizeof(float) * CHUNK * KV2);
     int8_t *xq = malloc((size_t)CHUNK * D);
     float *xd = malloc(sizeof(float) * CHUNK * D / 32), *xs = malloc(sizeof(float) * CHUNK * D / 32);
     float *cs = malloc(sizeof(float) * CHUNK * hd), *sn = malloc(sizeof(float) * CHUNK * hd);
     int rc = 0;
-    if (!h || !qkv || !xq || !xd || !xs || !cs || !sn) { rc = -2; goto done; }
+    if (!h || !kv || !xq || !xd || !xs || !cs || !sn) { rc = -2; goto done; }
     for (int64_t c0 = 0; c0 < n; c0 += CHUNK) {
         const int64_t rows = n - c0 < CHUNK ? n - c0 : CHUNK;
         qd_tables(m, pos0 + c0, rows, cs, sn);
         for (int64_t l = 0; l < m->n_layer; l++) {
-            spec_rms(hidden + (l * n + c0) * D, m->norms[2 * l], h, rows, D, m->eps);
-            linear(m, m->mats[4 * l], m->kinds[4 * l], QKV, D, h, rows, qkv, xq, xd, xs);
-            qd_rotate_and_store(m, l, qkv, rows, pos0 + c0, cs, sn);
+            for (int64_t r = 0; r < rows; r++)
+                spec_rms(hidden + l * ls + (c0 + r) * rs, m->norms[2 * l], h + r * D, 1, D, m->eps);
+            /* past its first D rows (q's): D / 16 whole panels of D / 32 records (_check: D a multiple of 32) */
+            const uint8_t *wkv = m->mats[4 * l] + (D / 16) * (D / 32) * REC(m->kinds[4 * l]);
+            linear(m, wkv, m->kinds[4 * l], KV2, D, h, rows, kv, xq, xd, xs);
+            qd_store(m, l, kv, KV2, rows, pos0 + c0, cs, sn);
         }
     }
 done:
-    free(h); free(qkv); free(xq); free(xd); free(xs); free(cs); free(sn);
+    free(h); free(kv); free(xq); free(xd); free(xs); free(cs); free(sn);
     return rc;
 }
