@@ -53,7 +53,7 @@ def sampled(tree, p: torch.Tensor, u: torch.Tensor) -> tuple[list[int], torch.Te
 # --- A tree, walked from the root -----------------------------------------------------------------
 
 def _walk_greedy(tree, logits: torch.Tensor) -> tuple[list[int], torch.Tensor]:
-    choice = logits.argmax(-1)
+    choice = _argmax(logits)
     wanted = choice.tolist()
     tokens = tree.tokens.tolist()
     path: list[int] = []
@@ -93,7 +93,7 @@ def _chain_greedy(proposed: torch.Tensor, logits: torch.Tensor) -> tuple[int, to
     """proposed [g] ids, logits [g + 1, V] (row i scores the token at proposal i's position, row g
     the one after them all) -> (k, the target's token after the first k proposals, a 0-d tensor)."""
     g = proposed.numel()
-    choice = logits.argmax(-1)
+    choice = _argmax(logits)
     k = int((proposed == choice[:g]).cumprod(0).sum())
     return k, choice[k]
 
@@ -113,3 +113,12 @@ def _chain_sampled(proposed: torch.Tensor, q: torch.Tensor | None, p: torch.Tens
     passed = u * q[rows, proposed] < p[rows, proposed]      # u < p(x) / q(x)
     k = int(passed.cumprod(0).sum())
     return k, (sampling.residual(p[k], q[k]) if k < g else p[g])      # on rejection: norm(max(0, p - q))
+
+
+def _argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's argmax (the first of equal maxima), [rows]. On a CPU row by row: one argmax over [rows, V]
+    there is split over torch's threads, and their team, spinning a while after, takes a core from the
+    target's next pass (SmolLM2, 2 threads: a 9-row round 1.66 -> 1.25 greedy steps)."""
+    if logits.device.type != "cpu" or logits.shape[0] == 1:
+        return logits.argmax(-1)
+    return torch.stack([row.argmax() for row in logits])
