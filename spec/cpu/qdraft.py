@@ -145,17 +145,21 @@ class _Cursor:
         self.at += v.nbytes
         return v.item()
 
-    def string(self, keep: bool = True) -> str | None:
+    def string(self) -> str:
+        start = self.skip()
+        return bytes(self.buf[start:self.at]).decode("utf-8")
+
+    def skip(self) -> int:
+        """Moves past a string; returns where its bytes start."""
         n = self.number(10)
         if self.at + n > len(self.buf):
             raise ValueError("a string runs past the end of the file")
-        text = bytes(self.buf[self.at:self.at + n]).decode("utf-8") if keep else None
         self.at += n
-        return text
+        return self.at - n
 
     def value(self, kind: int, keep: bool = True) -> Any:
         if kind == 8:
-            return self.string(keep)
+            return self.string() if keep else self.skip()
         if kind == 9:
             inner, n = self.number(4), self.number(10)
             if inner in _NUMERIC:
