@@ -99,7 +99,11 @@ def cache_update(cache, key: torch.Tensor, value: torch.Tensor, layer: int, seri
     threads (a full layer of a DynamicCache on CPU past GRAIN elements: its torch.cat then wakes torch's
     thread team, whose spinning afterwards takes a core from a pass whose products run on spec.cpu.gemv's
     own threads). The layer's keys and values are then numpy's concatenation of the same tensors, the same
-    values in the same layout; nothing else of the cache changes (as DynamicLayer.update)."""
+    values in the same layout; nothing else of the cache changes (as DynamicLayer.update). A layer a prefill
+    starts is first made by the cache's own update with no positions, then appended to so."""
+    if serial and type(cache) is DynamicCache and not getattr(cache, "offloading", False):
+        if key.numel() >= GRAIN and (layer >= len(cache.layers) or not getattr(cache.layers[layer], "is_initialized", True)):
+            cache.update(key[..., :0, :], value[..., :0, :], layer)     # (a prefill's: the layer made, empty)
     if serial and type(cache) is DynamicCache and layer < len(cache.layers) and not getattr(cache, "offloading", False):
         lay = cache.layers[layer]
         if (type(lay) is DynamicLayer and lay.is_initialized and lay.keys.device.type == "cpu"

@@ -217,12 +217,14 @@ def rotary_(x: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor) -
     return x
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float):
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
+           threads: int = 1):
     """Attention of one sequence on the library (spec_attend): q [1, H, T, D] (last axis contiguous), k and v
     [1, KV, L, D] with each head's rows contiguous (as a DynamicCache holds them), fp32 on CPU; `mask` None
     (row t sees keys up to L - T + t: one row sees all, T = L is causal) or bool [1, 1, T, L] (True: may
-    attend). Returns [1, T, H * D]; None where the inputs are not of that form, the CPU or head size is not
-    covered, or a row may attend to no key: the caller runs its own attention then."""
+    attend); its key heads split over `threads` of the library's threads. Returns [1, T, H * D]; None where the
+    inputs are not of that form, the CPU or head size is not covered, or a row may attend to no key: the
+    caller runs its own attention then."""
     B, H, T, D = q.shape
     KV, L = k.shape[1], k.shape[2]
     if (B != 1 or k.shape != v.shape or k.shape[0] != 1 or k.shape[3] != D or H % KV or q.stride(3) != 1
@@ -236,7 +238,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     out = q.new_empty(1, T, H * D)
     done = library().spec_attend(q.data_ptr(), q.stride(2), q.stride(1), k.data_ptr(), v.data_ptr(), k.stride(1), D, L,
                                  None if mask is None else mask.data_ptr(), out.data_ptr(), T, H, KV, D, scale,
-                                 native.variant())
+                                 native.variant(), max(threads, 1))
     return out if done == 0 else None
 
 

@@ -135,7 +135,7 @@ def _declare(lib) -> None:
     lib.spec_rotary.argtypes = [P] + [I] * 4 + [P] * 2
     lib.spec_silu_mul.argtypes = [P] * 2 + [I] * 2 + [i32]
     lib.spec_attend.restype = I
-    lib.spec_attend.argtypes = [P, I, I, P, P, I, I, I, P, P, I, I, I, I, ctypes.c_float, i32]
+    lib.spec_attend.argtypes = [P, I, I, P, P, I, I, I, P, P, I, I, I, I, ctypes.c_float, i32, i32]
     lib.spec_qd_forward.restype = i32
     lib.spec_qd_forward.argtypes = [P, P, I, I, P]
     lib.spec_qd_fill.restype = i32

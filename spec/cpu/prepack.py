@@ -109,12 +109,13 @@ def shedding() -> bool:
     return os.environ.get("SPEC_SHED", "1") != "0"
 
 
-def long_on_kernel() -> bool:
-    """Whether a shed weight's longer passes (a prefill) run on the kernel: where torch runs one thread (1.1x
-    oneDNN's time there). At more, oneDNN's threads run them over the weight, read back from its file (the
-    kernel's long passes beside torch's thread team measured 1.6x oneDNN's prefill at 2 threads, 700 rows,
-    SmolLM2): its memory is given back at one thread only, once a prefill has run."""
-    return torch.get_num_threads() == 1
+def long_on_kernel(threads: int) -> bool:
+    """Whether a shed weight's longer passes (a prefill) run on the kernel, given the pass's `threads`:
+    where the kernel's panels are split over them (spec.cpu.executor's plain layers, whose torch ops then stay
+    on the calling thread) or torch runs one thread. Else (a model's own forward at 2 or more torch threads:
+    its ops wake torch's thread team, and a kernel pass on the calling thread alone beside it measured 1.6x
+    oneDNN's prefill, 700 rows, SmolLM2) oneDNN's threads run them over the weight, read back from its file."""
+    return threads > 1 or torch.get_num_threads() == 1
 
 
 def weights_dir() -> Path:
@@ -271,7 +272,7 @@ class Packed:
         """x W^T + b: on the kernel, its panels split over `threads` threads, for 1 to `most` rows when
         `threads` > 0; else on oneDNN."""
         rows = x.numel() // x.shape[-1]
-        if threads and rows and (rows <= self.most or self.shed and long_on_kernel()):
+        if threads and rows and (rows <= self.most or self.shed and long_on_kernel(threads)):
             return self.small(x, threads=threads)
         if not 0 < rows < MIN_ROWS:
             return self.onednn(x, rows)
@@ -313,7 +314,7 @@ class Group:
 
     def __call__(self, x: torch.Tensor, threads: int = 0) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
-        if self.most and threads and rows and (rows <= self.most or self.shed and long_on_kernel()):
+        if self.most and threads and rows and (rows <= self.most or self.shed and long_on_kernel(threads)):
             return self.whole(x, threads=threads)
         return torch.cat([m(x, threads) for m in self.members], dim=-1)
 

@@ -379,8 +379,8 @@ def test_plain_layers_on_the_kernel_compute_the_models_layers(lib):
 def test_attention_on_the_library_is_sdpa(lib, T, L, H, KV, masked):
     """gemv.attend: SDPA's output within fp32 rounding, for one row, a verify pass under the model's
     mask or after a long cache, a causal prefill and grouped heads, with more rows than one block of the
-    library's attention takes (its keys packed as later rows reach them); q a strided view as a plain layer
-    hands it over; None (the caller's own attention) where a row may attend to nothing, for a batch, or off
+    library's attention takes (its keys packed as later rows reach them), its key heads split over threads or
+    not; q a strided view as a plain layer hands it over; None (the caller's own attention) where a row may attend to nothing, for a batch, or off
     AVX-512F."""
     if gemv.isa() != 2:
         q = torch.randn(1, H, T, 16)
@@ -397,6 +397,7 @@ def test_attention_on_the_library_is_sdpa(lib, T, L, H, KV, masked):
                                           enable_gqa=True).transpose(1, 2).reshape(1, T, -1)
     got = gemv.attend(q, k, v, mask, 0.125)
     assert_logits_close(got, want, torch.float32, what=f"T={T} L={L}")
+    assert torch.equal(gemv.attend(q, k, v, mask, 0.125, threads=2), got)      # key heads split: the same sums
     if masked:
         blind = mask.clone()
         blind[0, 0, T - 1] = False

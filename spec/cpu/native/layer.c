@@ -8,6 +8,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <stdatomic.h>
 #include <string.h>
 
 /* query rows a pass of the blocked attention takes together: its scores, ROWS x keys floats, stay in L2 */
@@ -253,17 +254,17 @@ static T512 void pack_keys512(const float *k, int64_t kt, int64_t n, int64_t D, 
     }
 }
 
-/* spec_attend on AVX-512F (D a multiple of 16 up to 256): each key head's keys packed once (pack_keys512),
-   then the rows of its G query heads at up to SPEC_ATTEND_ROWS / G positions at a time scored, masked, put
-   through the softmax and summed over the values together, so that each key and value is read once per
-   block of rows, not once per (row, head). w: scratch (attend_scratch's floats). */
+/* spec_attend on AVX-512F (D a multiple of 16 up to 256), key heads j0 .. j1: each key head's keys packed once
+   (pack_keys512), then the rows of its G query heads at up to SPEC_ATTEND_ROWS / G positions at a time
+   scored, masked, put through the softmax and summed over the values together, so that each key and value
+   is read once per block of rows, not once per (row, head). w: scratch (attend_part's). */
 static T512 int64_t attend_heads512(const float *q, int64_t qt, int64_t qh, const float *k, const float *v,
                                     int64_t kh, int64_t kt, int64_t L, const uint8_t *mask, float *out, int64_t T,
-                                    int64_t H, int64_t KV, int64_t D, float scale, float *w) {
+                                    int64_t H, int64_t KV, int64_t D, float scale, int64_t j0, int64_t j1, float *w) {
     const int64_t G = H / KV, P = G < SPEC_ATTEND_ROWS ? SPEC_ATTEND_ROWS / G : 1, ss = (L + 15) / 16 * 16;
     float *kb = w, *s = kb + ss * D, *qs = s + P * G * ss, *o = qs + P * G * D, *z = o + P * G * D;
     int64_t empty = 0;
-    for (int64_t j = 0; j < KV; j++) {
+    for (int64_t j = j0; j < j1; j++) {
         int64_t packed = 0;
         for (int64_t t0 = 0; t0 < T; t0 += P) {
             const int64_t tb = T - t0 < P ? T - t0 : P, R = tb * G, n = mask ? L : L - T + t0 + tb;
@@ -302,29 +303,57 @@ static T512 int64_t attend_heads512(const float *q, int64_t qt, int64_t qh, cons
 }
 #endif
 
+#if defined(__x86_64__)
+typedef struct {
+    const float *q, *k, *v;
+    const uint8_t *mask;
+    float *out;
+    int64_t qt, qh, kh, kt, L, T, H, KV, D;
+    float scale;
+    atomic_llong empty;
+    atomic_int failed;
+} attend_job;
+
+/* One part of spec_attend's key heads (KV * part / parts ..), with scratch of its own */
+static void attend_part(void *arg, int part, int parts) {
+    attend_job *a = (attend_job *)arg;
+    const int64_t j0 = a->KV * part / parts, j1 = a->KV * (part + 1) / parts, D = a->D, G = a->H / a->KV;
+    if (j0 >= j1) return;
+    const int64_t R = (G < SPEC_ATTEND_ROWS ? SPEC_ATTEND_ROWS / G : 1) * G, ss = (a->L + 15) / 16 * 16;
+    float *w = (float *)malloc((size_t)(ss * D + R * ss + 2 * R * D + R) * sizeof(float));
+    if (!w) {
+        atomic_store(&a->failed, 1);
+        return;
+    }
+    atomic_fetch_add(&a->empty, attend_heads512(a->q, a->qt, a->qh, a->k, a->v, a->kh, a->kt, a->L, a->mask, a->out,
+                                                a->T, a->H, a->KV, D, a->scale, j0, j1, w));
+    free(w);
+}
+#endif
+
 /* Attention of one sequence's T query rows of H heads over L keys of KV heads (head h reads key head
    h / (H / KV)): q[t * qt + h * qh + d]; key l of head j at k[j * kh + l * kt], its value likewise in v;
    mask [T][L] (nonzero: may attend) or NULL: row t sees keys 0 .. L - T + t (one row: all of them; T = L:
    causal). out [T][H][D]. The scores' maximum is subtracted before the exponential. Returns the (row,
    head) pairs with no key to attend (out left unwritten for them), or -1 for shapes it does not take (D
    over 256). AVX-512F with D a multiple of 16: attend_heads512 (each key and value read once for a block of
-   rows and the heads that share them); otherwise plain C, a (row, head) at a time. */
+   rows and the heads that share them), the key heads split over `threads` threads; otherwise plain C, a
+   (row, head) at a time. */
 int64_t spec_attend(const float *q, int64_t qt, int64_t qh, const float *k, const float *v, int64_t kh, int64_t kt,
                     int64_t L, const uint8_t *mask, float *out, int64_t T, int64_t H, int64_t KV, int64_t D,
-                    float scale, int isa) {
+                    float scale, int isa, int threads) {
     if (D <= 0 || D > 256 || KV <= 0 || H % KV || L < T) return -1;
     isa = spec_pick_isa(isa);
     const int wide = isa >= SPEC_ISA_AVX512 && D % 16 == 0;
     (void)wide;                                    /* (no AVX-512 variant off x86-64) */
 #if defined(__x86_64__)
     if (wide) {
-        const int64_t G = H / KV, R = (G < SPEC_ATTEND_ROWS ? SPEC_ATTEND_ROWS / G : 1) * G, ss = (L + 15) / 16 * 16;
-        float *w = (float *)malloc((size_t)(ss * D + R * ss + 2 * R * D + R) * sizeof(float));
-        if (!w) return -1;
-        const int64_t empty = attend_heads512(q, qt, qh, k, v, kh, kt, L, mask, out, T, H, KV, D, scale, w);
-        free(w);
-        return empty;
+        attend_job a = {q, k, v, mask, out, qt, qh, kh, kt, L, T, H, KV, D, scale, 0, 0};
+        pool_run(attend_part, &a, (int)KV, threads);
+        return atomic_load(&a.failed) ? -1 : atomic_load(&a.empty);
     }
+#else
+    (void)threads;
 #endif
     float *s = (float *)malloc((size_t)(L + 16) * sizeof(float));
     if (!s) return -1;

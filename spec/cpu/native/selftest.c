@@ -159,7 +159,7 @@ static int check_small(int isa) {
    mask (row 0 masked out entirely: reported, not written) and without one (row t sees keys up to L - T + t);
    grouped heads; head sizes that are and are not multiples of 16; more rows than one pass of the blocked
    attention takes (a prefill: T = L), so that its keys are packed as later rows reach them */
-static int check_attend(int isa) {
+static int check_attend(int isa, int threads) {
     static const int64_t C[][7] = {{1, 5, 2, 1, 16, 0, 0}, {3, 7, 4, 2, 32, 1, 0}, {4, 4, 2, 2, 16, 0, 1},
                                    {2, 9, 3, 1, 8, 0, 0}, {5, 40, 6, 2, 64, 0, 1}, {3, 6, 2, 1, 24, 1, 1},
                                    {40, 40, 6, 2, 64, 0, 0}, {20, 50, 3, 1, 32, 1, 0}, {60, 64, 2, 2, 16, 0, 1}};
@@ -171,7 +171,8 @@ static int check_attend(int isa) {
         uint8_t *m = alloc((size_t)(T * L));
         for (int64_t i = 0; i < T * L; i++) m[i] = uni(0, 1) < 0.7;
         if (masked) { memset(m, 0, (size_t)L); m[L] = 1; }
-        const int64_t got = spec_attend(q, H * D, D, k, v, kh, kt, L, masked ? m : NULL, o, T, H, KV, D, 0.25f, isa);
+        const int64_t got = spec_attend(q, H * D, D, k, v, kh, kt, L, masked ? m : NULL, o, T, H, KV, D, 0.25f, isa,
+                                        threads);
         if (got != (masked ? H : 0))
             return fail("spec_attend T=%ld L=%ld D=%ld: %ld (row, head) pairs reported with no key, %ld expected",
                         T, L, D, got, masked ? H : 0);
@@ -392,7 +393,7 @@ int spec_selftest(int isa, int threads, char *msg, size_t len) {
     if (len) msg[0] = 0;
     rng_state = 0x9E3779B97F4A7C15ull;
     if (isa > spec_native_isa()) return fail("variant %d asked; this CPU runs %d at most", isa, spec_native_isa());
-    const int rc = check_gemv(isa, threads) || check_small(isa) || check_attend(isa) ||
+    const int rc = check_gemv(isa, threads) || check_small(isa) || check_attend(isa, threads) ||
                    check_qd_matvec(isa, threads) || check_qd_forward(isa, threads);
     release();
     return rc;

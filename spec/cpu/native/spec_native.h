@@ -40,7 +40,7 @@ void spec_rotary(float *x, int64_t rows, int64_t heads, int64_t stride, int64_t 
                  const float *sin);
 int64_t spec_attend(const float *q, int64_t qt, int64_t qh, const float *k, const float *v, int64_t kh, int64_t kt,
                     int64_t L, const uint8_t *mask, float *out, int64_t T, int64_t H, int64_t KV, int64_t D,
-                    float scale, int isa);
+                    float scale, int isa, int threads);
 void spec_silu_mul(const float *gu, float *out, int64_t rows, int64_t inner, int isa);
 HIDDEN void spec_attend_blocked(const float *q, int64_t G, int64_t D, const float *kb, const float *v, int64_t vt,
                                 int64_t n, float *s, int64_t ss, float *o, int isa);   /* the draft's cache */
