@@ -121,7 +121,9 @@ def _plus(x: torch.Tensor, y: torch.Tensor, serial: bool) -> torch.Tensor:
     """x + y (the residual)."""
     if not serial or x.requires_grad or y.requires_grad:
         return x + y
-    return torch.from_numpy(np.add(x.numpy(), y.numpy()))
+    out = torch.empty_like(x)                  # (memory torch allocates: see spec.hf._joined)
+    np.add(x.numpy(), y.numpy(), out=out.numpy())
+    return out
 
 
 def copy_into(serial: bool):
