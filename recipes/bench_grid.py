@@ -9,7 +9,8 @@ One process per system and cell (peak RSS is a process's high-water mark), the s
 - `spec greedy`; `spec + Q4_1 draft` (the model's own Q4_1 GGUF as draft, gamma 8); `spec + lookup`
   (PromptLookup, gamma 8; SmolLM2 only: on random weights its acceptance means nothing).
 - `verify round`: a round of a draft whose 8 proposals are all accepted and cost nothing (greedy's own
-  continuation), in one-token steps of spec greedy: what the target's 9-row pass and the loop cost.
+  continuation), in one-token steps of spec greedy: what the target's 9-row pass and the loop cost (the
+  median traced round after the first over spec greedy's median traced step after the first).
 - `llama.cpp f32`, `llama.cpp Q4_1`: llama-cpp-python's greedy, built with native flags
   (requirements/build-llama-native: what `pip install llama-cpp-python` builds), never the portable test build.
 
@@ -34,6 +35,7 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -173,7 +175,8 @@ def child(system: str, size: str, threads: int, ids: list[int], tokens: int) -> 
                                      do_sample=False)
                 return out[0, x.shape[1]:].tolist(), None
             if draft is None:
-                return greedy_generate(model, x, max_new_tokens=n).tokens, None
+                g = greedy_generate(model, x, max_new_tokens=n, trace=trace)
+                return g.tokens, g if trace else None
             r = speculative_generate(model, draft, x, gamma=GAMMA, max_new_tokens=n, trace=trace)
             return r.tokens, r
     run(ids[:, :WARM], 4)
@@ -181,8 +184,13 @@ def child(system: str, size: str, threads: int, ids: list[int], tokens: int) -> 
     run(ids, 1)
     prefill = time.perf_counter() - t0
     t0 = time.perf_counter()
-    out, r = run(ids, tokens, trace=system == "spec + Q4_1 draft")
+    out, r = run(ids, tokens, trace=system in ("spec greedy", "verify round", "spec + Q4_1 draft"))
     total = time.perf_counter() - t0
+    if system == "spec greedy":         # the median one-token step, and the median round after the first
+        extra["step_ms"] = 1e3 * statistics.median(x.verify_s for x in r.trace[1:])
+        r = None
+    if system == "verify round":        # (and before a last one cut short by the token count)
+        extra["round_ms"] = 1e3 * statistics.median(x.verify_s + x.draft_s for x in (r.trace[1:-1] or r.trace[1:]))
     if r is not None:
         extra.update(rounds=len(r.rounds), drafted=r.drafted, accepted=sum(r.accepted_per_round),
                      tokens_per_round=tokens / len(r.rounds))
@@ -274,6 +282,19 @@ def _timed(f) -> float:
     return time.perf_counter() - t0
 
 
+def verify_steps(rows: dict) -> float | None:
+    """A cell's verify round in one-token steps of spec greedy: the traced medians (a round after the first
+    over a step after the first), or, in results made before they were kept, the whole run less a one-token
+    run over the rounds after the first (None where that came out at or below zero: the prefill's noise)."""
+    rnd, greedy = rows.get("verify round"), rows.get("spec greedy")
+    if not rnd or not greedy or "total_s" not in rnd or "total_s" not in greedy:
+        return None
+    if "round_ms" in rnd and "step_ms" in greedy:
+        return rnd["round_ms"] / greedy["step_ms"]
+    steps = (rnd["total_s"] - rnd["prefill_s"]) * 1e3 / max(rnd["rounds"] - 1, 1) / greedy["ms_per_token"]
+    return steps if steps > 0 else None
+
+
 def price(cell: dict, smollm: dict | None) -> dict | None:
     """Theorem 3.8 for the self-draft at this size: SmolLM2's measured acceptance at the same threads and
     prompt length, this size's draft cost per proposal and verify round, in this size's greedy steps."""
@@ -284,8 +305,8 @@ def price(cell: dict, smollm: dict | None) -> dict | None:
         return None
     step = greedy["ms_per_token"]
     c = 1e3 * q4["draft_s"] / q4["drafted"] / step
-    verify = (rnd["total_s"] - rnd["prefill_s"]) * 1e3 / max(rnd["rounds"] - 1, 1) / step
-    if verify <= 0:     # (its one-token run took longer than its whole run: a first-use cost; nothing to price)
+    verify = verify_steps(cell)
+    if verify is None:
         return None
     alpha = theory.implied_alpha(min(ref["tokens_per_round"], GAMMA + 0.999), GAMMA)
     per_round = theory.expected_tokens_per_round(alpha, GAMMA)
@@ -351,7 +372,7 @@ def main(argv=None) -> int:
                 for system, r in rows.items():
                     if "tokens" in r and system != "hf" and system not in LLAMA[1:]:
                         r["identical"] = r["tokens"] == ref
-                cell = {"size": size, "threads": t, "prompt": length, "rows": rows}
+                cell = {"size": size, "threads": t, "prompt": length, "rows": rows, "verify_steps": verify_steps(rows)}
                 if size == "135m":
                     smollm[(t, length)] = rows
                 else:

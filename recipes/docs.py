@@ -193,7 +193,9 @@ def render_grid(results: Path) -> str:
             self_draft = "-"
         rnd = rows.get("verify round")
         steps = "-"
-        if rnd and greedy and "total_s" in rnd and rnd.get("rounds", 0) > 1 and rnd["total_s"] > rnd["prefill_s"]:
+        if c.get("verify_steps"):                     # (bench_grid.verify_steps: traced medians)
+            steps = f"{c['verify_steps']:.2f}"
+        elif rnd and greedy and "total_s" in rnd and rnd.get("rounds", 0) > 1 and rnd["total_s"] > rnd["prefill_s"]:
             steps = f"{(rnd['total_s'] - rnd['prefill_s']) * 1e3 / (rnd['rounds'] - 1) / greedy['ms_per_token']:.2f}"
         elif rnd and "total_s" in rnd:
             steps = "- (its one-token run took longer than the whole: a first-use cost, not separable here)"
