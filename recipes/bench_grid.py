@@ -187,9 +187,10 @@ def child(system: str, size: str, threads: int, ids: list[int], tokens: int) -> 
     out, r = run(ids, tokens, trace=system in ("spec greedy", "verify round", "spec + Q4_1 draft"))
     total = time.perf_counter() - t0
     if system == "spec greedy":         # the median one-token step, and the median round after the first
-        extra["step_ms"] = 1e3 * statistics.median(x.verify_s for x in r.trace[1:])
+        if len(r.trace) > 1:            # (and before a last one cut short by the token count)
+            extra["step_ms"] = 1e3 * statistics.median(x.verify_s for x in r.trace[1:])
         r = None
-    if system == "verify round":        # (and before a last one cut short by the token count)
+    if system == "verify round" and len(r.trace) > 1:
         extra["round_ms"] = 1e3 * statistics.median(x.verify_s + x.draft_s for x in (r.trace[1:-1] or r.trace[1:]))
     if r is not None:
         extra.update(rounds=len(r.rounds), drafted=r.drafted, accepted=sum(r.accepted_per_round),
