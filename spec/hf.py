@@ -104,9 +104,8 @@ def cache_update(cache, key: torch.Tensor, value: torch.Tensor, layer: int, seri
     if serial and type(cache) is DynamicCache and not getattr(cache, "offloading", False):
         if key.numel() >= GRAIN and (layer >= len(cache.layers) or not getattr(cache.layers[layer], "is_initialized", True)):
             cache.update(key[..., :0, :], value[..., :0, :], layer)     # (a prefill's: the layer made, empty)
-    if serial and type(cache) is DynamicCache and layer < len(cache.layers) and not getattr(cache, "offloading", False):
-        lay = cache.layers[layer]
-        if (type(lay) is DynamicLayer and lay.is_initialized and lay.keys.device.type == "cpu"
+        lay = cache.layers[layer] if layer < len(cache.layers) else None
+        if (lay is not None and type(lay) is DynamicLayer and lay.is_initialized and lay.keys.device.type == "cpu"
                 and lay.keys.numel() + key.numel() >= GRAIN):
             lay.keys, lay.values = _joined(lay.keys, key), _joined(lay.values, value)
             return lay.keys, lay.values

@@ -298,19 +298,18 @@ class Executor(Passes):
             # every layer's input side by side in one tensor [1, T, layers + 1, H] (spec.hf.hidden_states
             # then hands a run of them on as a view), each layer's output freed as the next is made
             states = x.new_empty(*x.shape[:2], len(self.layers) + 1, x.shape[2]) if hidden else None
-            keep_state = plainllama.copy_into(serial)
             if states is not None:
-                keep_state(states[:, :, 0], x)
+                plainllama.copy_into(states[:, :, 0], x, serial)
             for i, layer in enumerate(self.layers):
                 x = layer(x, mask, cos, sin, cache, kernel, serial)
                 if states is not None:
-                    keep_state(states[:, :, i + 1], x)
+                    plainllama.copy_into(states[:, :, i + 1], x, serial)
             if states is None and keep:
                 x = x[:, -keep:]
             norm = gemv.rms if self.native else plainllama.rms
             x = norm(x, self.norm.weight, self.norm.variance_epsilon)
             if states is not None:
-                keep_state(states[:, :, -1], x)
+                plainllama.copy_into(states[:, :, -1], x, serial)
                 x = x[:, -keep:] if keep else x
             return Output(self.head(x, kernel), cache, states.unbind(2) if states is not None else None)
 

@@ -126,11 +126,12 @@ def _plus(x: torch.Tensor, y: torch.Tensor, serial: bool) -> torch.Tensor:
     return out
 
 
-def copy_into(serial: bool):
-    """(dst, src) -> dst[...] = src: a pass's hidden states kept."""
-    if not serial:
-        return lambda dst, src: dst.copy_(src)
-    return lambda dst, src: np.copyto(dst.numpy(), src.numpy())
+def copy_into(dst: torch.Tensor, src: torch.Tensor, serial: bool) -> None:
+    """dst[...] = src (a pass's hidden states kept)."""
+    if serial:
+        np.copyto(dst.numpy(), src.numpy())
+    else:
+        dst.copy_(src)
 
 
 def layer_forward(layer, groups: dict, linears: dict, native: bool = False):
