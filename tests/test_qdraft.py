@@ -61,7 +61,8 @@ def _quantized(x: np.ndarray) -> np.ndarray:
 
 
 def reference_logits(path, ids: list[int], inputs: list | None = None) -> np.ndarray:
-    """Every position's logits [len(ids), vocab] from the GGUF at `path`, in NumPy; each layer's input
+    """Every position's logits [len(ids), vocab] from the GGUF at `path`, in NumPy (keys and values rounded to
+    IEEE halves, as the kernel's cache holds them); each layer's input
     [len(ids), dim] appended to `inputs` where given."""
     import gguf
 
@@ -92,6 +93,7 @@ def reference_logits(path, ids: list[int], inputs: list | None = None) -> np.nda
         h = norm(x, V(p + "attn_norm.weight"))
         q, k, v = (lin(W(p + n + ".weight"), h) for n in ("attn_q", "attn_k", "attn_v"))
         q, k = rope(q, H), rope(k, KV)
+        k, v = (c.astype(np.float32).astype(np.float16).astype(np.float32) for c in (k, v))   # its cache: halves
         out = np.zeros((T, D), np.float32)
         for hh in range(H):
             kh = hh // (H // KV)

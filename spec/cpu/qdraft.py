@@ -9,6 +9,8 @@ llama.cpp Q4_1 export of a Llama has; its header read here, its tensors where th
 (spec/cpu/native/qdraft.c says the layout), q/k/v and gate/up each as one matrix, q's and k's rows put
 back in transformers' order (llama.cpp's converter interleaves each head's halves for its rotary), so the
 forward runs the same layer ops as the fp32 target's plain layers (layer.c) around its own products.
+Its key and value cache holds IEEE halves (llama.cpp's default cache type): half the memory, and half the
+bytes a step reads of a long context, which at ~1,000 positions are as many as its weights'.
 
 `library()` is spec.cpu.native's library where this CPU runs its VNNI variant (or SPEC_NATIVE_ISA forces a
 variant: the tests run the plain-C one so), else None with `reason()`: spec.gguf_draft then runs llama.cpp.
@@ -303,11 +305,11 @@ def _check(g: GGUF) -> None:
 
 
 def _zeros(shape: tuple) -> np.ndarray:
-    """Zeroed fp32 memory resident only where written, 4 KB at a time: an anonymous mapping (numpy asks
-    Linux for huge pages for large arrays, and a cache's first positions in each layer would then make all
-    of it resident, 2 MB a layer at a time: 180 MB for SmolLM2 at 4096 positions)."""
+    """Zeroed IEEE halves resident only where written, 4 KB at a time: an anonymous mapping (numpy asks Linux for
+    huge pages for large arrays, and a cache's first positions in each layer would then make all of it
+    resident, 2 MB a layer at a time: 90 MB for SmolLM2's half caches at 4096 positions)."""
     count = int(np.prod(shape))
-    return np.frombuffer(mmap.mmap(-1, max(4 * count, 1)), dtype=np.float32, count=count).reshape(shape)
+    return np.frombuffer(mmap.mmap(-1, max(2 * count, 1)), dtype=np.float16, count=count).reshape(shape)
 
 
 class QuantRun:
@@ -360,7 +362,7 @@ class QuantRun:
                 mats[i, j], kinds[i, j] = mat(*(f"blk.{i}.{n}.weight" for n in group))
             norms[i] = norm(f"blk.{i}.attn_norm.weight"), norm(f"blk.{i}.ffn_norm.weight")
         hd = dim // heads
-        # keys in blocks of 16 positions, d-major (spec_native.h: SPEC_QD_BLOCKS); values a row per position
+        # halves: keys in blocks of 16 positions, d-major (spec_native.h: SPEC_QD_BLOCKS); values a row per position
         self.kc: np.ndarray | None = _zeros((layers, kv, -(-n_ctx // 16), hd, 16))
         self.vc: np.ndarray | None = _zeros((layers, n_ctx, kv * hd))
         self._keep += [mats, kinds, norms]

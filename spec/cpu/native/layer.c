@@ -3,6 +3,7 @@
    SiLU gate. In transformers' arithmetic: the library is built without FMA contraction, so each product
    and sum rounds as torch's; the 16-lane sums and the vector exponential differ from torch's by fp32
    rounding only (the probe checks the plain layers against the model's own forward). */
+#include "half.h"
 #include "spec_native.h"
 #include "vexp.h"
 
@@ -71,21 +72,21 @@ static int attend_row_c(const float *qv, const float *k, const float *v, int64_t
 }
 
 /* spec_attend_blocked, plain C: the same sums in the same order as the AVX-512 code's lanes */
-static void attend_blocked_c(const float *q, int64_t G, int64_t D, const float *kb, const float *v, int64_t vt,
+static void attend_blocked_c(const float *q, int64_t G, int64_t D, const uint16_t *kb, const uint16_t *v, int64_t vt,
                              int64_t n, float *s, int64_t ss, float *o) {
     for (int64_t g = 0; g < G; g++) {
         float *sg = s + g * ss, mx = -INFINITY, z = 0;
         for (int64_t p = 0; p < n; p++) {
-            const float *k = kb + (p / 16) * 16 * D + p % 16;
+            const uint16_t *k = kb + (p / 16) * 16 * D + p % 16;
             float a = 0;
-            for (int64_t d = 0; d < D; d++) a += q[g * D + d] * k[d * 16];
+            for (int64_t d = 0; d < D; d++) a += q[g * D + d] * spec_h2f(k[d * 16]);
             sg[p] = a;
             if (a > mx) mx = a;
         }
         for (int64_t p = 0; p < n; p++) z += sg[p] = expf(sg[p] - mx);
         for (int64_t d = 0; d < D; d++) o[g * D + d] = 0;
         for (int64_t p = 0; p < n; p++)
-            for (int64_t d = 0; d < D; d++) o[g * D + d] += sg[p] * v[p * vt + d];
+            for (int64_t d = 0; d < D; d++) o[g * D + d] += sg[p] * spec_h2f(v[p * vt + d]);
         for (int64_t d = 0; d < D; d++) o[g * D + d] *= 1.f / z;
     }
 }
@@ -118,16 +119,23 @@ static T512 int64_t silu_mul512(const float *g, const float *u, float *o, int64_
     return i;
 }
 
-/* spec_attend_blocked's scores for GG heads: 16 keys a block, one FMA chain per head along d */
-static inline __attribute__((always_inline)) T512 void blocked_scores512(const float *kb, int64_t D, const float *q,
-                                                                        int64_t n, float *s, int64_t ss, const int GG) {
+/* 16 lanes from element i of a cache of floats or (half) of IEEE halves */
+static inline __attribute__((always_inline)) T512 __m512 load16(const void *p, int64_t i, const int half) {
+    return half ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)))
+                : _mm512_loadu_ps((const float *)p + i);
+}
+
+/* The blocked attention's scores for GG heads: 16 keys a block, one FMA chain per head along d (keys: floats,
+   or halves where `half`) */
+static inline __attribute__((always_inline)) T512 void blocked_scores512(const void *kb, int64_t D, const float *q,
+                                                                        int64_t n, float *s, int64_t ss, const int GG,
+                                                                        const int half) {
     for (int64_t b = 0; b * 16 < n; b++) {
-        const float *k = kb + b * 16 * D;
         __m512 acc[8];
 #pragma GCC unroll 8
         for (int g = 0; g < GG; g++) acc[g] = _mm512_setzero_ps();
         for (int64_t d = 0; d < D; d++) {
-            const __m512 kv = _mm512_loadu_ps(k + d * 16);
+            const __m512 kv = load16(kb, (b * D + d) * 16, half);
 #pragma GCC unroll 8
             for (int g = 0; g < GG; g++) acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(q[g * D + d]), kv, acc[g]);
         }
@@ -136,10 +144,11 @@ static inline __attribute__((always_inline)) T512 void blocked_scores512(const f
     }
 }
 
-/* spec_attend_blocked's values for GG heads: each value row read once for them, 4 lines at a time */
-static inline __attribute__((always_inline)) T512 void blocked_values512(const float *v, int64_t vt, int64_t D,
+/* The blocked attention's values for GG heads: each value row read once for them, 4 lines at a time */
+static inline __attribute__((always_inline)) T512 void blocked_values512(const void *v, int64_t vt, int64_t D,
                                                                         int64_t n, const float *s, int64_t ss,
-                                                                        const float *z, float *o, const int GG) {
+                                                                        const float *z, float *o, const int GG,
+                                                                        const int half) {
     for (int64_t c0 = 0; c0 < D; c0 += 64) {
         const int C = D - c0 >= 64 ? 4 : (int)((D - c0) / 16);
         __m512 acc[4][4];
@@ -148,11 +157,10 @@ static inline __attribute__((always_inline)) T512 void blocked_values512(const f
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) acc[g][c] = _mm512_setzero_ps();
         for (int64_t p = 0; p < n; p++) {
-            const float *vp = v + p * vt + c0;
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
                 if (c >= C) break;
-                const __m512 x = _mm512_loadu_ps(vp + 16 * c);
+                const __m512 x = load16(v, p * vt + c0 + 16 * c, half);
 #pragma GCC unroll 4
                 for (int g = 0; g < GG; g++) acc[g][c] = _mm512_fmadd_ps(_mm512_set1_ps(s[g * ss + p]), x, acc[g][c]);
             }
@@ -166,51 +174,54 @@ static inline __attribute__((always_inline)) T512 void blocked_values512(const f
 }
 
 /* blocked_scores512 over R query rows, 8 at a time: s[r * ss + p] for the first n keys (whole blocks) */
-static T512 void blocked_scores_rows512(const float *kb, int64_t D, const float *q, int64_t R, int64_t n, float *s,
-                                        int64_t ss) {
+static inline __attribute__((always_inline)) T512 void blocked_scores_rows512(const void *kb, int64_t D, const float *q,
+                                                                             int64_t R, int64_t n, float *s,
+                                                                             int64_t ss, const int half) {
     for (int64_t r0 = 0; r0 < R; r0 += 8) {
         const float *qr = q + r0 * D;
         float *sr = s + r0 * ss;
         switch (R - r0 < 8 ? R - r0 : 8) {
-            case 1: blocked_scores512(kb, D, qr, n, sr, ss, 1); break;
-            case 2: blocked_scores512(kb, D, qr, n, sr, ss, 2); break;
-            case 3: blocked_scores512(kb, D, qr, n, sr, ss, 3); break;
-            case 4: blocked_scores512(kb, D, qr, n, sr, ss, 4); break;
-            case 5: blocked_scores512(kb, D, qr, n, sr, ss, 5); break;
-            case 6: blocked_scores512(kb, D, qr, n, sr, ss, 6); break;
-            case 7: blocked_scores512(kb, D, qr, n, sr, ss, 7); break;
-            default: blocked_scores512(kb, D, qr, n, sr, ss, 8); break;
+            case 1: blocked_scores512(kb, D, qr, n, sr, ss, 1, half); break;
+            case 2: blocked_scores512(kb, D, qr, n, sr, ss, 2, half); break;
+            case 3: blocked_scores512(kb, D, qr, n, sr, ss, 3, half); break;
+            case 4: blocked_scores512(kb, D, qr, n, sr, ss, 4, half); break;
+            case 5: blocked_scores512(kb, D, qr, n, sr, ss, 5, half); break;
+            case 6: blocked_scores512(kb, D, qr, n, sr, ss, 6, half); break;
+            case 7: blocked_scores512(kb, D, qr, n, sr, ss, 7, half); break;
+            default: blocked_scores512(kb, D, qr, n, sr, ss, 8, half); break;
         }
     }
 }
 
 /* blocked_values512 over R rows, 4 at a time: o[r * D ..] = sum_p s[r * ss + p] v_p / z[r] */
-static T512 void blocked_values_rows512(const float *v, int64_t vt, int64_t D, int64_t R, int64_t n, const float *s,
-                                        int64_t ss, const float *z, float *o) {
+static inline __attribute__((always_inline)) T512 void blocked_values_rows512(const void *v, int64_t vt, int64_t D,
+                                                                             int64_t R, int64_t n, const float *s,
+                                                                             int64_t ss, const float *z, float *o,
+                                                                             const int half) {
     for (int64_t r0 = 0; r0 < R; r0 += 4) {
         const float *sr = s + r0 * ss, *zr = z + r0;
         float *orow = o + r0 * D;
         switch (R - r0 < 4 ? R - r0 : 4) {
-            case 1: blocked_values512(v, vt, D, n, sr, ss, zr, orow, 1); break;
-            case 2: blocked_values512(v, vt, D, n, sr, ss, zr, orow, 2); break;
-            case 3: blocked_values512(v, vt, D, n, sr, ss, zr, orow, 3); break;
-            default: blocked_values512(v, vt, D, n, sr, ss, zr, orow, 4); break;
+            case 1: blocked_values512(v, vt, D, n, sr, ss, zr, orow, 1, half); break;
+            case 2: blocked_values512(v, vt, D, n, sr, ss, zr, orow, 2, half); break;
+            case 3: blocked_values512(v, vt, D, n, sr, ss, zr, orow, 3, half); break;
+            default: blocked_values512(v, vt, D, n, sr, ss, zr, orow, 4, half); break;
         }
     }
 }
 
-static T512 void attend_blocked512(const float *q, int64_t G, int64_t D, const float *kb, const float *v,
+static T512 void attend_blocked512(const float *q, int64_t G, int64_t D, const uint16_t *kb, const uint16_t *v,
                                    int64_t vt, int64_t n, float *s, int64_t ss, float *o) {
     float z[SPEC_ATTEND_ROWS];
     for (int64_t g0 = 0; g0 < G; g0 += SPEC_ATTEND_ROWS) {
         const int64_t R = G - g0 < SPEC_ATTEND_ROWS ? G - g0 : SPEC_ATTEND_ROWS;
-        blocked_scores_rows512(kb, D, q + g0 * D, R, n, s, ss);
+        blocked_scores_rows512(kb, D, q + g0 * D, R, n, s, ss, 1);
         for (int64_t r = 0; r < R; r++) {
             float *sr = s + r * ss, mx = -INFINITY;
             for (int64_t p = 0; p < n; p++) mx = sr[p] > mx ? sr[p] : mx;
             z[r] = exp_shift512(sr, n, mx);
         }
-        blocked_values_rows512(v, vt, D, R, n, s, ss, z, o + g0 * D);
+        blocked_values_rows512(v, vt, D, R, n, s, ss, z, o + g0 * D, 1);
     }
 }
 
@@ -276,7 +287,7 @@ static T512 int64_t attend_heads512(const float *q, int64_t qt, int64_t qh, cons
             for (int64_t r = 0; r < R; r++)
                 for (int64_t d = 0; d < D; d++)
                     qs[r * D + d] = q[(t0 + r / G) * qt + (j * G + r % G) * qh + d] * scale;
-            blocked_scores_rows512(kb, D, qs, R, n, s, ss);
+            blocked_scores_rows512(kb, D, qs, R, n, s, ss, 0);
             for (int64_t r = 0; r < R; r++) {
                 const int64_t t = t0 + r / G, see = mask ? L : L - T + t + 1;
                 const uint8_t *m = mask ? mask + t * L : NULL;
@@ -293,7 +304,7 @@ static T512 int64_t attend_heads512(const float *q, int64_t qt, int64_t qh, cons
                 }
                 z[r] = exp_shift512(sr, n, mx);
             }
-            blocked_values_rows512(v + j * kh, kt, D, R, n, s, ss, z, o);
+            blocked_values_rows512(v + j * kh, kt, D, R, n, s, ss, z, o, 0);
             for (int64_t r = 0; r < R; r++)
                 if (z[r] != 0.f)
                     memcpy(out + ((t0 + r / G) * H + j * G + r % G) * D, o + r * D, (size_t)D * sizeof(float));
@@ -372,11 +383,11 @@ int64_t spec_attend(const float *q, int64_t qt, int64_t qh, const float *k, cons
 
 /* Attention of one key head's G query heads, q [G][D] (already scaled), over its first n keys held in blocks
    of 16 positions, d-major (key p's dim d at kb[(p / 16) * 16 * D + d * 16 + p % 16]: the quantized draft's
-   cache, qdraft.c), values a row per position (value p at v + p * vt). The scores of 16 keys are one FMA
+   cache, qdraft.c), values a row per position (value p at v + p * vt), both IEEE halves (spec_h2f). The scores of 16 keys are one FMA
    chain per head along d (no horizontal sums), and each key and value is read once for the G heads.
    s: scratch of G * ss floats (ss: n rounded up to 16 at least). o [G][D]. AVX-512F for D a multiple of 16
    up to 256, else plain C. */
-void spec_attend_blocked(const float *q, int64_t G, int64_t D, const float *kb, const float *v, int64_t vt,
+void spec_attend_blocked(const float *q, int64_t G, int64_t D, const uint16_t *kb, const uint16_t *v, int64_t vt,
                          int64_t n, float *s, int64_t ss, float *o, int isa) {
 #if defined(__x86_64__)
     if (spec_pick_isa(isa) >= SPEC_ISA_AVX512 && D % 16 == 0 && D <= 256) {

@@ -13,6 +13,7 @@
    Activations are quantized per block of 32 to int8 (xq, scale xd, xs = xd * sum xq), so a block's dot
    is d xd sum(u xq) + m xs, the integer sum exact (VNNI dpbusd in the VNNI variant). Two matrices that
    read the same input (q, k, v; gate, up) are one matrix, their records one after the other. */
+#include "half.h"
 #include "spec_native.h"
 
 #include <math.h>
@@ -21,22 +22,6 @@
 
 #define REC(kind) ((kind) == 4 ? 320 : 576)
 #define WBYTES(kind) ((kind) == 4 ? 256 : 512)
-
-static inline float h2f(uint16_t h) {
-    uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023, bits;
-    if (e == 0) {
-        if (m == 0) bits = s;
-        else {                                           /* subnormal */
-            e = 113;
-            while (!(m & 1024)) { m <<= 1; e--; }
-            bits = s | (e << 23) | ((m & 1023) << 13);
-        }
-    } else if (e == 31) bits = s | 0x7f800000u | (m << 13);
-    else bits = s | ((e + 112) << 23) | (m << 13);
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
 
 static inline int weight_u(const uint8_t *rec, int kind, int j, int k) {   /* u of row j (in the panel), input k < 32 */
     if (kind == 8) return rec[64 * (k / 4) + 4 * j + k % 4];
@@ -52,7 +37,7 @@ void spec_qd_row(const uint8_t *W, int64_t kind, int64_t N, int64_t K, int64_t r
     for (int64_t b = 0; b < B; b++) {
         const uint8_t *rec = W + (p * B + b) * REC(kind);
         const uint16_t *dm = (const uint16_t *)(rec + WBYTES(kind));
-        float d = h2f(dm[j]), m = h2f(dm[16 + j]);
+        float d = spec_h2f(dm[j]), m = spec_h2f(dm[16 + j]);
         for (int k = 0; k < 32; k++) out[32 * b + k] = d * (float)weight_u(rec, kind, (int)j, k) + m;
     }
 }
@@ -148,7 +133,7 @@ static void qmv_c(const uint8_t *W, int kind, int64_t N, int64_t K, const int8_t
                     const uint16_t *dm = (const uint16_t *)(rec + wb);
                     int32_t s = 0;
                     for (int k = 0; k < 32; k++) s += weight_u(rec, kind, j, k) * (int32_t)xq[r * K + 32 * b + k];
-                    acc += (float)s * xd[r * B + b] * h2f(dm[j]) + h2f(dm[16 + j]) * xs[r * B + b];
+                    acc += (float)s * xd[r * B + b] * spec_h2f(dm[j]) + spec_h2f(dm[16 + j]) * xs[r * B + b];
                 }
                 y[r * N + 16 * p + j] = acc;
             }
@@ -214,25 +199,26 @@ static void qd_tables(const spec_qd_model *m, int64_t p0, int64_t R, float *cs, 
 }
 
 /* Layer l's key block b of key head j (16 positions x head_dim, d-major) */
-static float *qd_kblock(const spec_qd_model *m, int64_t l, int64_t j, int64_t b) {
+static uint16_t *qd_kblock(const spec_qd_model *m, int64_t l, int64_t j, int64_t b) {
     return m->kc + ((l * m->n_kv + j) * SPEC_QD_BLOCKS(m->n_ctx) + b) * 16 * m->head_dim;
 }
 
 /* Layer l's keys and values for R rows at positions p0.. (each row: its keys, then its values; rows `stride`
-   floats apart): the keys rotated, both stored in its caches. */
+   floats apart): the keys rotated, both stored in its caches as halves. */
 static void qd_store(const spec_qd_model *m, int64_t l, float *kv, int64_t stride, int64_t R, int64_t p0,
                      const float *cs, const float *sn) {
     const int64_t hd = m->head_dim, kvd = m->n_kv * hd;
-    float *vc = m->vc + l * m->n_ctx * kvd;
+    uint16_t *vc = m->vc + l * m->n_ctx * kvd;
     spec_rotary(kv, R, m->n_kv, stride, hd, cs, sn);
     for (int64_t r = 0; r < R; r++) {
         const int64_t p = p0 + r;
         for (int64_t j = 0; j < m->n_kv; j++) {
-            float *kb = qd_kblock(m, l, j, p / 16) + p % 16;
+            uint16_t *kb = qd_kblock(m, l, j, p / 16) + p % 16;
             const float *k = kv + r * stride + j * hd;
-            for (int64_t d = 0; d < hd; d++) kb[d * 16] = k[d];
+            for (int64_t d = 0; d < hd; d++) kb[d * 16] = spec_f2h(k[d]);
         }
-        memcpy(vc + p * kvd, kv + r * stride + kvd, sizeof(float) * kvd);
+        const float *v = kv + r * stride + kvd;
+        for (int64_t i = 0; i < kvd; i++) vc[p * kvd + i] = spec_f2h(v[i]);
     }
 }
 

@@ -4,6 +4,7 @@
    and a fault under -fsanitize=address). spec.cpu.native runs it in a subprocess before the library is
    used (a crash is a return code there); selftest_main.c runs it under the sanitizers and on other
    architectures. */
+#include "half.h"
 #include "spec_native.h"
 
 #include <math.h>
@@ -11,6 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #define GUARD 16
 #define CANARY 12345.f
@@ -153,6 +157,73 @@ static int check_small(int isa) {
             }
     }
     return 0;
+}
+
+/* The draft cache's halves (half.h): every half to float and back is itself (a NaN comes back quiet); a float
+   becomes the nearest half, a tie the even one, past the largest infinity; and where the CPU converts
+   (AVX-512F: the cache's loads), its conversions are these, every half and random floats over the range */
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) static int hw_half(int isa) {
+    if (isa < SPEC_ISA_AVX512) return 0;
+    for (uint32_t h = 0; h < 65536; h += 16) {
+        uint16_t in[16];
+        float got[16];
+        for (int i = 0; i < 16; i++) in[i] = (uint16_t)(h + (uint32_t)i);
+        _mm512_storeu_ps(got, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)in)));
+        for (int i = 0; i < 16; i++) {
+            const float want = spec_h2f(in[i]);
+            if (memcmp(&got[i], &want, 4) != 0 && !(isnan(got[i]) && isnan(want)))
+                return fail("spec_h2f(0x%04x) = %g, the CPU's %g", in[i], want, got[i]);
+        }
+    }
+    for (int t = 0; t < 4096; t++) {
+        float x[16];
+        uint16_t got[16];
+        for (int i = 0; i < 16; i++) x[i] = (float)(uni(-1, 1) * pow(2.0, uni(-27, 17)));
+        _mm256_storeu_si256((__m256i *)got, _mm512_cvtps_ph(_mm512_loadu_ps(x), _MM_FROUND_TO_NEAREST_INT |
+                                                                             _MM_FROUND_NO_EXC));
+        for (int i = 0; i < 16; i++)
+            if (spec_f2h(x[i]) != got[i])
+                return fail("spec_f2h(%a) = 0x%04x, the CPU's 0x%04x", x[i], spec_f2h(x[i]), got[i]);
+    }
+    return 0;
+}
+#endif
+static int check_half(int isa) {
+    const uint64_t seed = rng_state;                  /* (the checks after it draw what they drew without it) */
+    for (uint32_t h = 0; h < 65536; h++) {
+        const float f = spec_h2f((uint16_t)h);
+        const uint16_t back = spec_f2h(f);
+        if (isnan(f) ? back != (h | 0x200) : back != h)
+            return fail("half 0x%04x: spec_h2f %a, back 0x%04x", h, f, back);
+        if ((h & 0x7fff) < 0x7bff) {                  /* the tie between it and the next magnitude up: the even */
+            const float mid = (float)(((double)f + spec_h2f((uint16_t)(h + 1))) / 2);
+            if (spec_f2h(mid) != (h & 1 ? h + 1 : h))
+                return fail("spec_f2h(%a), half way from half 0x%04x up: 0x%04x", mid, h, spec_f2h(mid));
+        }
+    }
+    for (int t = 0; t < 100000; t++) {
+        const float x = (float)(uni(-1, 1) * pow(2.0, uni(-27, 17)));
+        const uint16_t h = spec_f2h(x);
+        const double got = spec_h2f(h), e = fabs(got - x);
+        if (!signbit(got) != !signbit(x) || (fabs(x) >= 65520) != !!isinf(got))
+            return fail("spec_f2h(%a) = 0x%04x (%a): sign or range wrong", x, h, got);
+        for (int k = -1; k <= 1 && !isinf(got); k += 2) {   /* no neighbour nearer */
+            const uint16_t nb = (uint16_t)(h + k);
+            if (((h & 0x7fff) == 0 && k < 0) || (nb & 0x7fff) >= 0x7c00) continue;
+            const double en = fabs(spec_h2f(nb) - x);
+            if (e > en || (e == en && (h & 1)))
+                return fail("spec_f2h(%a) = 0x%04x (%a): half 0x%04x is nearer", x, h, got, nb);
+        }
+    }
+#if defined(__x86_64__)
+    const int rc = hw_half(isa);
+#else
+    const int rc = 0;
+    (void)isa;
+#endif
+    rng_state = seed;
+    return rc;
 }
 
 /* attention: head-major keys ([KV][L][D], as a DynamicCache) and position-major ones ([L][KV][D]); with a
@@ -315,8 +386,10 @@ static void ref_forward(const ref_model *rm, const int32_t *ids, int n, double *
                 v[i] = lo * c - hi * s;
                 v[i + QD_HD / 2] = hi * c + lo * s;
             }
-        memcpy(kc[t], qkv + QD_D, sizeof kc[t]);
-        memcpy(vc[t], qkv + QD_D + QD_HD, sizeof vc[t]);
+        for (int d = 0; d < QD_HD; d++) {              /* the draft's cache holds halves */
+            kc[t][d] = spec_h2f(spec_f2h((float)qkv[QD_D + d]));
+            vc[t][d] = spec_h2f(spec_f2h((float)qkv[QD_D + QD_HD + d]));
+        }
         for (int hh = 0; hh < QD_H; hh++) {
             double sc[QD_CTX], mx = -INFINITY, z = 0;
             for (int l = 0; l <= t; l++) {
@@ -352,7 +425,8 @@ static int check_qd_forward(int isa, int threads) {
     float ones[QD_D];
     for (int i = 0; i < QD_D; i++) ones[i] = 1.f;
     const float *norms[2] = {ones, ones};
-    float *kc = out(SPEC_QD_BLOCKS(QD_CTX) * 16 * QD_KV * QD_HD), *vc = out(QD_CTX * QD_KV * QD_HD);
+    enum { KC = SPEC_QD_BLOCKS(QD_CTX) * 16 * QD_KV * QD_HD / 2, VC = QD_CTX * QD_KV * QD_HD / 2 };  /* in floats */
+    uint16_t *kc = (uint16_t *)out(KC), *vc = (uint16_t *)out(VC);
     spec_qd_model m = {1, QD_D, QD_H, QD_KV, QD_HD, QD_F, QD_V, QD_CTX, 1e-5f, 10000.f, embd, 8, embd, 8, ones,
                        norms, mats, kinds, kc, vc, isa, threads};
     const int32_t ids[QD_CTX + 1] = {1, 5, 3, 9, 2, 7, 30, 11, 4};
@@ -381,7 +455,7 @@ static int check_qd_forward(int isa, int threads) {
     for (int i = 0; i < QD_V && !rc; i++)
         if (!(fabs(steps[i] - logits[i]) <= 1e-3 * (fabs(logits[i]) + 1)))
             rc = fail("qd_forward isa %d: one id at a time gives %g, a block %g (logit %d)", isa, steps[i], logits[i], i);
-    if (!rc && (overrun(kc, SPEC_QD_BLOCKS(QD_CTX) * 16 * QD_KV * QD_HD) || overrun(vc, QD_CTX * QD_KV * QD_HD) ||
+    if (!rc && (overrun((float *)kc, KC) || overrun((float *)vc, VC) ||
                 overrun(logits, QD_V)))
         rc = fail("qd_forward isa %d: wrote past the cache or the logits", isa);
     return rc;
@@ -393,7 +467,7 @@ int spec_selftest(int isa, int threads, char *msg, size_t len) {
     if (len) msg[0] = 0;
     rng_state = 0x9E3779B97F4A7C15ull;
     if (isa > spec_native_isa()) return fail("variant %d asked; this CPU runs %d at most", isa, spec_native_isa());
-    const int rc = check_gemv(isa, threads) || check_small(isa) || check_attend(isa, threads) ||
+    const int rc = check_gemv(isa, threads) || check_small(isa) || check_half(isa) || check_attend(isa, threads) ||
                    check_qd_matvec(isa, threads) || check_qd_forward(isa, threads);
     release();
     return rc;

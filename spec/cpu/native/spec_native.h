@@ -42,12 +42,13 @@ int64_t spec_attend(const float *q, int64_t qt, int64_t qh, const float *k, cons
                     int64_t L, const uint8_t *mask, float *out, int64_t T, int64_t H, int64_t KV, int64_t D,
                     float scale, int isa, int threads);
 void spec_silu_mul(const float *gu, float *out, int64_t rows, int64_t inner, int isa);
-HIDDEN void spec_attend_blocked(const float *q, int64_t G, int64_t D, const float *kb, const float *v, int64_t vt,
-                                int64_t n, float *s, int64_t ss, float *o, int isa);   /* the draft's cache */
+HIDDEN void spec_attend_blocked(const float *q, int64_t G, int64_t D, const uint16_t *kb, const uint16_t *v,
+                                int64_t vt, int64_t n, float *s, int64_t ss, float *o, int isa);  /* the draft's */
 
-/* qdraft.c: the block-quantized Llama forward of a draft (its own comment says the layout). Its key cache kc
-   holds n_layer x n_kv x SPEC_QD_BLOCKS(n_ctx) blocks of 16 positions x head_dim, d-major in a block (a key's
-   dim d of position p at [d][p % 16]); its value cache vc [n_layer][n_ctx][n_kv * head_dim]. */
+/* qdraft.c: the block-quantized Llama forward of a draft (its own comment says the layout). Its caches hold
+   IEEE halves (half.h): the key cache kc n_layer x n_kv x SPEC_QD_BLOCKS(n_ctx) blocks of 16 positions x
+   head_dim, d-major in a block (a key's dim d of position p at [d][p % 16]); the value cache vc
+   [n_layer][n_ctx][n_kv * head_dim]. */
 #define SPEC_QD_BLOCKS(n_ctx) (((n_ctx) + 15) / 16)
 typedef struct {
     int64_t n_layer, dim, n_head, n_kv, head_dim, ffn, vocab, n_ctx;
@@ -60,7 +61,7 @@ typedef struct {
     const float *const *norms;     /* [n_layer][2]: attention, ffn */
     const uint8_t *const *mats;    /* [n_layer][4]: q|k|v, o, gate|up, down */
     const int64_t *kinds;          /* [n_layer][4] */
-    float *kc, *vc;                /* the key and value caches (above) */
+    uint16_t *kc, *vc;             /* the key and value caches (above), halves */
     int64_t isa, threads;
 } spec_qd_model;
 void spec_qd_row(const uint8_t *W, int64_t kind, int64_t N, int64_t K, int64_t row, float *out);
