@@ -145,11 +145,17 @@ class GGUFDraft(ModelSource):
         # the draft model's proposals, q and processors exactly as a PyTorch draft's: the one engine
         self.engine = ModelDraft(batch.EachRunner([run]), [pick], [pick.process.prompt_len], width=run.vocab,
                                  rows=run.vocab, clamp=False)
-        # a long prompt's keys and values made from the target's own prefill where it has the draft's shape
+        # a long prompt's keys and values made from the target's own prefill where it has the draft's shape:
+        # each layer's input as the target's executor makes it (`_watched`), else through Need.HIDDEN
         self.why_own_prefill = self._fills_from(target, prefill)
+        self._watching = None               # the target, where its executor hands the states (asked when first needed)
         if self.why_own_prefill is None and isinstance(run, qdraft.QuantRun):
-            self.needs = frozenset({Need.HIDDEN})
-            self.layers = tuple(range(run.model.n_layer))     # every layer's input (hidden_states 0..n_layer-1)
+            from spec.cpu import executor
+            if executor.plain_expected(target):
+                self._watching = target
+            else:
+                self.needs = frozenset({Need.HIDDEN})
+                self.layers = tuple(range(run.model.n_layer))     # every layer's input (hidden_states 0..n_layer-1)
 
     needs: frozenset = frozenset()
     layers: tuple = (-1,)
@@ -170,24 +176,43 @@ class GGUFDraft(ModelSource):
             return f"the target's layers and width {shape} are not the draft's {(m.n_layer, m.dim)}"
         return None
 
-    _waiting: torch.Tensor | None = None    # the sequence whose prompt states it waits for (`process`)
+    _waiting: torch.Tensor | None = None    # the sequence whose prompt states it waits for (`process`, `_watched`)
     _gave_up = False                         # the states did not come (asked after the first round): prefill
+    _cancel = None                           # drops its watch on the target's executor
 
     def begin(self, prompt: torch.Tensor) -> None:
+        self._unwatch()
         self._waiting, self._gave_up = None, False
+
+    def _unwatch(self) -> None:
+        if self._cancel is not None:
+            self._cancel()
+            self._cancel = None
+
+    def _watched(self, T: int):
+        """The target's executor's pass of the first T ids of the prompt waited for: each layer's input into
+        the draft's cache as the pass makes it (QuantRun.filler)."""
+        seq, self._waiting, self._cancel = self._waiting, None, None
+        return self.run.filler(seq[:T].cpu()) if seq is not None else None
 
     def draft(self, seq: torch.Tensor, n: int, g: int):
         """A sequence whose prompt the draft holds nothing of, and at least FILL_FROM ids long, gets no
         proposal on its first round: the target's prefill pass then hands the draft each layer's input at
         every prompt position (`process`), from which it makes its cache (QuantRun.fill) at about a tenth
         of its own prefill's cost. Where those states do not come (first asked after the prefill, as a
-        FirstOf's second source), it prefills itself. Otherwise as any model draft."""
+        FirstOf's second source), it prefills itself. Otherwise as any model draft. Where the target runs on
+        spec's executor the states come layer by layer during its pass (Executor.watch), not all at once
+        after it."""
+        self._unwatch()
         if self._waiting is not None:            # asked again, nothing handed in between
             self._waiting, self._gave_up = None, True
-        if Need.HIDDEN in self.needs and not self._gave_up and \
+        watcher = _layer_inputs_from(self._watching) if self._watching is not None else None
+        if (Need.HIDDEN in self.needs or watcher is not None) and not self._gave_up and \
                 n - 1 - shared_prefix(self.run, self.run.held(), seq, n) >= FILL_FROM:
             self.run.crop(0)                     # the whole prompt from the target's states, none of its own
             self._waiting = seq
+            if watcher is not None:
+                self._cancel = watcher.watch(seq[:n], self._watched)
             return Tree.chain(seq[n:n])
         return super().draft(seq, n, g)
 
@@ -208,7 +233,16 @@ class GGUFDraft(ModelSource):
         return f"GGUFDraft({self.run.path.name}, {self.engine_name})"
 
     def close(self) -> None:
+        self._unwatch()
         self.run.close()
+
+
+def _layer_inputs_from(target):
+    """The target's spec.cpu.executor Executor, which hands a pass's layer inputs on as it makes them (watch),
+    or None (its probe refused it: the draft then prefills itself)."""
+    from spec.cpu import executor
+    made = executor.executor_for(target)
+    return made if isinstance(made, executor.Executor) else None
 
 
 def _pieces(tokenizer, llm, ids) -> list[tuple[int, str, str]]:

@@ -217,6 +217,102 @@ def test_a_draft_whose_prompt_states_do_not_come_prefills_itself(target, q4_gguf
         assert len(draft.draft(seq, n, 4)) == 4 and draft.run.held().tolist()[:n] == ids, handed
 
 
+def test_a_fill_layer_by_layer_makes_the_cache_a_whole_fill_makes(q4_gguf):
+    """QuantRun.filler, handed each layer's input in turn (as a target's pass makes them), leaves the caches
+    and positions bit for bit as fill given all layers at once; a wrong shape is refused by name."""
+    ids = [(5 * i + 1) % 640 for i in range(80)]
+    inputs: list = []
+    reference_logits(q4_gguf, ids, inputs)
+    hidden = torch.from_numpy(np.stack(inputs, 1))                  # [ids, layers, dim]
+    whole, layered = qdraft.QuantRun(q4_gguf, n_ctx=96), qdraft.QuantRun(q4_gguf, n_ctx=96)
+    for run in (whole, layered):
+        run(torch.tensor(ids[:5]), keep=1)                           # after 5 positions of its own
+    whole.fill(hidden[5:], torch.tensor(ids[5:]))
+    take = layered.filler(torch.tensor(ids[5:]))
+    for layer in range(hidden.shape[1]):
+        assert len(layered) == 5                                     # held once the last layer is in
+        take(layer, hidden[5:, layer].T.contiguous().T if layer % 2 else hidden[5:, layer])   # (a strided one too)
+    assert len(layered) == len(whole) == 80 and layered.held().tolist() == ids
+    assert np.array_equal(layered.kc, whole.kc) and np.array_equal(layered.vc, whole.vc)
+    assert torch.equal(layered(torch.tensor([9])), whole(torch.tensor([9])))
+    with pytest.raises(ValueError, match=r"x: \[3, 64\] expected"):
+        layered.filler(torch.tensor(ids[:3]))(0, hidden[:2, 0])
+
+
+@pytest.fixture
+def target32(target, monkeypatch):
+    """The target in fp32, counted large enough for spec's executor (its plain Llama layers on packed weights)."""
+    import copy
+
+    from spec.cpu import executor, prepack
+    monkeypatch.setattr(prepack, "MIN_BYTES", 0)
+    model = copy.deepcopy(target).float()
+    assert isinstance(executor.executor_for(model), executor.Executor)
+    return model
+
+
+def test_a_target_on_spec_executor_hands_its_layer_inputs_as_its_pass_makes_them(target32, q4_gguf, monkeypatch):
+    """Where the target runs on spec's executor, the draft asks for no hidden states (nothing holds every
+    layer's states of a prompt at once): its first round proposes nothing, the target's prefill hands each
+    layer's input to the draft's cache as it makes it, and from the second round it proposes; the output is
+    greedy's, and the draft proposes as well as after its own prefill. A pass of other ids, or one after
+    the prompt, takes no watch; a watch dropped is not taken."""
+    from spec.cpu import executor
+    from spec.gguf_draft import FILL_FROM, GGUFDraft
+    ids = [(11 * i + 7) % 640 for i in range(FILL_FROM + 10)]
+    own = GGUFDraft(q4_gguf, target32, engine="native", prefill="own")
+    taken = GGUFDraft(q4_gguf, target32, engine="native")
+    assert not taken.needs and taken.why_own_prefill is None
+    layers, filled = [], []
+    filler, fill = taken.run.filler, taken.run.fill
+    taken.run.fill = lambda *a: pytest.fail("the states came all at once")
+    taken.run.filler = lambda got: (filled.append(len(got)), (lambda take: lambda i, x: (layers.append(i), take(i, x)))(
+        filler(got)))[1]
+    ran = executor.Executor.run
+    monkeypatch.setattr(executor.Executor, "run", lambda self, *a, **k: (
+        pytest.fail("hidden states asked for") if a[5] else ran(self, *a, **k)))
+    greedy = greedy_generate(target32, ids, max_new_tokens=24).tokens
+    accepted = []
+    for drafter in (own, taken):
+        out = speculative_generate(target32, drafter, ids, gamma=4, max_new_tokens=24, trace=True)
+        assert out.tokens == greedy
+        accepted.append(sum(r.accepted for r in out.trace[1:]))
+    assert filled == [len(ids)] and layers == list(range(taken.run.model.n_layer))
+    assert out.trace[0].drafted == 0 and out.trace[1].drafted > 0
+    assert accepted[1] >= 0.8 * accepted[0] > 0, accepted
+    ex = executor.executor_for(target32)
+    seen = []
+    cancel = ex.watch(torch.tensor(ids), lambda T: seen.append(T))
+    greedy_generate(target32, [1] + ids[1:], max_new_tokens=2)          # other ids: not taken
+    assert seen == [] and len(ex._watches) == 1
+    cancel()
+    greedy_generate(target32, ids, max_new_tokens=2)                     # dropped: not taken
+    assert seen == [] and ex._watches == []
+    ex.watch(torch.tensor(ids), lambda T: seen.append(T))
+    greedy_generate(target32, ids[:40], max_new_tokens=2)                # the first 40: taken, once
+    greedy_generate(target32, ids, max_new_tokens=2)
+    assert seen == [40] and ex._watches == []
+    from spec import hf
+    cache = hf.new_cache(target32)
+    ex.watch(torch.tensor(ids[10:20]), lambda T: seen.append(T))
+    for part in (ids[:10], ids[10:20]):                                   # the same ids after the prompt: not taken
+        hf.step(target32, torch.tensor(part), cache, fn=ex)
+    assert seen == [40] and len(ex._watches) == 1
+
+
+def test_a_draft_whose_target_executor_was_refused_prefills_itself(target32, q4_gguf, monkeypatch):
+    """A target expected to run on spec's executor whose probe then refuses it hands nothing: the draft
+    prefills itself on the first round and proposes."""
+    from spec import gguf_draft
+    from spec.gguf_draft import FILL_FROM, GGUFDraft
+    ids = [(11 * i + 7) % 640 for i in range(FILL_FROM + 10)]
+    draft = GGUFDraft(q4_gguf, target32, engine="native")
+    monkeypatch.setattr(gguf_draft, "_layer_inputs_from", lambda target: None)
+    out = speculative_generate(target32, draft, ids, gamma=4, max_new_tokens=12, trace=True)
+    assert out.tokens == greedy_generate(target32, ids, max_new_tokens=12).tokens
+    assert out.trace[0].drafted > 0
+
+
 def test_products_split_over_threads_give_the_same_logits(q4_gguf):
     """threads=2 splits each product's panels over the pool: logits equal one thread's bit for bit, a
     prefill and steps, and the pool's worker did run parts; a bad count is refused by name."""

@@ -178,6 +178,33 @@ class Executor(Passes):
         self._dropping = [layer.self_attn for layer in plainllama.layers_of(model)]
         self._recorders: frozenset = frozenset()     # the hook ids last found to be transformers' recorders alone
         self._table: tuple | None = None         # the rotary tables: (inv_freq's identity and version, cos, sin)
+        self._watches: list = []                 # (ids, start): see watch
+        self._watch_lock = threading.Lock()
+
+    def watch(self, ids: torch.Tensor, start):
+        """Hand a prompt's layer inputs on as a pass makes them (a draft making its cache from them need not
+        have every layer's held at once): the first pass from position 0 whose ids are the first T of `ids`
+        [n] calls start(T), which returns take (or None), and then take(i, x) with layer i's input x [T, H]
+        (the pass's own tensor: read it before returning) for each layer in turn. Returns cancel(), which
+        drops the watch if no pass has taken it."""
+        entry = (ids, start)
+        with self._watch_lock:
+            self._watches.append(entry)
+
+        def cancel() -> None:
+            with self._watch_lock:
+                self._watches = [w for w in self._watches if w is not entry]
+        return cancel
+
+    def _watchers(self, ids: torch.Tensor, past: int) -> list:
+        """The takes of the watches this pass (ids [1, T] from position `past`) meets, each started once."""
+        if past != 0 or not self._watches:
+            return []
+        T = ids.shape[1]
+        with self._watch_lock:
+            met = [w for w in self._watches if T <= len(w[0]) and torch.equal(w[0][:T].to(ids.device), ids[0])]
+            self._watches = [w for w in self._watches if not any(w is m for m in met)]
+        return [take for take in (start(T) for _, start in met) if take is not None]
 
     # --- the calls it follows ----------------------------------------------------------------------
 
@@ -290,6 +317,7 @@ class Executor(Passes):
         kernel, serial = self.threads(T) if threads is None else (threads, threads > 1 and T <= self.most)
         if threads is None:
             self._counted(KERNEL if self.on_kernel(kernel, T) else ONEDNN)
+        takers = self._watchers(ids, past)
         with torch.no_grad():
             x = F.embedding(ids, self.embed.weight)
             if position_ids is None:
@@ -301,6 +329,8 @@ class Executor(Passes):
             if states is not None:
                 plainllama.copy_into(states[:, :, 0], x, serial)
             for i, layer in enumerate(self.layers):
+                for take in takers:
+                    take(i, x[0])
                 x = layer(x, mask, cos, sin, cache, kernel, serial)
                 if states is not None:
                     plainllama.copy_into(states[:, :, i + 1], x, serial)
@@ -432,6 +462,13 @@ def passes(model) -> dict:
         if made.declined:
             out["declined"] = dict(made.declined)
         return out
+
+
+def plain_expected(model) -> bool:
+    """Whether `model` is to run on an Executor, as far as can be told without probing it (its probe may still
+    refuse it: executor_for then says); nothing is made or run, so the probes of spec.runner, which run the
+    model's own forward, still come before any weight is given back."""
+    return _refusal(model) is None and _plain_refusal(model) is None
 
 
 def _refusal(model) -> str | None:

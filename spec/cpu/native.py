@@ -139,7 +139,8 @@ def _declare(lib) -> None:
     lib.spec_qd_forward.restype = i32
     lib.spec_qd_forward.argtypes = [P, P, I, I, P]
     lib.spec_qd_fill.restype = i32
-    lib.spec_qd_fill.argtypes = [P, P, I, I, I, I]
+    lib.spec_qd_fill.argtypes = [P, P, I, I, I, I, I, I, P, P]
+    lib.spec_qd_tables.argtypes = [P, I, I, P, P]
 
 
 def _make():

@@ -406,18 +406,50 @@ class QuantRun:
         layers, dim = self.model.n_layer, self.model.dim
         if tuple(hidden.shape) != (m, layers, dim):
             raise ValueError(f"hidden: [{m}, {layers}, {dim}] expected (ids, layers, width), got {list(hidden.shape)}")
-        if self.n + m > self.n_ctx:
-            raise ValueError(f"the quantized draft's context holds {self.n_ctx} positions; {self.n} + {m} do not fit")
+        self._fits(m)
         states = hidden.detach().to(device="cpu", dtype=torch.float32)
         if states.stride(2) != 1:
             states = states.contiguous()
         # read where they lie (no copy: a prompt's states are n_layer x its length x width floats)
-        rc = self.lib.spec_qd_fill(ctypes.byref(self.model), states.data_ptr(), m, self.n, states.stride(0),
-                                   states.stride(1))
+        self._fill(states, m, states.stride(0), states.stride(1), 0, layers, None)
+        self._took(ids)
+
+    def filler(self, ids: torch.Tensor):
+        """fill, one layer at a time: `take(layer, x)` with layer 0, 1, .. n_layer - 1 in turn, x [m, dim] that
+        layer's input at each of `ids`' positions (a target's pass hands them as it makes them, so a prompt's
+        states at every layer are never held at once); the last layer's makes the draft hold `ids`."""
+        m, layers, dim = len(ids), self.model.n_layer, self.model.dim
+        self._fits(m)
+        tables = np.empty((2, m, self.model.head_dim), np.float32)
+        self.lib.spec_qd_tables(ctypes.byref(self.model), self.n, m, tables[0].ctypes.data, tables[1].ctypes.data)
+        at = self.n
+
+        def take(layer: int, x: torch.Tensor) -> None:
+            if tuple(x.shape) != (m, dim):
+                raise ValueError(f"x: [{m}, {dim}] expected (ids, width), got {list(x.shape)}")
+            x = x.detach().to(device="cpu", dtype=torch.float32)
+            if x.stride(1) != 1:
+                x = x.contiguous()
+            if self.n != at:
+                raise RuntimeError(f"the draft's cache moved from {at} to {self.n} positions during a fill")
+            self._fill(x, m, x.stride(0), 0, layer, layer + 1, tables)
+            if layer == layers - 1:
+                self._took(ids)
+        return take
+
+    def _fits(self, m: int) -> None:
+        if self.n + m > self.n_ctx:
+            raise ValueError(f"the quantized draft's context holds {self.n_ctx} positions; {self.n} + {m} do not fit")
+
+    def _fill(self, states: torch.Tensor, m: int, rs: int, ls: int, l0: int, l1: int, tables) -> None:
+        cs, sn = (None, None) if tables is None else (tables[0].ctypes.data, tables[1].ctypes.data)
+        rc = self.lib.spec_qd_fill(ctypes.byref(self.model), states.data_ptr(), m, self.n, rs, ls, l0, l1, cs, sn)
         if rc != 0:
             raise RuntimeError(f"spec.cpu.qdraft's fill failed ({'out of memory' if rc == -2 else rc})")
-        self.ids[self.n:self.n + m] = ids.numpy().astype(np.int32)
-        self.n += m
+
+    def _took(self, ids: torch.Tensor) -> None:
+        self.ids[self.n:self.n + len(ids)] = ids.numpy().astype(np.int32)
+        self.n += len(ids)
 
     def crop(self, keep: int) -> None:
         self.n = min(self.n, max(0, keep))

@@ -188,7 +188,7 @@ static int qd_fits(const spec_qd_model *m, int64_t n, int64_t pos0) {
 }
 
 /* transformers' rotary tables for positions p0..p0+R: the angles twice over, [R][head_dim] each. */
-static void qd_tables(const spec_qd_model *m, int64_t p0, int64_t R, float *cs, float *sn) {
+void spec_qd_tables(const spec_qd_model *m, int64_t p0, int64_t R, float *cs, float *sn) {
     const int64_t hd = m->head_dim;
     for (int64_t r = 0; r < R; r++)
         for (int64_t i = 0; i < hd / 2; i++) {
@@ -268,7 +268,7 @@ int spec_qd_forward(const spec_qd_model *m, const int32_t *ids, int64_t n, int64
     for (int64_t c0 = 0; c0 < n; c0 += CHUNK) {
         const int64_t R = n - c0 < CHUNK ? n - c0 : CHUNK, p0 = pos0 + c0;
         for (int64_t r = 0; r < R; r++) spec_qd_row(m->embd, m->embd_kind, m->vocab, D, ids[c0 + r], x + r * D);
-        qd_tables(m, p0, R, cs, sn);
+        spec_qd_tables(m, p0, R, cs, sn);
         for (int64_t l = 0; l < m->n_layer; l++) {
             const uint8_t *const *W = m->mats + 4 * l;
             const int64_t *kd = m->kinds + 4 * l;
@@ -294,33 +294,37 @@ done:
     return rc;
 }
 
-/* The keys and values of positions pos0..pos0+n from given layer inputs instead of the draft's own forward:
-   layer l's input at position pos0 + i at hidden + l ls + i rs (dim floats; a target of the same shape hands
-   its own: transformers' hidden_states 0..n_layer-1, read where they lie), through the draft's norm, its k
-   and v products (the fused matrix's key and value rows alone) and rotary, into the caches, CHUNK rows at a
-   time. 0, or -1 when the positions do not fit, -2 when memory runs out. */
-int spec_qd_fill(const spec_qd_model *m, const float *hidden, int64_t n, int64_t pos0, int64_t rs, int64_t ls) {
-    if (!qd_fits(m, n, pos0)) return -1;
+/* The keys and values of positions pos0..pos0+n from given layer inputs instead of the draft's own forward,
+   for layers l0..l1: layer l's input at position pos0 + i at hidden + (l - l0) ls + i rs (dim floats; a
+   target of the same shape hands its own: transformers' hidden_states 0..n_layer-1, read where they lie; or
+   one layer at a time as its pass makes them), through the draft's norm, its k and v products (the fused
+   matrix's key and value rows alone) and rotary, into the caches, CHUNK rows at a time. cs, sn: the rotary
+   tables of those positions (spec_qd_tables, [n][head_dim]), or NULL: made here. 0, or -1 when the positions
+   or layers do not fit, -2 when memory runs out. */
+int spec_qd_fill(const spec_qd_model *m, const float *hidden, int64_t n, int64_t pos0, int64_t rs, int64_t ls,
+                 int64_t l0, int64_t l1, const float *cs, const float *sn) {
+    if (!qd_fits(m, n, pos0) || l0 < 0 || l1 > m->n_layer || l0 >= l1) return -1;
     const int64_t D = m->dim, hd = m->head_dim, KV2 = 2 * m->n_kv * hd;
     float *h = malloc(sizeof(float) * CHUNK * D), *kv = malloc(sizeof(float) * CHUNK * KV2);
     int8_t *xq = malloc((size_t)CHUNK * D);
     float *xd = malloc(sizeof(float) * CHUNK * D / 32), *xs = malloc(sizeof(float) * CHUNK * D / 32);
-    float *cs = malloc(sizeof(float) * CHUNK * hd), *sn = malloc(sizeof(float) * CHUNK * hd);
+    float *tc = cs ? NULL : malloc(sizeof(float) * CHUNK * hd), *ts = sn ? NULL : malloc(sizeof(float) * CHUNK * hd);
     int rc = 0;
-    if (!h || !kv || !xq || !xd || !xs || !cs || !sn) { rc = -2; goto done; }
+    if (!h || !kv || !xq || !xd || !xs || (!cs && !tc) || (!sn && !ts)) { rc = -2; goto done; }
     for (int64_t c0 = 0; c0 < n; c0 += CHUNK) {
         const int64_t rows = n - c0 < CHUNK ? n - c0 : CHUNK;
-        qd_tables(m, pos0 + c0, rows, cs, sn);
-        for (int64_t l = 0; l < m->n_layer; l++) {
+        if (!cs || !sn) spec_qd_tables(m, pos0 + c0, rows, tc, ts);
+        const float *c = cs ? cs + c0 * hd : tc, *s = sn ? sn + c0 * hd : ts;
+        for (int64_t l = l0; l < l1; l++) {
             for (int64_t r = 0; r < rows; r++)
-                spec_rms(hidden + l * ls + (c0 + r) * rs, m->norms[2 * l], h + r * D, 1, D, m->eps);
+                spec_rms(hidden + (l - l0) * ls + (c0 + r) * rs, m->norms[2 * l], h + r * D, 1, D, m->eps);
             /* past its first D rows (q's): D / 16 whole panels of D / 32 records (_check: D a multiple of 32) */
             const uint8_t *wkv = m->mats[4 * l] + (D / 16) * (D / 32) * REC(m->kinds[4 * l]);
             linear(m, wkv, m->kinds[4 * l], KV2, D, h, rows, kv, xq, xd, xs);
-            qd_store(m, l, kv, KV2, rows, pos0 + c0, cs, sn);
+            qd_store(m, l, kv, KV2, rows, pos0 + c0, c, s);
         }
     }
 done:
-    free(h); free(kv); free(xq); free(xd); free(xs); free(cs); free(sn);
+    free(h); free(kv); free(xq); free(xd); free(xs); free(tc); free(ts);
     return rc;
 }

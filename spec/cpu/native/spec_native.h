@@ -69,7 +69,9 @@ void spec_qd_quantize(const float *x, int64_t R, int64_t K, int8_t *q, float *xd
 void spec_qd_matvec(const uint8_t *W, int64_t kind, int64_t N, int64_t K, const int8_t *xq, const float *xd,
                     const float *xs, int64_t R, float *y, int isa, int threads);
 int spec_qd_forward(const spec_qd_model *m, const int32_t *ids, int64_t n, int64_t pos0, float *logits);
-int spec_qd_fill(const spec_qd_model *m, const float *hidden, int64_t n, int64_t pos0, int64_t rs, int64_t ls);
+int spec_qd_fill(const spec_qd_model *m, const float *hidden, int64_t n, int64_t pos0, int64_t rs, int64_t ls,
+                 int64_t l0, int64_t l1, const float *cs, const float *sn);
+void spec_qd_tables(const spec_qd_model *m, int64_t p0, int64_t R, float *cs, float *sn);
 
 /* selftest.c: every entry at variant `isa` (and `threads`) against a double-precision reference, on
    ragged shapes; 0, or nonzero with what went wrong in msg */
