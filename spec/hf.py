@@ -91,34 +91,50 @@ def layer_cache(kwargs: dict):
 GRAIN = 32768
 
 
-def cache_update(cache, key: torch.Tensor, value: torch.Tensor, layer: int, serial: bool = False):
+def cache_update(cache, key: torch.Tensor, value: torch.Tensor, layer: int):
     """The cache's own `update` for one layer's new keys and values: the layer's whole keys and values
     back. (5.17 takes `cache_kwargs` after the layer, 5.24 `kwargs`; neither is needed here.)
 
-    `serial`: the same append done on the calling thread alone where torch's would split it over its
-    threads (a full layer of a DynamicCache on CPU past GRAIN elements: its torch.cat then wakes torch's
-    thread team, whose spinning afterwards takes a core from a pass whose products run on spec.cpu.gemv's
-    own threads). The layer's keys and values are then numpy's concatenation of the same tensors, the same
-    values in the same layout; nothing else of the cache changes (as DynamicLayer.update). A layer a prefill
-    starts is first made by the cache's own update with no positions, then appended to so."""
-    if serial and type(cache) is DynamicCache and not getattr(cache, "offloading", False):
-        if key.numel() >= GRAIN and (layer >= len(cache.layers) or not getattr(cache.layers[layer], "is_initialized", True)):
-            cache.update(key[..., :0, :], value[..., :0, :], layer)     # (a prefill's: the layer made, empty)
-        lay = cache.layers[layer] if layer < len(cache.layers) else None
-        if (lay is not None and type(lay) is DynamicLayer and lay.is_initialized and lay.keys.device.type == "cpu"
-                and lay.keys.numel() + key.numel() >= GRAIN):
-            lay.keys, lay.values = _joined(lay.keys, key), _joined(lay.values, value)
+    A full layer of a DynamicCache on CPU is appended to in place (`_appended`): its keys and values become
+    the first positions of buffers with room for ROOM more, and the next append writes into that room, on
+    the calling thread, instead of DynamicLayer.update's torch.cat, which copies the whole layer each pass
+    (at 2,000 positions, SmolLM2: 92 MB a step) and, past torch's grain size, wakes torch's thread team,
+    whose spinning afterwards takes a core from a pass whose products run on spec.cpu.gemv's own threads.
+    The layer's tensors hold the same values in the same shape as the cache's own update leaves (a crop
+    slices them as any tensor); what lies past them in their buffer is not theirs, and is written over by
+    the next append (a view of a longer past, kept from before a crop, is not the cache's: copy the cache
+    to keep one). A layer a prefill starts is first made by the cache's own update with no positions."""
+    if type(cache) is DynamicCache and not getattr(cache, "offloading", False) and key.device.type == "cpu":
+        if layer >= len(cache.layers) or not getattr(cache.layers[layer], "is_initialized", True):
+            cache.update(key[..., :0, :], value[..., :0, :], layer)     # (the layer made, empty: the cache's own)
+        lay = cache.layers[layer]
+        if type(lay) is DynamicLayer and lay.keys.device.type == "cpu" and lay.keys.dtype == key.dtype and \
+                lay.keys.dim() == 4 and lay.values.shape == lay.keys.shape:
+            lay.keys, lay.values = _appended(lay.keys, key), _appended(lay.values, value)
             return lay.keys, lay.values
     return cache.update(key, value, layer)
 
 
-def _joined(held: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-    """torch.cat((held, new), dim=-2) on the calling thread: NumPy's concatenation into memory torch allocates
-    (into NumPy's own, a 2-thread prefill's keys and values grew the process by ~125 MB at 2,000 tokens)."""
+ROOM = 256      # positions a layer's buffer holds past what it is given (cache_update): one copy per ROOM appended
+
+
+def _appended(held: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """held [B, H, n, D] with new [B, H, T, D] after it along positions: written into the room held's buffer
+    has past n where held is the first n positions of one (as this leaves them), else into a new buffer
+    with ROOM positions to spare (torch allocates it, so that what is never written is never resident);
+    NumPy copies, on the calling thread. The first n + T positions of the buffer back."""
     import numpy as np
-    out = held.new_empty(*held.shape[:-2], held.shape[-2] + new.shape[-2], held.shape[-1])
-    np.concatenate((held.detach().numpy(), new.detach().numpy()), axis=-2, out=out.numpy())
-    return out
+    B, H, n, D = held.shape
+    T = new.shape[-2]
+    room = held.stride(1) // D if D else 0
+    if held.stride() == (H * room * D, room * D, D, 1) and held.storage_offset() == 0 and n + T <= room and \
+            held.untyped_storage().nbytes() >= B * H * room * D * held.element_size():
+        buf = held.as_strided((B, H, room, D), held.stride())
+    else:
+        buf = held.new_empty(B, H, n + T + ROOM, D)
+        np.copyto(buf.detach().numpy()[:, :, :n], held.detach().numpy())
+    np.copyto(buf.detach().numpy()[:, :, n:n + T], new.detach().numpy())
+    return buf[:, :, :n + T]
 
 
 def plain_cache(cache) -> bool:

@@ -34,7 +34,7 @@ hooks (torch.nn.modules.module.register_module_forward_hook) do not see an Execu
 Threads: a kernel pass of an Executor at 2 torch threads (a prefill's too, where the weights were given
 back) splits the kernel's panels and the attention's key heads over 2 threads of spec.cpu.gemv's pool and
 keeps its other work on the calling thread (the rotary rows come from tables, the residual adds and kept
-states are NumPy's, the cache is appended by one thread: hf.cache_update's `serial`), so that torch's own
+states are NumPy's, the cache is appended in place by NumPy: hf.cache_update), so that torch's own
 thread team never wakes to spin beside the pool's worker (SmolLM2, 700-token prefill at 2 threads: 0.49 s,
 against 0.56 s on oneDNN over the weights read back); Linears run the kernel on the calling thread alone
 (the model's own torch ops run at torch's threads). torch's thread setting is never changed.

@@ -220,7 +220,8 @@ def rotary_(x: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor) -
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
            threads: int = 1):
     """Attention of one sequence on the library (spec_attend): q [1, H, T, D] (last axis contiguous), k and v
-    [1, KV, L, D] with each head's rows contiguous (as a DynamicCache holds them), fp32 on CPU; `mask` None
+    [1, KV, L, D] with each head's rows contiguous, heads equally far apart in both (as a DynamicCache holds
+    them, or spec.hf.cache_update's buffers with room), fp32 on CPU; `mask` None
     (row t sees keys up to L - T + t: one row sees all, T = L is causal) or bool [1, 1, T, L] (True: may
     attend); its key heads split over `threads` of the library's threads. Returns [1, T, H * D]; None where the
     inputs are not of that form, the CPU or head size is not covered, or a row may attend to no key: the
@@ -228,8 +229,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     B, H, T, D = q.shape
     KV, L = k.shape[1], k.shape[2]
     if (B != 1 or k.shape != v.shape or k.shape[0] != 1 or k.shape[3] != D or H % KV or q.stride(3) != 1
-            or not q.dtype == k.dtype == v.dtype == torch.float32 or k.stride()[1:] != (L * D, D, 1)
-            or v.stride()[1:] != (L * D, D, 1) or L < T or isa() != 2 or D % 16):
+            or not q.dtype == k.dtype == v.dtype == torch.float32 or k.stride()[2:] != (D, 1)
+            or v.stride()[1:] != k.stride()[1:] or L < T or isa() != 2 or D % 16):
         return None     # (the plain-C attention is the draft's: on other CPUs the target's SDPA is faster)
     if mask is not None:
         if mask.dtype != torch.bool or mask.shape != (1, 1, T, L):

@@ -121,7 +121,7 @@ def _plus(x: torch.Tensor, y: torch.Tensor, serial: bool) -> torch.Tensor:
     """x + y (the residual)."""
     if not serial or x.requires_grad or y.requires_grad:
         return x + y
-    out = torch.empty_like(x)                  # (memory torch allocates: see spec.hf._joined)
+    out = torch.empty_like(x)                  # (memory torch allocates: NumPy's own arrays grew a 2-thread prefill)
     np.add(x.numpy(), y.numpy(), out=out.numpy())
     return out
 
@@ -165,7 +165,7 @@ def layer_forward(layer, groups: dict, linears: dict, native: bool = False):
             qk = qk * c + _rotate_half(qk) * s                             # q's heads and k's in one go
             q, k, v = qk[:, :H], qk[:, H:], qkv[:, H + KV:]
         if cache is not None:
-            k, v = hf.cache_update(cache, k, v, index, serial=serial)
+            k, v = hf.cache_update(cache, k, v, index)
         o = gemv.attend(q, k, v, mask, scale, threads if serial else 1) if native else None  # [B, T, H*D] | None
         if o is None:
             o = _sdpa(q, k, v, mask, scale, grouped)

@@ -273,23 +273,37 @@ def test_the_runners_count_each_pass_by_path(packed, threads, monkeypatch, shed)
     assert report._passes_lines(s)[0].startswith("target's passes by path: ")
 
 
-def test_a_one_thread_append_is_the_caches_own_update():
-    """hf.cache_update(serial=True) (a kernel pass at 2 threads: no torch op may wake torch's thread team)
-    leaves the cache exactly as DynamicCache.update does, past torch's grain size and below it."""
+def test_an_append_in_place_is_the_caches_own_update():
+    """hf.cache_update leaves a DynamicCache's layer holding what DynamicCache.update leaves, append after
+    append (strided new keys, as a layer has them; one row and nine; past a buffer's room and within it;
+    after a crop), while appending within a buffer's room copies nothing already held (the same memory)."""
     g = torch.Generator().manual_seed(5)
-    for held, new in ((600, 1), (600, 9), (3, 2)):
-        caches = [hf.new_cache(None), hf.new_cache(None)]
-        k0, v0 = torch.randn(1, 2, held, 64, generator=g), torch.randn(1, 2, held, 64, generator=g)
+    ours, theirs = hf.new_cache(None), hf.new_cache(None)
+    k0, v0 = torch.randn(1, 2, 600, 64, generator=g), torch.randn(1, 2, 600, 64, generator=g)
+    hf.cache_update(ours, k0, v0, 0)
+    theirs.update(k0.clone(), v0.clone(), 0)
+    moved = 0
+    for step, new in enumerate([1, 9, 1, 3] * 40):
         qkv = torch.randn(1, new, 8, 64, generator=g).transpose(1, 2)      # strided views, as a layer has them
         k, v = qkv[:, 2:4], qkv[:, 4:6]
-        for cache in caches:
-            cache.update(k0.clone(), v0.clone(), 0)
-        want = hf.cache_update(caches[0], k, v, 0)
-        got = hf.cache_update(caches[1], k, v, 0, serial=True)
+        before = ours.layers[0].keys.data_ptr()
+        got = hf.cache_update(ours, k, v, 0)
+        want = theirs.update(k, v, 0)
         for a, b in zip(got, want):
-            assert torch.equal(a, b) and a.is_contiguous()
-        assert hf.cache_len(caches[1]) == held + new
-        assert all(torch.equal(a, b) for a, b in zip((caches[1].layers[0].keys, caches[1].layers[0].values), want))
+            assert torch.equal(a, b), step
+        assert got[0] is ours.layers[0].keys and got[1] is ours.layers[0].values
+        assert hf.cache_len(ours) == hf.cache_len(theirs)
+        moved += ours.layers[0].keys.data_ptr() != before
+        if step == 70:
+            hf.crop(ours, 620), hf.crop(theirs, 620)
+    assert 0 < moved <= (160 * 14 // 4) // hf.ROOM + 2, moved       # a copy per ROOM positions, not per append
+    big = torch.randn(1, 2, 700, 64, generator=g)                      # keys that are another tensor's middle:
+    kept = big.clone()                                                 # what lies past them is not the cache's
+    cache = hf.new_cache(None)
+    cache.update(k0, v0, 0)
+    cache.layers[0].keys = cache.layers[0].values = big[:, :, 10:610]
+    got = hf.cache_update(cache, k0[:, :, :1], v0[:, :, :1], 0)
+    assert torch.equal(big, kept) and torch.equal(got[0], torch.cat([kept[:, :, 10:610], k0[:, :, :1]], 2))
 
 
 def test_positions_past_the_first_rotary_tables(packed):
