@@ -299,7 +299,7 @@ done:
    target of the same shape hands its own: transformers' hidden_states 0..n_layer-1, read where they lie; or
    one layer at a time as its pass makes them), through the draft's norm, its k and v products (the fused
    matrix's key and value rows alone) and rotary, into the caches, CHUNK rows at a time. cs, sn: the rotary
-   tables of those positions (spec_qd_tables, [n][head_dim]), or NULL: made here. 0, or -1 when the positions
+   tables of those positions (spec_qd_tables, [n][head_dim] each), or either NULL: made here. 0, or -1 when the positions
    or layers do not fit, -2 when memory runs out. */
 int spec_qd_fill(const spec_qd_model *m, const float *hidden, int64_t n, int64_t pos0, int64_t rs, int64_t ls,
                  int64_t l0, int64_t l1, const float *cs, const float *sn) {
@@ -308,13 +308,21 @@ int spec_qd_fill(const spec_qd_model *m, const float *hidden, int64_t n, int64_t
     float *h = malloc(sizeof(float) * CHUNK * D), *kv = malloc(sizeof(float) * CHUNK * KV2);
     int8_t *xq = malloc((size_t)CHUNK * D);
     float *xd = malloc(sizeof(float) * CHUNK * D / 32), *xs = malloc(sizeof(float) * CHUNK * D / 32);
-    float *tc = cs ? NULL : malloc(sizeof(float) * CHUNK * hd), *ts = sn ? NULL : malloc(sizeof(float) * CHUNK * hd);
+    float *tc = NULL, *ts = NULL;                    /* the tables made here, a chunk's at a time */
     int rc = 0;
-    if (!h || !kv || !xq || !xd || !xs || (!cs && !tc) || (!sn && !ts)) { rc = -2; goto done; }
+    if (!cs || !sn) {
+        tc = malloc(sizeof(float) * CHUNK * hd), ts = malloc(sizeof(float) * CHUNK * hd);
+        if (!tc || !ts) { rc = -2; goto done; }
+    }
+    if (!h || !kv || !xq || !xd || !xs) { rc = -2; goto done; }
     for (int64_t c0 = 0; c0 < n; c0 += CHUNK) {
         const int64_t rows = n - c0 < CHUNK ? n - c0 : CHUNK;
-        if (!cs || !sn) spec_qd_tables(m, pos0 + c0, rows, tc, ts);
-        const float *c = cs ? cs + c0 * hd : tc, *s = sn ? sn + c0 * hd : ts;
+        const float *c, *s;
+        if (tc && ts) {
+            spec_qd_tables(m, pos0 + c0, rows, tc, ts);
+            c = tc, s = ts;
+        } else
+            c = cs + c0 * hd, s = sn + c0 * hd;
         for (int64_t l = l0; l < l1; l++) {
             for (int64_t r = 0; r < rows; r++)
                 spec_rms(hidden + (l - l0) * ls + (c0 + r) * rs, m->norms[2 * l], h + r * D, 1, D, m->eps);
