@@ -192,8 +192,9 @@ class GGUFDraft(ModelSource):
     def _watched(self, T: int):
         """The target's executor's pass of the first T ids of the prompt waited for: each layer's input into
         the draft's cache as the pass makes it (QuantRun.filler)."""
+        from spec.cpu import qdraft
         seq, self._waiting, self._cancel = self._waiting, None, None
-        return self.run.filler(seq[:T].cpu()) if seq is not None else None
+        return self.run.filler(seq[:T].cpu()) if seq is not None and isinstance(self.run, qdraft.QuantRun) else None
 
     def draft(self, seq: torch.Tensor, n: int, g: int):
         """A sequence whose prompt the draft holds nothing of, and at least FILL_FROM ids long, gets no
