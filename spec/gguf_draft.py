@@ -23,6 +23,7 @@ says (q is what the draft drew from), but a draft picking by another rule is acc
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -148,11 +149,11 @@ class GGUFDraft(ModelSource):
         # a long prompt's keys and values made from the target's own prefill where it has the draft's shape:
         # each layer's input as the target's executor makes it (`_watched`), else through Need.HIDDEN
         self.why_own_prefill = self._fills_from(target, prefill)
-        self._watching = None               # the target, where its executor hands the states (asked when first needed)
+        self._watching = None      # (a weak reference to) the target, where its executor is to hand the states
         if self.why_own_prefill is None and isinstance(run, qdraft.QuantRun):
             from spec.cpu import executor
             if executor.plain_expected(target):
-                self._watching = target
+                self._watching = weakref.ref(target)
             else:
                 self.needs = frozenset({Need.HIDDEN})
                 self.layers = tuple(range(run.model.n_layer))     # every layer's input (hidden_states 0..n_layer-1)
@@ -207,14 +208,16 @@ class GGUFDraft(ModelSource):
         self._unwatch()
         if self._waiting is not None:            # asked again, nothing handed in between
             self._waiting, self._gave_up = None, True
-        watcher = _layer_inputs_from(self._watching) if self._watching is not None else None
-        if (Need.HIDDEN in self.needs or watcher is not None) and not self._gave_up and \
+        if (Need.HIDDEN in self.needs or self._watching is not None) and not self._gave_up and \
                 n - 1 - shared_prefix(self.run, self.run.held(), seq, n) >= FILL_FROM:
-            self.run.crop(0)                     # the whole prompt from the target's states, none of its own
-            self._waiting = seq
-            if watcher is not None:
-                self._cancel = watcher.watch(seq[:n], self._watched)
-            return Tree.chain(seq[n:n])
+            target = self._watching() if self._watching is not None else None
+            watcher = _layer_inputs_from(target) if target is not None else None
+            if Need.HIDDEN in self.needs or watcher is not None:
+                self.run.crop(0)                 # the whole prompt from the target's states, none of its own
+                self._waiting = seq
+                if watcher is not None:
+                    self._cancel = watcher.watch(seq[:n], self._watched)
+                return Tree.chain(seq[n:n])
         return super().draft(seq, n, g)
 
     def process(self, step) -> None:

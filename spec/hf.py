@@ -87,8 +87,6 @@ def layer_cache(kwargs: dict):
     return next((kwargs[k] for k in LAYER_CACHE_KWARGS if kwargs.get(k) is not None), None)
 
 
-# torch runs an op over fewer elements than this on the calling thread alone (at::internal::GRAIN_SIZE).
-GRAIN = 32768
 
 
 def cache_update(cache, key: torch.Tensor, value: torch.Tensor, layer: int):
