@@ -171,6 +171,18 @@ def test_a_cache_filled_from_layer_inputs_is_the_one_the_forward_makes(q4_gguf):
         run.fill(hidden[:20], torch.tensor(ids[:20]))
 
 
+def _own_then_taken(target, own, taken, ids):
+    """Each draft's speculative run of `ids` (24 new tokens, gamma 4), its output checked against greedy's:
+    the second run's output, and the proposals each accepted after its first round."""
+    greedy = greedy_generate(target, ids, max_new_tokens=24).tokens
+    accepted = []
+    for drafter in (own, taken):
+        out = speculative_generate(target, drafter, ids, gamma=4, max_new_tokens=24, trace=True)
+        assert out.tokens == greedy
+        accepted.append(sum(r.accepted for r in out.trace[1:]))
+    return out, accepted
+
+
 def test_a_long_prompt_takes_the_targets_prefill_and_stays_exact(target, q4_gguf):
     """A prompt of FILL_FROM ids or more: the draft proposes nothing on the first round, makes its cache from
     the target's own prefill (each layer's input, handed through Need.HIDDEN), then drafts; the output is
@@ -183,12 +195,7 @@ def test_a_long_prompt_takes_the_targets_prefill_and_stays_exact(target, q4_gguf
     filled = []
     fill = taken.run.fill
     taken.run.fill = lambda hidden, got: (filled.append(len(got)), fill(hidden, got))
-    greedy = greedy_generate(target, ids, max_new_tokens=24).tokens
-    accepted = []
-    for drafter in (own, taken):
-        out = speculative_generate(target, drafter, ids, gamma=4, max_new_tokens=24, trace=True)
-        assert out.tokens == greedy
-        accepted.append(sum(r.accepted for r in out.trace[1:]))
+    out, accepted = _own_then_taken(target, own, taken, ids)
     print("accepted after the first round, own prefill and the target's:", accepted)
     assert accepted[1] >= 0.8 * accepted[0] > 0, accepted     # the target's states serve the draft as its own
     assert filled == [len(ids)]
@@ -271,12 +278,7 @@ def test_a_target_on_spec_executor_hands_its_layer_inputs_as_its_pass_makes_them
     ran = executor.Executor.run
     monkeypatch.setattr(executor.Executor, "run", lambda self, *a, **k: (
         pytest.fail("hidden states asked for") if a[5] else ran(self, *a, **k)))
-    greedy = greedy_generate(target32, ids, max_new_tokens=24).tokens
-    accepted = []
-    for drafter in (own, taken):
-        out = speculative_generate(target32, drafter, ids, gamma=4, max_new_tokens=24, trace=True)
-        assert out.tokens == greedy
-        accepted.append(sum(r.accepted for r in out.trace[1:]))
+    out, accepted = _own_then_taken(target32, own, taken, ids)
     assert filled == [len(ids)] and layers == list(range(taken.run.model.n_layer))
     assert out.trace[0].drafted == 0 and out.trace[1].drafted > 0
     assert accepted[1] >= 0.8 * accepted[0] > 0, accepted
