@@ -411,7 +411,7 @@ class QuantRun:
         if states.stride(2) != 1:
             states = states.contiguous()
         # read where they lie (no copy: a prompt's states are n_layer x its length x width floats)
-        self._fill(states, m, states.stride(0), states.stride(1), 0, layers, None)
+        self._fill(states, m, states.stride(0), states.stride(1), 0, layers, self._tables(m))
         self._took(ids)
 
     def filler(self, ids: torch.Tensor):
@@ -420,9 +420,7 @@ class QuantRun:
         states at every layer are never held at once); the last layer's makes the draft hold `ids`."""
         m, layers, dim = len(ids), self.model.n_layer, self.model.dim
         self._fits(m)
-        tables = np.empty((2, m, self.model.head_dim), np.float32)
-        self.lib.spec_qd_tables(ctypes.byref(self.model), self.n, m, tables[0].ctypes.data, tables[1].ctypes.data)
-        at = self.n
+        tables, at = self._tables(m), self.n
 
         def take(layer: int, x: torch.Tensor) -> None:
             if tuple(x.shape) != (m, dim):
@@ -441,9 +439,15 @@ class QuantRun:
         if self.n + m > self.n_ctx:
             raise ValueError(f"the quantized draft's context holds {self.n_ctx} positions; {self.n} + {m} do not fit")
 
-    def _fill(self, states: torch.Tensor, m: int, rs: int, ls: int, l0: int, l1: int, tables) -> None:
-        cs, sn = (None, None) if tables is None else (tables[0].ctypes.data, tables[1].ctypes.data)
-        rc = self.lib.spec_qd_fill(ctypes.byref(self.model), states.data_ptr(), m, self.n, rs, ls, l0, l1, cs, sn)
+    def _tables(self, m: int) -> np.ndarray:
+        """The rotary tables (cos, sin) [2, m, head_dim] of the m positions after what the cache holds."""
+        tables = np.empty((2, m, self.model.head_dim), np.float32)
+        self.lib.spec_qd_tables(ctypes.byref(self.model), self.n, m, tables[0].ctypes.data, tables[1].ctypes.data)
+        return tables
+
+    def _fill(self, states: torch.Tensor, m: int, rs: int, ls: int, l0: int, l1: int, tables: np.ndarray) -> None:
+        rc = self.lib.spec_qd_fill(ctypes.byref(self.model), states.data_ptr(), m, self.n, rs, ls, l0, l1,
+                                   tables[0].ctypes.data, tables[1].ctypes.data)
         if rc != 0:
             raise RuntimeError(f"spec.cpu.qdraft's fill failed ({'out of memory' if rc == -2 else rc})")
 

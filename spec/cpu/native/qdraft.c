@@ -299,8 +299,8 @@ done:
    target of the same shape hands its own: transformers' hidden_states 0..n_layer-1, read where they lie; or
    one layer at a time as its pass makes them), through the draft's norm, its k and v products (the fused
    matrix's key and value rows alone) and rotary, into the caches, CHUNK rows at a time. cs, sn: the rotary
-   tables of those positions (spec_qd_tables, [n][head_dim] each), or either NULL: made here. 0, or -1 when the positions
-   or layers do not fit, -2 when memory runs out. */
+   tables of those positions (spec_qd_tables, [n][head_dim] each; made once for a fill of many layer ranges).
+   0, or -1 when the positions or layers do not fit, -2 when memory runs out. */
 int spec_qd_fill(const spec_qd_model *m, const float *hidden, int64_t n, int64_t pos0, int64_t rs, int64_t ls,
                  int64_t l0, int64_t l1, const float *cs, const float *sn) {
     if (!qd_fits(m, n, pos0) || l0 < 0 || l1 > m->n_layer || l0 >= l1) return -1;
@@ -308,31 +308,20 @@ int spec_qd_fill(const spec_qd_model *m, const float *hidden, int64_t n, int64_t
     float *h = malloc(sizeof(float) * CHUNK * D), *kv = malloc(sizeof(float) * CHUNK * KV2);
     int8_t *xq = malloc((size_t)CHUNK * D);
     float *xd = malloc(sizeof(float) * CHUNK * D / 32), *xs = malloc(sizeof(float) * CHUNK * D / 32);
-    float *tc = NULL, *ts = NULL;                    /* the tables made here, a chunk's at a time */
     int rc = 0;
-    if (!cs || !sn) {
-        tc = malloc(sizeof(float) * CHUNK * hd), ts = malloc(sizeof(float) * CHUNK * hd);
-        if (!tc || !ts) { rc = -2; goto done; }
-    }
     if (!h || !kv || !xq || !xd || !xs) { rc = -2; goto done; }
     for (int64_t c0 = 0; c0 < n; c0 += CHUNK) {
         const int64_t rows = n - c0 < CHUNK ? n - c0 : CHUNK;
-        const float *c, *s;
-        if (tc && ts) {
-            spec_qd_tables(m, pos0 + c0, rows, tc, ts);
-            c = tc, s = ts;
-        } else
-            c = cs + c0 * hd, s = sn + c0 * hd;
         for (int64_t l = l0; l < l1; l++) {
             for (int64_t r = 0; r < rows; r++)
                 spec_rms(hidden + (l - l0) * ls + (c0 + r) * rs, m->norms[2 * l], h + r * D, 1, D, m->eps);
             /* past its first D rows (q's): D / 16 whole panels of D / 32 records (_check: D a multiple of 32) */
             const uint8_t *wkv = m->mats[4 * l] + (D / 16) * (D / 32) * REC(m->kinds[4 * l]);
             linear(m, wkv, m->kinds[4 * l], KV2, D, h, rows, kv, xq, xd, xs);
-            qd_store(m, l, kv, KV2, rows, pos0 + c0, c, s);
+            qd_store(m, l, kv, KV2, rows, pos0 + c0, cs + c0 * hd, sn + c0 * hd);
         }
     }
 done:
-    free(h); free(kv); free(xq); free(xd); free(xs); free(tc); free(ts);
+    free(h); free(kv); free(xq); free(xd); free(xs);
     return rc;
 }
