@@ -726,10 +726,16 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def _tied(model) -> bool:
+    """Whether `model`'s output layer is its input embedding (one tensor, as a tied checkpoint holds it)."""
+    out, emb = model.get_output_embeddings(), model.get_input_embeddings()
+    return out is not None and emb is not None and out.weight is emb.weight
+
+
 def llama_gguf(model, dst: Path, quantized: bool = False) -> Path:
     """Write a Hugging Face LlamaForCausalLM (e.g. a tiny seeded one) as an f32 GGUF llama.cpp runs,
     or with `quantized` as llama.cpp's Q4_1 export lays one out (the layers' matrices Q4_1, the
-    embedding and output Q8_0, the norms f32). Its vocabulary is a stand-in (token i is the string
+    embedding and output Q8_0, the norms f32; a tied output is the embedding, not written again). Its vocabulary is a stand-in (token i is the string
     "<i>", no merges): the kit feeds token ids."""
     import gguf
 
@@ -775,7 +781,8 @@ def llama_gguf(model, dst: Path, quantized: bool = False) -> Path:
         matrix(f"blk.{i}.attn_q.weight", _permute(sd[pre + "self_attn.q_proj.weight"], heads))
         matrix(f"blk.{i}.attn_k.weight", _permute(sd[pre + "self_attn.k_proj.weight"], kv_heads))
     w.add_tensor("output_norm.weight", sd["model.norm.weight"])
-    matrix("output.weight", sd["lm_head.weight"], gguf.GGMLQuantizationType.Q8_0)
+    if not _tied(model):        # (tied: llama.cpp's converter writes no output, and llama.cpp reads token_embd)
+        matrix("output.weight", sd["lm_head.weight"], gguf.GGMLQuantizationType.Q8_0)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
