@@ -68,9 +68,12 @@ def isa() -> int:
 # and 0.75-0.8 at 9 (docs/log/benchmarks.md, "A hand-written few-row kernel"): a TLB miss per 4 KB and
 # hardware prefetchers that stop at each 4 KB page. Copies up to ARENA_CHUNK / 2 share 2 MB-aligned chunks
 # of ARENA_CHUNK bytes (a chunk is unmapped when the last tensor in it goes), larger ones get their own
-# mapping. Where there is no madvise or no MADV_HUGEPAGE (not Linux), or the mapping fails: torch's memory.
+# mapping. Each chunk's last huge page is resident whole however little of it is used: SmolLM2's panels took
+# 524 MB of huge pages in 64 MB chunks, 516 in 256 MB ones, for 513 MB of weights (only what is touched is
+# resident: a chunk's untouched tail costs address space alone). Where there is no madvise or no
+# MADV_HUGEPAGE (not Linux), or the mapping fails: torch's memory.
 HUGE_PAGE = 2 << 20
-ARENA_CHUNK = 64 << 20
+ARENA_CHUNK = 256 << 20
 _ARENA: dict = {"map": None, "base": 0, "used": 0, "size": 0}
 _ARENA_LOCK = threading.Lock()
 
@@ -169,13 +172,14 @@ def product(weight: torch.Tensor, bias: torch.Tensor | None = None, layout: str 
                    FAR if far is None else far, native.variant() if variant < 0 else variant)
 
 
-def grouped(weights: list[torch.Tensor], biases: list[torch.Tensor | None], huge: bool = True):
+def grouped(weights: list[torch.Tensor], biases: list[torch.Tensor | None], huge: bool = True, done=None):
     """Products of several weights that read the same x (q, k, v; gate, up), in the panel layout:
     (one Product of all of them, x -> [x W1^T + b1 | x W2^T + b2 | ...], and one Product per weight),
     the per-weight ones reading their part of the whole one's panels (no second copy). Every output column
     is summed as in its own product (`product`'s): the whole one's columns are bit-identical to the parts'.
     None where a weight other than the last has rows not a multiple of 16 (its last panel would hold the
-    next weight's rows), or the weights differ in K or layout (fp32 contiguous on CPU, as `product`)."""
+    next weight's rows), or the weights differ in K or layout (fp32 contiguous on CPU, as `product`).
+    `done`: None, or a function (or None) per weight, called once that weight's panels are made."""
     lib = library()
     if lib is None:
         raise RuntimeError(f"spec.cpu.gemv's library is not available: {reason()}")
@@ -187,8 +191,10 @@ def grouped(weights: list[torch.Tensor], biases: list[torch.Tensor | None], huge
     Ps = [-(-n // 16) for n in Ns]
     whole = buffer(sum(Ps) * K * 16, huge).view(sum(Ps), K, 16)
     parts, at = [], 0
-    for w, P in zip(weights, Ps):
+    for i, (w, P) in enumerate(zip(weights, Ps)):
         parts.append(_fill_panels(whole[at:at + P], w.detach()))
+        if done is not None and done[i] is not None:
+            done[i]()
         at += P
     bias = None
     if any(b is not None for b in biases):

@@ -38,6 +38,7 @@ import logging
 import mmap
 import os
 import tempfile
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -139,9 +140,11 @@ def shed(param: torch.nn.Parameter) -> bool:
     t = param.data
     if not _packable(t):
         return False
+    if _given(param, False):
+        return True                 # (given back already: `released`)
     drop = dropper(param)
     if drop is not None:
-        return drop(0, t.shape[0])
+        return _given(param, drop(0, t.shape[0]))
     if t.untyped_storage().nbytes() != t.numel() * 4:
         return False
     try:
@@ -158,8 +161,54 @@ def shed(param: torch.nn.Parameter) -> bool:
         return False
     with torch.no_grad():
         param.data = copy.view(t.shape)
-    _trim()
-    return True
+    trim()
+    return _given(param, True)
+
+
+# id(param) -> (a weak reference to it, the data_ptr of its values when they were given back: shed, or
+# released block by block): a weight given back is not read, checked or written again for it
+_GIVEN: dict = {}
+
+
+def _given(param: torch.nn.Parameter, done: bool) -> bool:
+    """With `done`: `param`'s values as they are now are given back (returns True). Without: whether they are."""
+    key = id(param)
+    if done:
+        def gone(_: weakref.ref) -> None:
+            _GIVEN.pop(key, None)
+        _GIVEN[key] = (weakref.ref(param, gone), param.data.data_ptr())
+        return True
+    held = _GIVEN.get(key)
+    return held is not None and held[0]() is param and held[1] == param.data.data_ptr()
+
+
+def releaser(param: torch.nn.Parameter):
+    """A function of (lo, hi) that gives back the memory of `param`'s rows lo..hi as its packed copy is made,
+    block by block, so that the copy and the weight are never both whole in memory; None where it cannot
+    (`shed` fails). Mapped from its checkpoint: `dropper`'s. In the process's own memory (a model built or
+    loaded without a map): moved to an unlinked file first (`shed`: its memory is freed at once), then the
+    pages of those rows of the file's private mapping, read again while copying, are dropped (clean pages of
+    spec's own file: read back from it, nothing to check). Returns whether it dropped them."""
+    drop = dropper(param)
+    if drop is not None:
+        return drop
+    if not shed(param):
+        return None
+    t = param.data
+    row = t.shape[1] * 4
+    return lambda lo, hi: _advise(t.data_ptr() + lo * row, (hi - lo) * row)
+
+
+def _release_whole(param: torch.nn.Parameter):
+    """A function of () that gives `param` back whole once its copy is made (a `releaser`'s drop over all
+    its rows), or None where it cannot be."""
+    drop = releaser(param)
+    return None if drop is None else lambda: _given(param, drop(0, param.data.shape[0]))
+
+
+def released(param: torch.nn.Parameter, drops: list) -> bool:
+    """Whether `param` is given back: every block's drop (a `releaser`'s) done, or `shed` now."""
+    return _given(param, True) if drops and all(drops) else shed(param)
 
 
 PAGE = mmap.PAGESIZE
@@ -218,6 +267,11 @@ def _drop_pages(t: torch.Tensor, path: str, offset: int) -> bool:
                     return False
     except OSError:
         return False
+    return _advise(ptr, nbytes)
+
+
+def _advise(ptr: int, nbytes: int) -> bool:
+    """Drop the whole pages inside [ptr, ptr + nbytes) of a clean mapping of a file from the process."""
     lo, hi = -(-ptr // PAGE) * PAGE, (ptr + nbytes) // PAGE * PAGE
     if hi > lo:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -227,8 +281,9 @@ def _drop_pages(t: torch.Tensor, path: str, offset: int) -> bool:
     return True
 
 
-def _trim() -> None:
-    """Give freed heap memory back to the system (glibc); elsewhere nothing."""
+def trim() -> None:
+    """Give freed heap memory back to the system (glibc's malloc_trim: free memory only, no setting changed);
+    elsewhere nothing."""
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
@@ -289,15 +344,12 @@ def packed_forward(linear: torch.nn.Linear, kernel: bool = False, small=None, sh
     made at the first call that needs it."""
     bias = None if linear.bias is None else linear.bias.detach()
     most = kernel_rows() if kernel else 0
-    dropped: list = []        # each block's drop (`dropper`): all done, the weight is given back already
+    dropped: list = []        # each block's drop (`releaser`): all done, the weight is given back already
     if most and small is None:
-        drop = dropper(linear.weight) if shed_weight else None
+        drop = releaser(linear.weight) if shed_weight else None
         small = gemv.product(linear.weight.detach(), bias, "panel",
                              done=None if drop is None else lambda lo, hi: dropped.append(drop(lo, hi)))
-    if dropped and all(dropped):
-        gone = True           # (checked and dropped block by block: shed would read it all back to check it)
-    else:
-        gone = bool(most) and shed_weight and shed(linear.weight)
+    gone = bool(most) and shed_weight and released(linear.weight, dropped)
     return Packed(linear.weight, bias, small if most else None, most, gone)
 
 
@@ -326,8 +378,11 @@ def group(linears: tuple, kernel: bool = False, shed_weights: bool = False) -> G
     parts: list = [None] * len(linears)
     whole = None
     if kernel and kernel_rows():
+        # each member given back as soon as its panels are made (`released`: packed_forward finds it so); a
+        # weight in the process's memory is moved to a file here, so its values are read after that
+        done = [_release_whole(m.weight) if shed_weights else None for m in linears]
         made = gemv.grouped([m.weight.detach() for m in linears],
-                            [None if m.bias is None else m.bias.detach() for m in linears])
+                            [None if m.bias is None else m.bias.detach() for m in linears], done=done)
         if made is not None:
             whole, parts = made
     return Group([packed_forward(m, kernel, part, shed_weights) for m, part in zip(linears, parts)], whole)

@@ -208,6 +208,36 @@ def test_a_weight_in_the_process_memory_moves_to_a_file_with_its_values(tmp_path
 
 
 @needs_linux
+def test_a_weight_in_the_process_memory_is_moved_before_its_panels_are_made(tmp_path, monkeypatch):
+    """A weight in the process's own memory (a model built, not mapped from a checkpoint) is moved to its file
+    before its panels are made, so the panels are read from the file's mapping and each block's pages leave
+    as it is copied: the weight and its panels are never both whole in memory (SmolLM2's 360M shape peaked
+    116 MB higher with the biggest weight, the head, held beside its panels). Alone and in a group (q, k,
+    v): read from the mapping, none of it resident after, the products the linears'."""
+    from spec.cpu import gemv
+    if not prepack.kernel_rows():
+        pytest.skip("no kernel on this CPU: no panels")
+    monkeypatch.setenv("SPEC_CACHE", str(tmp_path))
+    read, fill = [], gemv._fill_panels
+
+    def spy(out, weight, done=None):
+        read.append(_mapping(weight))
+        return fill(out, weight, done)
+    monkeypatch.setattr(gemv, "_fill_panels", spy)
+    torch.manual_seed(0)
+    linears = [torch.nn.Linear(512, n, bias=False) for n in (1024, 256, 256, 2048)]
+    x = torch.randn(3, 512)
+    want = [m(x).detach() for m in linears]
+    group = prepack.group(tuple(linears[:3]), kernel=True, shed_weights=True)
+    head = prepack.packed_forward(linears[3], kernel=True, shed_weight=True)
+    assert len(read) == 4 and all(f"{tmp_path}/weights/" in m and "(deleted)" in m for m in read), read
+    assert all(_resident(m.weight) == 0 for m in linears)
+    assert all(m.shed for m in group.members) and head.shed
+    assert_logits_close(group(x, threads=1), torch.cat(want[:3], -1), torch.float32)
+    assert_logits_close(head(x, threads=1), want[3], torch.float32)
+
+
+@needs_linux
 def test_a_mapped_checkpoint_gives_its_pages_back_and_keeps_its_values(tmp_path, monkeypatch, one_thread):
     """A model loaded from safetensors (transformers maps the file): once the executor's panels serve every
     pass, its linears' pages leave the process (the Parameters untouched, still mapped from the checkpoint),
