@@ -58,11 +58,15 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from spec import hf, probe
-from spec.cpu import gemv, plainllama, prepack
+from spec.cpu import gemv, heap, plainllama, prepack
 
 log = logging.getLogger(__name__)
 
 KERNEL, ONEDNN, TRANSFORMERS = "kernel", "oneDNN", "transformers"
+# A pass of at least LONG_ROWS rows gives the heap's free memory back after a layer where the heap has grown by
+# more than HEAP_GROWTH bytes since the pass began or the last such trim (spec.cpu.heap)
+LONG_ROWS = 256
+HEAP_GROWTH = 32 << 20
 # The keywords of the model's forward a pass here follows (spec.hf passes no others); any other that is
 # not None runs the model's own forward.
 FOLLOWED = frozenset({"input_ids", "attention_mask", "position_ids", "use_cache", "logits_to_keep",
@@ -328,10 +332,13 @@ class Executor(Passes):
             states = x.new_empty(*x.shape[:2], len(self.layers) + 1, x.shape[2]) if hidden else None
             if states is not None:
                 plainllama.copy_into(states[:, :, 0], x, serial)
+            mark = heap.size() if T >= LONG_ROWS else None
             for i, layer in enumerate(self.layers):
                 for take in takers:
                     take(i, x[0])
                 x = layer(x, mask, cos, sin, cache, kernel, serial)
+                if mark is not None:
+                    mark = heap.release(mark, HEAP_GROWTH)
                 if states is not None:
                     plainllama.copy_into(states[:, :, i + 1], x, serial)
             if states is None and keep:
@@ -542,9 +549,13 @@ def _tried(model, kind, no_kernel: str | None) -> tuple[Passes | None, str, str 
         if not agrees(model, ex, threads=0, refs=refs):
             return None, "were off the model's own forward by more than the probe's tolerance", no_kernel
         if shed:
+            del ex
+            prepack.trim()      # (the probes' logits and passes, freed: the packed copies are made in their room)
             ex = kind(model, True, shed=True)
         if no_kernel is None and not agrees(model, ex, threads=1, refs=refs):
             no_kernel = "the kernel's logits were off the model's own by more than the probe's tolerance"
+        del refs
+        prepack.trim()
     except Exception as e:       # (a transformers release whose parts take other arguments: its own forward runs)
         log.debug("spec.cpu.executor: %s's passes on %s failed here (%s: %s)", type(model).__name__, kind.__name__,
                   type(e).__name__, e)
