@@ -156,7 +156,7 @@ class GGUFDraft(ModelSource):
                 self._watching = weakref.ref(target)
             else:
                 self.needs = frozenset({Need.HIDDEN})
-                self.layers = tuple(range(run.model.n_layer))     # every layer's input (hidden_states 0..n_layer-1)
+                self.layers = tuple(range(run.n_layer))     # every layer's input (hidden_states 0..n_layer-1)
 
     needs: frozenset = frozenset()
     layers: tuple = (-1,)
@@ -171,10 +171,10 @@ class GGUFDraft(ModelSource):
         from spec.cpu import qdraft
         if not isinstance(self.run, qdraft.QuantRun):
             return "llama.cpp runs the draft"
-        cfg, m = getattr(target, "config", None), self.run.model
+        cfg, run = getattr(target, "config", None), self.run
         shape = (getattr(cfg, "num_hidden_layers", None), getattr(cfg, "hidden_size", None))
-        if shape != (m.n_layer, m.dim):
-            return f"the target's layers and width {shape} are not the draft's {(m.n_layer, m.dim)}"
+        if shape != (run.n_layer, run.dim):
+            return f"the target's layers and width {shape} are not the draft's {(run.n_layer, run.dim)}"
         return None
 
     _waiting: torch.Tensor | None = None    # the sequence whose prompt states it waits for (`process`, `_watched`)

@@ -135,6 +135,20 @@ def test_the_forward_is_the_arithmetic_it_claims(q4_gguf):
         run(torch.tensor([640]))
 
 
+def test_a_tied_models_gguf_holds_its_embedding_once(target, q4_gguf, tmp_path):
+    """A model whose output layer is its embedding is written as llama.cpp's converter writes a tied
+    checkpoint (no output.weight: llama.cpp and the kernel read token_embd for both, one copy in memory),
+    and the kernel's logits over it are the arithmetic; an untied model keeps its own output."""
+    tied = perturbed_copy(target, noise=0.1, seed=3, dtype=torch.float32)
+    tied.lm_head.weight = tied.model.embed_tokens.weight
+    path = llamacpp.llama_gguf(tied, tmp_path / "tied.q4_1.gguf", quantized=True)
+    assert "output.weight" not in qdraft.read(path).tensors
+    assert "output.weight" in qdraft.read(q4_gguf).tensors
+    ids = PROMPTS[0]
+    assert_close(qdraft.QuantRun(path, n_ctx=64)(torch.tensor(ids), keep=1)[0], reference_logits(path, ids)[-1],
+                 "tied prefill")
+
+
 def test_a_long_prefill_is_the_arithmetic_across_its_chunks(q4_gguf):
     """A prefill longer than the forward's chunk (64 rows a pass over the weights: spec_qd_forward's CHUNK)
     gives the NumPy forward's logits, at the end of each of 1, 2 and 3 chunks and a remainder; and the
@@ -214,7 +228,7 @@ def test_a_draft_whose_prompt_states_do_not_come_prefills_itself(target, q4_gguf
     ids = [(11 * i + 7) % 640 for i in range(FILL_FROM + 10)]
     n, seq = len(ids), torch.tensor(ids + [0] * 16)
     draft = GGUFDraft(q4_gguf, target, engine="native")
-    layers, width = len(draft.layers), draft.run.model.dim
+    layers, width = len(draft.layers), draft.run.dim
     for handed in (True, False):
         draft.begin(seq[:n])
         draft.run.crop(0)
@@ -279,7 +293,7 @@ def test_a_target_on_spec_executor_hands_its_layer_inputs_as_its_pass_makes_them
     monkeypatch.setattr(executor.Executor, "run", lambda self, *a, **k: (
         pytest.fail("hidden states asked for") if a[5] else ran(self, *a, **k)))
     out, accepted = _own_then_taken(target32, own, taken, ids)
-    assert filled == [len(ids)] and layers == list(range(taken.run.model.n_layer))
+    assert filled == [len(ids)] and layers == list(range(taken.run.n_layer))
     assert out.trace[0].drafted == 0 and out.trace[1].drafted > 0
     assert accepted[1] >= 0.8 * accepted[0] > 0, accepted
     ex = executor.executor_for(target32)
@@ -555,6 +569,22 @@ def test_the_draft_holds_in_memory_only_what_it_has_written(q4_gguf):
     assert caches > 8 << 20                                   # (large enough for numpy's huge pages)
     held = sum(nativecheck.resident(c.ctypes.data, c.nbytes) for c in (run.kc, run.vc))
     assert 0 < held <= 64 * 4096, f"{held} bytes of {caches} resident after {len(run)} positions"
+
+
+def test_the_drafts_weights_are_read_at_its_first_use(target, q4_gguf):
+    """A GGUFDraft reads no weight when it is made: its records are made at its first generate, after the
+    target's probes, which read the target's own weights before they are packed (a draft made first was held
+    beside them: SmolLM2's self-draft peaked at 1,083 MB there, against 1,052 after); it then decodes as
+    greedy does. A closed run is not made again."""
+    from spec.gguf_draft import GGUFDraft
+    draft = GGUFDraft(q4_gguf, target, engine="native")
+    assert draft.run._model is None and not draft.run._keep and draft.run.kc is None
+    out = speculative_generate(target, draft, PROMPTS[0], gamma=4, max_new_tokens=8).tokens
+    assert draft.run._model is not None and draft.run._keep
+    assert out == greedy_generate(target, PROMPTS[0], max_new_tokens=8).tokens
+    draft.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        draft.run(torch.tensor([1]))
 
 
 def test_the_header_reader_reads_what_the_gguf_package_reads(q4_gguf, tmp_path):

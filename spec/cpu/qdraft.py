@@ -316,7 +316,10 @@ class QuantRun:
     """A Runner over one sequence of the GGUF Llama at `path` on spec's kernel (the module docstring);
     n_ctx: the positions its KV cache holds; threads: the threads its products are split over (the
     rest of the forward runs on the caller's). Raises Unsupported (a ValueError) naming why where the
-    kernel cannot run it here; `pieces`, `bos`, `eos`: the GGUF's tokens (spec.gguf_draft checks them)."""
+    kernel cannot run it here; `pieces`, `bos`, `eos`: the GGUF's tokens (spec.gguf_draft checks them);
+    `n_layer`, `dim`: its shape. Its weights are read into the kernel's records at its first use (`model`), so
+    that a draft made before a generate is not held beside the target's probes, which read the target's own
+    weights before they are packed."""
 
     def __init__(self, path, *, n_ctx: int = 4096, threads: int = 1):
         if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
@@ -324,16 +327,39 @@ class QuantRun:
         self.path, self.n_ctx, self.threads = Path(path), n_ctx, threads
         g = read(self.path)
         _check(g)
+        self.n_layer, self.dim = int(g.fields["llama.block_count"]), int(g.fields["llama.embedding_length"])
+        self.vocab = int(g.tensors["token_embd.weight"][1][1])
+        self.pieces = g.fields.get("tokenizer.ggml.tokens") or []
+        self.bos, self.eos = g.fields.get("tokenizer.ggml.bos_token_id"), g.fields.get("tokenizer.ggml.eos_token_id")
+        self._keep: list = []
+        self._model: Model | None = None
+        self.kc: np.ndarray | None = None
+        self.vc: np.ndarray | None = None
+        self.lib = library()
+        self.ids: np.ndarray = np.zeros(n_ctx, np.int32)
+        self.n = 0
+        self.logits: np.ndarray = np.zeros(self.vocab, np.float32)
+
+    @property
+    def model(self) -> Model:
+        """The kernel's model (spec_native.h's spec_qd_model): its records made from the file at the first call."""
+        if self._model is None:
+            if self._closed:
+                raise RuntimeError(f"the quantized draft over {self.path.name} is closed")
+            self._model = self._made(read(self.path))
+        return self._model
+
+    def _made(self, g: GGUF) -> Model:
+        _check(g)
 
         def f(key: str, default: Any = None) -> Any:
             return g.fields.get("llama." + key, default)
 
         dim, heads = int(f("embedding_length")), int(f("attention.head_count"))
         kv = int(f("attention.head_count_kv", heads))
-        self.vocab = int(g.tensors["token_embd.weight"][1][1])
-        self.pieces = g.fields.get("tokenizer.ggml.tokens") or []
-        self.bos, self.eos = g.fields.get("tokenizer.ggml.bos_token_id"), g.fields.get("tokenizer.ggml.eos_token_id")
-        self._keep: list = []
+        layers, n_ctx = int(f("block_count")), self.n_ctx
+        if (layers, dim, int(g.tensors["token_embd.weight"][1][1])) != (self.n_layer, self.dim, self.vocab):
+            raise Unsupported(f"{self.path.name} changed since it was opened")
         heads_of = {"attn_q": heads, "attn_k": kv}
 
         def mat(*names: str) -> tuple[int, int]:
@@ -351,7 +377,6 @@ class QuantRun:
             self._keep.append(a)
             return a.ctypes.data
 
-        layers = int(f("block_count"))
         embd, embd_kind = mat("token_embd.weight")
         out, out_kind = mat("output.weight") if "output.weight" in g.tensors else (embd, embd_kind)
         mats: np.ndarray = np.zeros((layers, len(FUSED)), np.uint64)
@@ -363,19 +388,16 @@ class QuantRun:
             norms[i] = norm(f"blk.{i}.attn_norm.weight"), norm(f"blk.{i}.ffn_norm.weight")
         hd = dim // heads
         # halves: keys in blocks of 16 positions, d-major (spec_native.h: SPEC_QD_BLOCKS); values a row per position
-        self.kc: np.ndarray | None = _zeros((layers, kv, -(-n_ctx // 16), hd, 16))
-        self.vc: np.ndarray | None = _zeros((layers, n_ctx, kv * hd))
+        self.kc = _zeros((layers, kv, -(-n_ctx // 16), hd, 16))
+        self.vc = _zeros((layers, n_ctx, kv * hd))
         self._keep += [mats, kinds, norms]
-        self.model = Model(layers, dim, heads, kv, hd, int(f("feed_forward_length")), self.vocab, n_ctx,
-                           float(f("attention.layer_norm_rms_epsilon")), float(f("rope.freq_base", 10000.0)),
-                           embd, embd_kind, out, out_kind, norm("output_norm.weight"), norms.ctypes.data,
-                           mats.ctypes.data, kinds.ctypes.data, self.kc.ctypes.data, self.vc.ctypes.data,  # type: ignore[union-attr]
-                           native.variant(), threads)
+        model = Model(layers, dim, heads, kv, hd, int(f("feed_forward_length")), self.vocab, n_ctx,
+                      float(f("attention.layer_norm_rms_epsilon")), float(f("rope.freq_base", 10000.0)),
+                      embd, embd_kind, out, out_kind, norm("output_norm.weight"), norms.ctypes.data,
+                      mats.ctypes.data, kinds.ctypes.data, self.kc.ctypes.data, self.vc.ctypes.data,
+                      native.variant(), self.threads)
         g.drop_pages()          # (every byte it reads is in its records and norms now)
-        self.lib = library()
-        self.ids: np.ndarray = np.zeros(n_ctx, np.int32)
-        self.n = 0
-        self.logits: np.ndarray = np.zeros(self.vocab, np.float32)
+        return model
 
     def __call__(self, ids: torch.Tensor, keep: int = 0) -> torch.Tensor:
         if len(ids) == 0:
@@ -403,7 +425,7 @@ class QuantRun:
         transformers' hidden_states 0..n_layer-1) instead of this model's own forward: the draft then holds
         them as if it had fed them (its proposals are its own business: the target decides every token)."""
         m = len(ids)
-        layers, dim = self.model.n_layer, self.model.dim
+        layers, dim = self.n_layer, self.dim
         if tuple(hidden.shape) != (m, layers, dim):
             raise ValueError(f"hidden: [{m}, {layers}, {dim}] expected (ids, layers, width), got {list(hidden.shape)}")
         self._fits(m)
@@ -418,7 +440,7 @@ class QuantRun:
         """fill, one layer at a time: `take(layer, x)` with layer 0, 1, .. n_layer - 1 in turn, x [m, dim] that
         layer's input at each of `ids`' positions (a target's pass hands them as it makes them, so a prompt's
         states at every layer are never held at once); the last layer's makes the draft hold `ids`."""
-        m, layers, dim = len(ids), self.model.n_layer, self.model.dim
+        m, layers, dim = len(ids), self.n_layer, self.dim
         self._fits(m)
         tables, at = self._tables(m), self.n
 
@@ -467,3 +489,6 @@ class QuantRun:
     def close(self) -> None:
         self._keep.clear()
         self.kc = self.vc = None
+        self._model, self._closed = None, True
+
+    _closed = False
