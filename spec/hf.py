@@ -119,8 +119,7 @@ ROOM = 256      # positions a layer's buffer holds past what it is given (cache_
 def _appended(held: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
     """held [B, H, n, D] with new [B, H, T, D] after it along positions: written into the room held's buffer
     has past n where held is the first n positions of one (as this leaves them), else into a new buffer
-    with ROOM positions to spare (`_mapped`, so that what is never written is never resident); NumPy copies,
-    on the calling thread. The first n + T positions of the buffer back."""
+    with ROOM positions to spare (torch allocates it); NumPy copies, on the calling thread. The first n + T positions of the buffer back."""
     import numpy as np
     B, H, n, D = held.shape
     T = new.shape[-2]
@@ -129,23 +128,10 @@ def _appended(held: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
             held.untyped_storage().nbytes() >= B * H * room * D * held.element_size():
         buf = held.as_strided((B, H, room, D), held.stride())
     else:
-        buf = _mapped((B, H, n + T + ROOM, D), held.dtype)
+        buf = held.new_empty(B, H, n + T + ROOM, D)
         np.copyto(buf.detach().numpy()[:, :, :n], held.detach().numpy())
     np.copyto(buf.detach().numpy()[:, :, n:n + T], new.detach().numpy())
     return buf[:, :, :n + T]
-
-
-def _mapped(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
-    """An empty CPU tensor in an anonymous mapping of its own: resident only where written, and given back to
-    the system whole when its last view goes. (torch's allocator hands out heap memory that the pass's own
-    temporaries wrote just before: a layer's buffer with room was then resident whole, SmolLM2's 256
-    positions of room 12 MB after a 64-token prefill.)"""
-    import math
-    import mmap
-    count = math.prod(shape)
-    if not count:
-        return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(mmap.mmap(-1, count * dtype.itemsize), dtype=dtype, count=count).view(shape)
 
 
 def plain_cache(cache) -> bool:

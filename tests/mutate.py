@@ -236,9 +236,6 @@ MUTANTS = {
                                  "np.copyto(buf.detach().numpy()[:, :, :n], held.detach().numpy())",
                                  "np.copyto(buf.detach().numpy()[:, :, :n], 0 * held.detach().numpy()[:, :, :n])",
                                  "spec/hf.py"),
-    "hf-room-from-the-heap": ("a layer's buffer with room from torch's allocator (recycled heap: the room resident)",
-                              "buf = _mapped((B, H, n + T + ROOM, D), held.dtype)",
-                              "buf = held.new_empty(B, H, n + T + ROOM, D)", "spec/hf.py"),
     "prepack-group-reads-before-moving": ("a group's weights taken before they are moved to their files (both whole "
                                           "in memory)",
                                           "        done = [_release_whole(m.weight) if shed_weights else None for m in linears]\n"

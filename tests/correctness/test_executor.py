@@ -306,27 +306,6 @@ def test_an_append_in_place_is_the_caches_own_update():
     assert torch.equal(big, kept) and torch.equal(got[0], torch.cat([kept[:, :, 10:610], k0[:, :, :1]], 2))
 
 
-@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/pagemap"), reason="Linux only")
-def test_a_layers_room_is_its_own_mapping_and_not_resident():
-    """A layer's buffer with room (hf.cache_update) is an anonymous mapping of its own, from its first byte:
-    only what is written is resident, whatever the heap held before (torch's allocator handed out the
-    memory a pass's temporaries had just written, room and all resident: SmolLM2's 256 positions of room,
-    12 MB after a 64-token prefill), and it goes back to the system whole when the layer lets go of it."""
-    import mmap
-
-    import nativecheck
-    cache = hf.new_cache(None)
-    k = torch.randn(1, 2, 8, 1024)
-    hf.cache_update(cache, k, k.clone(), 0)
-    for held in (cache.layers[0].keys, cache.layers[0].values):
-        assert held.data_ptr() % mmap.PAGESIZE == 0
-        head, written = held.stride(1) * 4, 8 * 1024 * 4
-        assert head == (8 + hf.ROOM) * 1024 * 4
-        for h in range(2):
-            assert nativecheck.resident(held.data_ptr() + h * head, written) == written
-            assert nativecheck.resident(held.data_ptr() + h * head + written, head - written) == 0
-
-
 def test_a_long_pass_gives_the_heap_back_only_where_it_keeps_growing(packed, monkeypatch):
     """spec.cpu.heap.release trims where the heap grew by more than the limit past its mark, and the mark then
     stays where the heap grew to (a trim shrinks a heap whose top is free: a mark taken after it made every
