@@ -94,7 +94,7 @@ def cache_update(cache, key: torch.Tensor, value: torch.Tensor, layer: int):
     back. (5.17 takes `cache_kwargs` after the layer, 5.24 `kwargs`; neither is needed here.)
 
     A full layer of a DynamicCache on CPU is appended to in place (`_appended`): its keys and values become
-    the first positions of buffers with room for ROOM more, and the next append writes into that room, on
+    the first positions of buffers with room for more (ROOM), and the next append writes into that room, on
     the calling thread, instead of DynamicLayer.update's torch.cat, which copies the whole layer each pass
     (at 2,000 positions, SmolLM2: 92 MB a step) and, past torch's grain size, wakes torch's thread team,
     whose spinning afterwards takes a core from a pass whose products run on spec.cpu.gemv's own threads.
@@ -113,13 +113,18 @@ def cache_update(cache, key: torch.Tensor, value: torch.Tensor, layer: int):
     return cache.update(key, value, layer)
 
 
-ROOM = 256      # positions a layer's buffer holds past what it is given (cache_update): one copy per ROOM appended
+# Positions a layer's buffer holds past what it is given (cache_update): half as many again as it holds, from
+# MIN_ROOM to ROOM (one copy per ROOM appended on a long sequence). The room is resident as a rule (torch's
+# allocator hands out heap memory the pass's temporaries wrote): 256 positions of it were 12 MB of SmolLM2's
+# peak after a 64-token prompt.
+ROOM, MIN_ROOM = 256, 32
 
 
 def _appended(held: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
     """held [B, H, n, D] with new [B, H, T, D] after it along positions: written into the room held's buffer
     has past n where held is the first n positions of one (as this leaves them), else into a new buffer
-    with ROOM positions to spare (torch allocates it); NumPy copies, on the calling thread. The first n + T positions of the buffer back."""
+    with room to spare (ROOM; torch allocates it); NumPy copies, on the calling thread. The first n + T
+    positions of the buffer back."""
     import numpy as np
     B, H, n, D = held.shape
     T = new.shape[-2]
@@ -128,7 +133,7 @@ def _appended(held: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
             held.untyped_storage().nbytes() >= B * H * room * D * held.element_size():
         buf = held.as_strided((B, H, room, D), held.stride())
     else:
-        buf = held.new_empty(B, H, n + T + ROOM, D)
+        buf = held.new_empty(B, H, n + T + min(ROOM, max(MIN_ROOM, (n + T) // 2)), D)
         np.copyto(buf.detach().numpy()[:, :, :n], held.detach().numpy())
     np.copyto(buf.detach().numpy()[:, :, n:n + T], new.detach().numpy())
     return buf[:, :, :n + T]

@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from spec.cpu import gemv
+from spec.cpu import gemv, heap
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ def shed(param: torch.nn.Parameter) -> bool:
         return False
     with torch.no_grad():
         param.data = copy.view(t.shape)
-    trim()
+    heap.trim()
     return _given(param, True)
 
 
@@ -279,15 +279,6 @@ def _advise(ptr: int, nbytes: int) -> bool:
         if libc.madvise(lo, hi - lo, mmap.MADV_DONTNEED) != 0:
             return False
     return True
-
-
-def trim() -> None:
-    """Give freed heap memory back to the system (glibc's malloc_trim: free memory only, no setting changed);
-    elsewhere nothing."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 class Packed:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from spec.cpu import gemv, native
+from spec.cpu import gemv, heap, native
 
 KINDS = {"Q4_1": 4, "Q8_0": 8}          # GGUF matrix types the kernel reads, and its record kind
 GGUF_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0"}   # the rest: "type N"
@@ -397,6 +397,7 @@ class QuantRun:
                       mats.ctypes.data, kinds.ctypes.data, self.kc.ctypes.data, self.vc.ctypes.data,
                       native.variant(), self.threads)
         g.drop_pages()          # (every byte it reads is in its records and norms now)
+        heap.trim()             # (the records' intermediate arrays: freed, but kept by the heap)
         return model
 
     def __call__(self, ids: torch.Tensor, keep: int = 0) -> torch.Tensor:
