@@ -87,8 +87,6 @@ def layer_cache(kwargs: dict):
     return next((kwargs[k] for k in LAYER_CACHE_KWARGS if kwargs.get(k) is not None), None)
 
 
-
-
 def cache_update(cache, key: torch.Tensor, value: torch.Tensor, layer: int):
     """The cache's own `update` for one layer's new keys and values: the layer's whole keys and values
     back. (5.17 takes `cache_kwargs` after the layer, 5.24 `kwargs`; neither is needed here.)

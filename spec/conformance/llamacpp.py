@@ -735,8 +735,8 @@ def _tied(model) -> bool:
 def llama_gguf(model, dst: Path, quantized: bool = False) -> Path:
     """Write a Hugging Face LlamaForCausalLM (e.g. a tiny seeded one) as an f32 GGUF llama.cpp runs,
     or with `quantized` as llama.cpp's Q4_1 export lays one out (the layers' matrices Q4_1, the
-    embedding and output Q8_0, the norms f32; a tied output is the embedding, not written again). Its vocabulary is a stand-in (token i is the string
-    "<i>", no merges): the kit feeds token ids."""
+    embedding and output Q8_0, the norms f32; a tied output is the embedding, not written again). Its
+    vocabulary is a stand-in (token i is the string "<i>", no merges): the kit feeds token ids."""
     import gguf
 
     def matrix(name: str, a: np.ndarray, kind=gguf.GGMLQuantizationType.Q4_1) -> None:

@@ -4,10 +4,11 @@ glibc's malloc serves an allocation from its heap, not a mapping of its own, onc
 has risen past the allocation's size, which it does when a mapped block as large is freed (a short run's
 logits, a prefill's activations). A long prefill's activations then come from the heap, and freed ones it
 cannot reuse in the next layer stay resident: after a short run, SmolLM2's 2,000-token prefill with the
-Q4_1 self-draft peaked at 1,259 MB in some processes and 1,515-1,611 MB in others. spec changes no setting of the process's allocator (mallopt would change it for every caller);
-it gives the free memory back where the heap keeps growing during a pass (`release`): a trim costs a
-re-fault of what the next layer takes again, so not after every layer (trimming after each layer of that
-prefill took 23% longer), only where the allocator is not reusing the room it has."""
+Q4_1 self-draft peaked at 1,259 MB in some processes and 1,515-1,611 MB in others. spec changes no setting
+of the process's allocator (mallopt would change it for every caller); it gives the free memory back where
+the heap keeps growing during a pass (`release`): a trim costs a re-fault of what the next layer takes
+again, so not after every layer (trimming after each layer of that prefill took 23% longer), only where
+the allocator is not reusing the room it has."""
 
 from __future__ import annotations
 
