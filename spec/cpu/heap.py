@@ -21,23 +21,23 @@ def _libc():
     if not _LIBC:
         try:
             libc = ctypes.CDLL("libc.so.6")
-
+            libc.malloc_trim.argtypes = (ctypes.c_size_t,)
+        except (OSError, AttributeError):         # (not glibc)
+            libc = None
+        if libc is not None and hasattr(libc, "mallinfo2"):      # (glibc 2.33 and later)
             class Info(ctypes.Structure):
                 _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
                                                             "fsmblks", "uordblks", "fordblks", "keepcost")]
             libc.mallinfo2.restype = Info
-            libc.malloc_trim.argtypes = (ctypes.c_size_t,)
-            _LIBC.append(libc)
-        except (OSError, AttributeError):         # (not glibc, or one older than 2.33: no mallinfo2)
-            _LIBC.append(None)
+        _LIBC.append(libc)
     return _LIBC[0]
 
 
 def size() -> int:
     """Bytes of the heap's arenas (glibc's mallinfo2 arena: what it took from the system, in use or free); 0
-    elsewhere."""
+    elsewhere, or on a glibc older than 2.33 (no mallinfo2: `release` then never trims, `trim` still does)."""
     libc = _libc()
-    return int(libc.mallinfo2().arena) if libc is not None else 0
+    return int(libc.mallinfo2().arena) if libc is not None and hasattr(libc, "mallinfo2") else 0
 
 
 def trim() -> None:

@@ -332,6 +332,21 @@ def test_a_long_pass_gives_the_heap_back_only_where_it_keeps_growing(packed, mon
     assert asked == [executor.HEAP_GROWTH] * 2 + ["trim"]      # (and the pass's own freed memory at its end)
 
 
+def test_a_glibc_without_mallinfo2_still_trims(monkeypatch):
+    """On a glibc older than 2.33 (no mallinfo2) spec.cpu.heap still gives freed memory back where it is asked
+    to (prepack's weights moved to their files, a long pass's end); only the growth watch is off (size 0)."""
+    from spec.cpu import heap
+    trims: list = []
+
+    class OldGlibc:
+        def malloc_trim(self, pad):
+            trims.append(pad)
+    monkeypatch.setattr(heap, "_LIBC", [OldGlibc()])
+    assert heap.size() == 0 and heap.release(0, 1) == 0 and not trims
+    heap.trim()
+    assert trims == [0]
+
+
 def test_positions_past_the_first_rotary_tables(packed):
     """The rotary tables are the model's own rows, made for the first 256 positions and again past them: a
     sequence of 300 fed in pieces on the kernel and on oneDNN is the model's own."""
