@@ -82,6 +82,7 @@ def load(size: str):
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg)
     model = model.to_empty(device="cpu")
+    model.tie_weights()     # (to_empty gives each module its own storage: SmolLM2's head is its embedding)
     # to_empty leaves buffers uninitialized: the rotary table made again, on the CPU
     model.model.rotary_emb = type(model.model.rotary_emb)(config=cfg)
     gen = torch.Generator().manual_seed(0)
@@ -121,8 +122,8 @@ def gguf_paths(size: str) -> tuple[Path, Path]:
         from spec import realmodel
         q4 = realmodel.gguf_path()
         return q4.with_name(q4.name.replace(".Q4_1.gguf", ".f32.gguf")), q4
-    d = cache() / "grid"
-    return d / f"smollm2-{size}-random.f32.gguf", d / f"smollm2-{size}-random.Q4_1.gguf"
+    d = cache() / "grid"       # ("tied": files made before the head was tied held an untied model's)
+    return d / f"smollm2-{size}-tied-random.f32.gguf", d / f"smollm2-{size}-tied-random.Q4_1.gguf"
 
 
 def make_ggufs(size: str) -> None:
