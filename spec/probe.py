@@ -107,6 +107,7 @@ CLOSE_BLOCK = 1 << 18
 
 # model -> {question: ((dtype, device), the answer, or the exception to raise again)}
 _MEMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_ASKING: set = set()       # (id(model), question) while `once` probes it
 
 
 def once(model, question: Hashable, ask: Callable[[Any], Any], remember: tuple = ()) -> Any:
@@ -117,15 +118,23 @@ def once(model, question: Hashable, ask: Callable[[Any], Any], remember: tuple =
     answers = _MEMO.setdefault(model, {})
     known = answers.get(question)
     if known is None or known[0] != key:
+        _ASKING.add((id(model), question))
         try:
             with torch.inference_mode():
                 known = (key, ask(model))
         except remember as error:
             known = (key, error)
+        finally:
+            _ASKING.discard((id(model), question))
         answers[question] = known
     if isinstance(known[1], Exception):
         raise known[1]
     return known[1]
+
+
+def asking(model, question: Hashable) -> bool:
+    """Whether `question` about `model` is being probed now (`once`'s ask is running)."""
+    return (id(model), question) in _ASKING
 
 
 def memo(model, question: Hashable) -> tuple | None:

@@ -38,7 +38,7 @@ import torch
 from transformers import PreTrainedModel
 
 from spec import hf
-from spec.cpu.executor import Passes, executor_for
+from spec.cpu.executor import Passes, executor_for, first
 from spec import probe as probing
 from spec.options import Positions, RunnerPath
 from spec.protocols import Runner
@@ -347,6 +347,9 @@ def verdict(model) -> tuple[RunnerPath, Positions]:
     authors call it (spec.positions); raises UnsupportedModelError with each candidate's
     failure when none does. Probed once per model, dtype and device (spec.probe)."""
     return probing.once(model, "path", _probe, remember=(UnsupportedModelError,))
+
+
+first("path", verdict)       # (its probe reads the model's own weights: before an executor gives them back)
 
 
 def probe(model) -> str:

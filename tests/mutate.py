@@ -251,6 +251,12 @@ MUTANTS = {
                                  "        self.logits: np.ndarray = np.zeros(self.vocab, np.float32)\n\n    @property",
                                  "        self.logits: np.ndarray = np.zeros(self.vocab, np.float32)\n        self.model\n\n"
                                  "    @property", "spec/cpu/qdraft.py"),
+    "executor-made-before-the-verdict": ("the executor asked for first made before the runner's verdict, whose "
+                                         "own forward then reads every weight given back",
+                                         "        _decided_first(model)\n    with _LOCK:",
+                                         "        pass\n    with _LOCK:", "spec/cpu/executor.py"),
+    "prepack-compared-pages-kept": ("a mapped weight's pages compared with its file and kept",
+                                    " or not _advise(ptr + at, end - at):", ":", "spec/cpu/prepack.py"),
     "heap-mark-after-the-trim": ("the heap's mark taken after a trim shrank it (every layer trims)",
                                  "    return now\n", "    return size()\n", "spec/cpu/heap.py"),
     "executor-long-pass-from-more-rows": ("a pass of LONG_ROWS rows not counted as long",
@@ -357,8 +363,8 @@ MUTANTS = {
                                      "if reordered is None and rows <= REORDER_ROWS and self._copy_pays()",
                                      "if reordered is None and self._copy_pays()", "spec/cpu/prepack.py"),
     "prepack-drop-without-compare": ("a mapped weight's pages dropped without checking that the file holds its values",
-                                     "                if disk != values[at:at + len(disk)].tobytes():\n                    return False",
-                                     "                if disk != values[at:at + len(disk)].tobytes():\n                    pass",
+                                     "                if disk != values[at:end].tobytes() or not _advise(",
+                                     "                if False or not _advise(",
                                      "spec/cpu/prepack.py"),
     "prepack-shed-long-pass-onednn": ("a shed weight's long passes left on oneDNN, which reads the weight back",
                                       "if threads and rows and (rows <= self.most or self.shed and long_on_kernel(threads)):\n            return self.small",

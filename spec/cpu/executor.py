@@ -431,6 +431,8 @@ def decision(model) -> tuple[Passes | None, str | None]:
     dtype and device (spec.probe: 'executor'), the executor made again if the linears' weights changed."""
     if not isinstance(model, torch.nn.Module) or next(model.parameters(), None) is None:
         return None, "not a torch model with parameters"
+    if _FIRST and _refusal(model) is None and _kernel_refusal() is None and prepack.shedding():
+        _decided_first(model)
     with _LOCK:
         why, kernel, plain = probe.once(model, "executor", _decide)
         if kernel is None:
@@ -441,6 +443,29 @@ def decision(model) -> tuple[Passes | None, str | None]:
             shed = kernel and prepack.shedding()
             made = _MADE[model] = Executor(model, kernel, shed=shed) if plain is None else Linears(model, kernel, shed)
         return made, why
+
+
+# question -> ask: what is decided about a model before an executor that gives its weights back is made
+# (spec.runner's verdict, registered there with `first`)
+_FIRST: dict = {}
+
+
+def first(question: str, ask) -> None:
+    """Have spec.probe question `question`, asked by `ask(model)`, decided before any executor that gives its
+    weights back is made, where that executor is asked for first (`executor_for`, `describe`): spec.runner's
+    verdict runs the model's own forward, which read back every weight already given back, beside its panels
+    (SmolLM2: peak 1,454 MB against 994). Its probe's replay then makes the executor (asked inside it)."""
+    _FIRST[question] = ask
+
+
+def _decided_first(model) -> None:
+    for question, ask in _FIRST.items():
+        if probe.asking(model, question):
+            continue
+        try:
+            ask(model)
+        except Exception as e:  # noqa: BLE001 - a refusal, or a model no runner takes: its executor is decided alone
+            log.debug("spec.cpu.executor: %s on %s first: %s: %s", question, type(model).__name__, type(e).__name__, e)
 
 
 def describe(model) -> str:

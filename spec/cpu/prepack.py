@@ -254,20 +254,24 @@ def dropper(param: torch.nn.Parameter):
 
 def _drop_pages(t: torch.Tensor, path: str, offset: int) -> bool:
     """Drop the whole pages of mapped values `t` (contiguous) from the process where the file holds them at
-    `offset` (read back 16 MB at a time and compared); False where it does not (changed since mapped)."""
+    `offset` (read back 16 MB at a time, compared, and that part dropped); False where it does not (changed
+    since mapped: the parts before it, equal to the file's, are dropped)."""
     ptr, nbytes = t.data_ptr(), t.numel() * 4
     values = t.numpy().reshape(-1).view(np.uint8)
     chunk = 16 << 20
     try:
         with open(path, "rb") as f:
             f.seek(offset)
-            for at in range(0, nbytes, chunk):
-                disk = f.read(min(chunk, nbytes - at))
-                if disk != values[at:at + len(disk)].tobytes():
+            at = 0
+            while at < nbytes:              # (chunks end on whole pages: each one's pages dropped once compared)
+                end = min(nbytes, (ptr + at + chunk) // chunk * chunk - ptr)
+                disk = f.read(end - at)
+                if disk != values[at:end].tobytes() or not _advise(ptr + at, end - at):
                     return False
+                at = end
     except OSError:
         return False
-    return _advise(ptr, nbytes)
+    return True
 
 
 def _advise(ptr: int, nbytes: int) -> bool:
