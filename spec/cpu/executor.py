@@ -68,6 +68,10 @@ KERNEL, ONEDNN, TRANSFORMERS = "kernel", "oneDNN", "transformers"
 # (spec.cpu.heap; SmolLM2, one thread: the 700-token prefill 2-5% slower, the 2,000-token one 2-3%)
 LONG_ROWS = 256
 HEAP_GROWTH = 32 << 20
+# and one of at least TRIM_ROWS rows (a prompt's prefill; a verify pass is shorter) at its end: its temporaries,
+# freed, otherwise stay in the heap through the decode (SmolLM2's 135M shape: 12 MB after a 64-token prefill,
+# about 35 MB after the first call's; a trim costs 1-4 ms)
+TRIM_ROWS = 64
 # The keywords of the model's forward a pass here follows (spec.hf passes no others); any other that is
 # not None runs the model's own forward.
 FOLLOWED = frozenset({"input_ids", "attention_mask", "position_ids", "use_cache", "logits_to_keep",
@@ -354,7 +358,7 @@ class Executor(Passes):
                     mark = heap.release(mark, HEAP_GROWTH)
                 if states is not None:
                     plainllama.copy_into(states[:, :, i + 1], x, serial)
-            if mark is not None:
+            if T >= TRIM_ROWS:
                 heap.trim()         # (the pass's own freed temporaries: not held through the decode after it)
             if states is None and keep:
                 x = x[:, -keep:]

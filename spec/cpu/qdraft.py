@@ -351,6 +351,7 @@ class QuantRun:
 
     def _made(self, g: GGUF) -> Model:
         _check(g)
+        heap.trim()             # (what the target's first passes freed: given back before the records are made)
 
         def f(key: str, default: Any = None) -> Any:
             return g.fields.get("llama." + key, default)

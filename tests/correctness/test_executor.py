@@ -310,7 +310,7 @@ def test_a_long_pass_gives_the_heap_back_only_where_it_keeps_growing(packed, mon
     """spec.cpu.heap.release trims where the heap grew by more than the limit past its mark, and the mark then
     stays where the heap grew to (a trim shrinks a heap whose top is free: a mark taken after it made every
     layer of a 2,000-token prefill trim, 23% slower); an Executor's pass of LONG_ROWS rows or more asks
-    after each layer, a shorter pass never."""
+    after each layer, a shorter pass never; one of TRIM_ROWS or more trims at its end."""
     from spec.cpu import heap
     sizes, trims = iter([120, 140, 141, 175]), []
     with monkeypatch.context() as m:
@@ -324,12 +324,15 @@ def test_a_long_pass_gives_the_heap_back_only_where_it_keeps_growing(packed, mon
     ex = executor.Executor(model, kernel=False)
     asked: list = []
     monkeypatch.setattr(executor, "LONG_ROWS", 8)
+    monkeypatch.setattr(executor, "TRIM_ROWS", 6)
     monkeypatch.setattr(heap, "release", lambda mark, limit: asked.append(limit) or mark)
     monkeypatch.setattr(heap, "trim", lambda: asked.append("trim"))
     with torch.inference_mode():
-        for rows in (7, 8):
+        for rows in (5, 7, 8):
             hf.authors_forward(model, torch.arange(rows), ex)
-    assert asked == [executor.HEAP_GROWTH] * 2 + ["trim"]      # (and the pass's own freed memory at its end)
+            asked.append(rows)
+    # (a pass of TRIM_ROWS or more, a prefill, gives its own freed memory back at its end; a verify pass never)
+    assert asked == [5, "trim", 7, executor.HEAP_GROWTH, executor.HEAP_GROWTH, "trim", 8]
 
 
 def test_a_glibc_without_mallinfo2_still_trims(monkeypatch):
