@@ -202,8 +202,8 @@ def render_grid(results: Path) -> str:
         hf = rows.get("hf")
         rss = " / ".join(mb(rows.get(k)) for k in ("hf", "spec greedy", "spec + Q4_1 draft", "llama.cpp f32",
                                                     "llama.cpp Q4_1"))
-        ratio = x(greedy["peak_rss_mb"] / hf["peak_rss_mb"]) if greedy and hf and "peak_rss_mb" in greedy and \
-            "peak_rss_mb" in hf else "-"
+        ratio = " / ".join(x(row["peak_rss_mb"] / hf["peak_rss_mb"]) if row and hf and "peak_rss_mb" in row and
+                           "peak_rss_mb" in hf else "-" for row in (greedy, q4))
         ratios.append(where + [vs_llama, self_draft, steps, rss, ratio])
         for system, row in rows.items():
             if "error" in row:
@@ -239,11 +239,11 @@ def render_grid(results: Path) -> str:
         "**Ratios and memory**: spec greedy's time over llama.cpp f32's (below 1: faster); the self-draft's speed "
         "over spec greedy's, whole run / decode only (prefill left out); a round of a free draft whose "
         f"{r['gamma']} proposals are all accepted, in one-token steps of spec greedy (the verify pass and the "
-        "loop); peak RSS of each system's process, MB, and spec greedy's over HF's.",
+        "loop); peak RSS of each system's process, MB, and spec's over HF's (greedy / with the Q4_1 self-draft).",
         "",
         table(["model", "threads", "prompt", "spec greedy / llama.cpp f32", "self-draft x spec greedy",
                "verify round (steps)", "peak RSS: HF / spec greedy / spec + Q4_1 / llama.cpp f32 / Q4_1",
-               "spec greedy / HF memory"], ratios),
+               "peak RSS over HF's: spec greedy / + Q4_1"], ratios),
         "",
         f"Outputs: {checked - len(differ)} of {checked} spec and llama.cpp f32 outputs identical to HF's"
         + (f"; differing: {'; '.join(differ)}" if differ else "") + "."
