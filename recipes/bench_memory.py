@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ def model_and_ids(shape: str, prompt: int):
 
 def child(system: str, shape: str, prompt: int, tokens: int, threads: int) -> dict:
     import torch
+    from bench_grid import peak_rss_mb
     from spec import greedy_generate, speculative_generate
     torch.set_num_threads(threads)
     model, tok, ids = model_and_ids(shape, prompt)
@@ -55,7 +55,7 @@ def child(system: str, shape: str, prompt: int, tokens: int, threads: int) -> di
     run()
     t0 = time.perf_counter()
     out = run()
-    return {"seconds": time.perf_counter() - t0, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    return {"seconds": time.perf_counter() - t0, "peak_rss_mb": peak_rss_mb(),
             "tokens": out}
 
 
