@@ -262,11 +262,12 @@ def test_weights_given_back_stay_out_whoever_asks_first(tmp_path, monkeypatch, o
         read.append(executor._MADE.get(m) is not None and executor._MADE[m].shed)
         return own(m, *args, **kwargs)
     monkeypatch.setattr(hf, "authors_forward", spy)
-    assert "kernel" in executor.describe(model) or not prepack.kernel_rows()
+    if not prepack.kernel_rows():
+        pytest.skip("no kernel on this CPU: the weights are kept")
+    assert "kernel" in executor.describe(model)
     assert probe.memo(model, "path") is not None              # the verdict first
     ex = executor.executor_for(model)
-    if not ex.shed:
-        pytest.skip("no kernel here: the weights are kept")
+    assert ex is not None and ex.shed
     assert read and not any(read), "the model's own forward ran on weights already given back"
     weights = [m.weight for m in ex.linears]
     resident = lambda: sum(_resident(w) for w in weights)     # noqa: E731
@@ -283,8 +284,8 @@ def test_weights_given_back_stay_out_whoever_asks_first(tmp_path, monkeypatch, o
 def test_a_tied_embedding_given_back_is_read_from_the_head_panels(tmp_path, monkeypatch, one_thread):
     """SmolLM2's head is its embedding: once the head's panels are made its weight is given back, and the
     embedding's rows are read from the panels, the same values. Read from the weight's mapping instead, each
-    token brought back a page cache folio of it (about 1 MB on Linux 6.x, ext4): 80 of SmolLM2's 113 MB after
-    a 64-token prompt."""
+    token brought back a page cache folio of it (about 1 MB on Linux 6.x, ext4): 80 of its 113 MB after a
+    64-token prompt on SmolLM2's 135M shape with random weights."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from spec import greedy_generate
