@@ -292,13 +292,13 @@ def test_a_tied_embedding_given_back_is_read_from_the_head_panels(tmp_path, monk
     monkeypatch.setattr(prepack, "MIN_BYTES", 0)
     monkeypatch.setenv("SPEC_CACHE", str(tmp_path))
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+    cfg = LlamaConfig(vocab_size=4100, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
     model = LlamaForCausalLM(cfg).eval()
     table = model.model.embed_tokens.weight
     assert model.lm_head.weight is table
     rows = table.detach().clone()
-    ids = [(97 * i) % 4096 for i in range(40)]
+    ids = [(97 * i) % 4100 for i in range(40)]
     want = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)[0, len(ids):].tolist()
     assert greedy_generate(model, ids, max_new_tokens=8).tokens == want
     ex = executor.executor_for(model)
@@ -306,9 +306,12 @@ def test_a_tied_embedding_given_back_is_read_from_the_head_panels(tmp_path, monk
         pytest.skip("no kernel on this CPU: the head's weight is kept")
     assert isinstance(ex, executor.Executor) and ex.head.shed, executor.describe(model)
     assert "(deleted)" in _mapping(table)                      # given back: moved to spec's own file
-    every = torch.arange(4096)[None]
+    every = torch.arange(4100)[None]
     assert torch.equal(ex.embedded(every), rows[None])         # the panels' rows are the embedding's values
     assert _resident(table) <= table.numel(), "the embedding's pages came back"    # (a quarter: fault-around)
+    for outside in (4100, -1):                                 # (4100: in the last panel's zero padding)
+        with pytest.raises(IndexError):                        # (F.embedding's, reading the weight itself)
+            ex.embedded(torch.tensor([[3, outside]]))
     assert greedy_generate(model, ids[::-1], max_new_tokens=8).tokens == \
         model.generate(torch.tensor([ids[::-1]]), max_new_tokens=8, do_sample=False)[0, len(ids):].tolist()
 
