@@ -314,8 +314,8 @@ class Executor(Passes):
             length = max(need, 256, 2 * table[1].shape[1] if table is not None else 0)
             cos, sin = rotary(x, torch.arange(length, device=x.device)[None])
             table = self._table = ((id(inv), inv._version), cos, sin)
-        index = position_ids[0]
-        return table[1][:, index], table[2][:, index]
+        index = position_ids[0]     # (index_select: a gather by [] of a prefill's rows is split over torch's threads)
+        return table[1].index_select(1, index), table[2].index_select(1, index)
 
     def embedded(self, ids: torch.Tensor) -> torch.Tensor:
         """The input embedding of `ids` [1, T]: [1, T, H]. Where the head is the embedding (tied: SmolLM2's)
@@ -328,7 +328,9 @@ class Executor(Passes):
             low, high = torch.aminmax(ids)          # (one reduction a pass: the decode's too)
             if 0 <= int(low) and int(high) < head.param.shape[0]:
                 panels = head.small.keep[0]       # [ceil(V / 16), H, 16]: row v at [v // 16, :, v % 16]
-                return panels[ids // 16, :, ids % 16]
+                # row by row: one gather of several rows (panels[ids // 16, :, ids % 16]) is split over
+                # torch's threads, whose team then spins beside the kernel's worker through the pass
+                return torch.stack([panels[v // 16, :, v % 16] for v in ids.reshape(-1).tolist()]).view(*ids.shape, -1)
         return F.embedding(ids, self.embed.weight)     # (an id outside the vocabulary: its error, as the model's)
 
     def run(self, ids: torch.Tensor, cache, position_ids, mask, keep: int, hidden: bool,

@@ -427,3 +427,58 @@ def test_an_executor_does_not_keep_its_model_alive(monkeypatch, kind):
     del model
     gc.collect()
     assert gone() is None and made() is None
+
+
+def _run_ns() -> dict[int, int]:
+    """Each thread of this process but the calling one: the nanoseconds it has run (schedstat)."""
+    import os
+    me, out = threading.get_native_id(), {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                out[int(tid)] = int(f.read().split()[0])
+        except OSError:                       # (a thread that ended meanwhile)
+            pass
+    out.pop(me, None)
+    return out
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/task/"), reason="Linux only (schedstat)")
+def test_a_round_at_two_threads_leaves_torchs_thread_team_asleep(packed, threads, tmp_path, monkeypatch):
+    """At 2 torch threads a pass's products and attention are split with the kernel's own worker. An op of the
+    pass that torch splits over its threads (a gather of several rows by [] indexing: the tied embedding read
+    from the head's panels, a prefill's rotary rows) wakes torch's thread team, which then spins beside that
+    worker, and one of them waits for a core (SmolLM2, 2 threads: a 9-row round 1.69 -> 1.32 greedy steps).
+    A speculative decode's passes, its prefill and 9-row rounds, run no part on torch's team."""
+    import time
+
+    from spec import PromptLookup, speculative_generate
+    if not prepack.kernel_rows():
+        pytest.skip("no kernel on this CPU: the passes run on oneDNN, at torch's threads")
+    monkeypatch.setenv("SPEC_CACHE", str(tmp_path))
+    model = packed(vocab=4100, hidden=256, tie_word_embeddings=True)
+    threads(2)
+    ids = [(97 * i) % 4100 for i in range(72)]
+    with torch.inference_mode():
+        full = ids + greedy_generate(model, ids, max_new_tokens=40).tokens
+
+    class Oracle(PromptLookup):                   # every proposal accepted: rounds of 9 rows
+        def propose(self, history, limit):
+            return full[len(history):len(history) + limit]
+    ex = executor.executor_for(model)
+    assert isinstance(ex, executor.Executor) and ex.head.shed, executor.describe(model)
+    time.sleep(0.05)
+    before = _run_ns()
+    torch.ones(1 << 22).add_(1)                   # torch's team: the threads that run a part of this
+    time.sleep(0.05)
+    team = {t for t, ns in _run_ns().items() if ns > before.get(t, ns)}
+    assert team, "torch's add over 4M floats at 2 threads ran on no other thread"
+    before = _run_ns()
+    with torch.inference_mode():
+        out = speculative_generate(model, Oracle(), ids, gamma=8, max_new_tokens=40)
+    time.sleep(0.05)
+    after = _run_ns()
+    assert out.tokens == full[len(ids):] and len(out.rounds) <= 6
+    ran = {t: after[t] - before.get(t, 0) for t in after if after[t] > before.get(t, 0)}
+    assert set(ran) - team, "no other thread ran a part of the passes: they were not split"
+    assert not set(ran) & team, f"torch's team ran {sum(ran[t] for t in set(ran) & team) / 1e6:.2f} ms in the decode"
