@@ -266,8 +266,7 @@ MUTANTS = {
                                           "[panels[v // 16, :, v % 16] for v in",
                                           "[panels[v // 16, :, (v + 1) % 16] for v in", "spec/cpu/executor.py"),
     "executor-embedding-one-gather": ("a tied embedding's rows gathered by one [] (torch's team wakes in a round)",
-                                      "return torch.stack([panels[v // 16, :, v % 16] for v in ids.reshape(-1).tolist()])"
-                                      ".view(*ids.shape, -1)",
+                                      "return torch.stack([panels[v // 16, :, v % 16] for v in rows]).view(*ids.shape, -1)",
                                       "return panels[ids // 16, :, ids % 16]", "spec/cpu/executor.py"),
     "executor-rotary-rows-by-index": ("a prefill's rotary rows gathered by [] (torch's team wakes after it)",
                                       "return table[1].index_select(1, index), table[2].index_select(1, index)",

@@ -324,13 +324,13 @@ class Executor(Passes):
         large folio whole at a fault; ext4 makes them for a file written in large blocks), 80 of its 113 MB
         after a 64-token prompt on SmolLM2's 135M shape with random weights."""
         head = self.head
-        if head.shed and head.small is not None and self.embed.weight is head.param and ids.numel():
-            low, high = torch.aminmax(ids)          # (one reduction a pass: the decode's too)
-            if 0 <= int(low) and int(high) < head.param.shape[0]:
+        if head.shed and head.small is not None and self.embed.weight is head.param:
+            rows = ids.reshape(-1).tolist()
+            if rows and 0 <= min(rows) and max(rows) < head.param.shape[0]:
                 panels = head.small.keep[0]       # [ceil(V / 16), H, 16]: row v at [v // 16, :, v % 16]
                 # row by row: one gather of several rows (panels[ids // 16, :, ids % 16]) is split over
                 # torch's threads, whose team then spins beside the kernel's worker through the pass
-                return torch.stack([panels[v // 16, :, v % 16] for v in ids.reshape(-1).tolist()]).view(*ids.shape, -1)
+                return torch.stack([panels[v // 16, :, v % 16] for v in rows]).view(*ids.shape, -1)
         return F.embedding(ids, self.embed.weight)     # (an id outside the vocabulary: its error, as the model's)
 
     def run(self, ids: torch.Tensor, cache, position_ids, mask, keep: int, hidden: bool,
