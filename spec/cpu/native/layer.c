@@ -130,7 +130,27 @@ static inline __attribute__((always_inline)) T512 __m512 load16(const void *p, i
 static inline __attribute__((always_inline)) T512 void blocked_scores512(const void *kb, int64_t D, const float *q,
                                                                         int64_t n, float *s, int64_t ss, const int GG,
                                                                         const int half) {
-    for (int64_t b = 0; b * 16 < n; b++) {
+    int64_t b = 0;
+    for (; (b + 1) * 16 < n; b += 2) {                 /* two blocks a turn: each broadcast of q feeds two FMAs */
+        __m512 acc[8], acc2[8];
+#pragma GCC unroll 8
+        for (int g = 0; g < GG; g++) acc[g] = acc2[g] = _mm512_setzero_ps();
+        for (int64_t d = 0; d < D; d++) {
+            const __m512 kv = load16(kb, (b * D + d) * 16, half), kv2 = load16(kb, ((b + 1) * D + d) * 16, half);
+#pragma GCC unroll 8
+            for (int g = 0; g < GG; g++) {
+                const __m512 qg = _mm512_set1_ps(q[g * D + d]);
+                acc[g] = _mm512_fmadd_ps(qg, kv, acc[g]);
+                acc2[g] = _mm512_fmadd_ps(qg, kv2, acc2[g]);
+            }
+        }
+#pragma GCC unroll 8
+        for (int g = 0; g < GG; g++) {
+            _mm512_storeu_ps(s + g * ss + b * 16, acc[g]);
+            _mm512_storeu_ps(s + g * ss + b * 16 + 16, acc2[g]);
+        }
+    }
+    for (; b * 16 < n; b++) {
         __m512 acc[8];
 #pragma GCC unroll 8
         for (int g = 0; g < GG; g++) acc[g] = _mm512_setzero_ps();
@@ -152,7 +172,7 @@ static inline __attribute__((always_inline)) T512 void blocked_values512(const v
     for (int64_t c0 = 0; c0 < D; c0 += 64) {
         const int C = D - c0 >= 64 ? 4 : (int)((D - c0) / 16);
         __m512 acc[4][4];
-#pragma GCC unroll 4
+#pragma GCC unroll 6
         for (int g = 0; g < GG; g++)
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) acc[g][c] = _mm512_setzero_ps();
@@ -161,11 +181,11 @@ static inline __attribute__((always_inline)) T512 void blocked_values512(const v
             for (int c = 0; c < 4; c++) {
                 if (c >= C) break;
                 const __m512 x = load16(v, p * vt + c0 + 16 * c, half);
-#pragma GCC unroll 4
+#pragma GCC unroll 6
                 for (int g = 0; g < GG; g++) acc[g][c] = _mm512_fmadd_ps(_mm512_set1_ps(s[g * ss + p]), x, acc[g][c]);
             }
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 6
         for (int g = 0; g < GG; g++)
 #pragma GCC unroll 4
             for (int c = 0; c < C; c++)
@@ -193,7 +213,7 @@ static inline __attribute__((always_inline)) T512 void blocked_scores_rows512(co
     }
 }
 
-/* blocked_values512 over R rows, 4 at a time: o[r * D ..] = sum_p s[r * ss + p] v_p / z[r] */
+/* blocked_values512 over R rows, 6 at a time: o[r * D ..] = sum_p s[r * ss + p] v_p / z[r] */
 static inline __attribute__((always_inline)) T512 void blocked_values_rows512(const void *v, int64_t vt, int64_t D,
                                                                              int64_t R, int64_t n, const float *s,
                                                                              int64_t ss, const float *z, float *o,
@@ -265,6 +285,30 @@ static T512 void pack_keys512(const float *k, int64_t kt, int64_t n, int64_t D, 
     }
 }
 
+/* A row's scores past its last visible key (see .. n) set to -inf; returns their maximum over 0 .. n */
+static T512 float causal_max512(float *sr, int64_t see, int64_t n) {
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int64_t p = 0; p < n; p += 16) {
+        const __mmask16 in = n - p >= 16 ? 0xFFFF : (__mmask16)((1u << (n - p)) - 1);
+        const __mmask16 hid = in & _mm512_cmpge_epi32_mask(_mm512_add_epi32(lane, _mm512_set1_epi32((int)(p - see))),
+                                                           _mm512_setzero_si512());
+        if (hid) _mm512_mask_storeu_ps(sr + p, hid, _mm512_set1_ps(-INFINITY));
+        mx = _mm512_mask_max_ps(mx, in & ~hid, _mm512_maskz_loadu_ps(in, sr + p), mx);   /* (a NaN score passed over, as the scalar max does) */
+    }
+    return _mm512_reduce_max_ps(mx);
+}
+
+/* A row's scores where its mask is zero set to -inf; returns their maximum over 0 .. n */
+static float masked_max(float *sr, const uint8_t *m, int64_t n) {
+    float mx = -INFINITY;
+    for (int64_t p = 0; p < n; p++) {
+        if (!m[p]) sr[p] = -INFINITY;
+        mx = sr[p] > mx ? sr[p] : mx;
+    }
+    return mx;
+}
+
 /* spec_attend on AVX-512F (D a multiple of 16 up to 256), key heads j0 .. j1: each key head's keys packed once
    (pack_keys512), then the rows of its G query heads at up to SPEC_ATTEND_ROWS / G positions at a time
    scored, masked, put through the softmax and summed over the values together, so that each key and value
@@ -291,11 +335,7 @@ static T512 int64_t attend_heads512(const float *q, int64_t qt, int64_t qh, cons
             for (int64_t r = 0; r < R; r++) {
                 const int64_t t = t0 + r / G, see = mask ? L : L - T + t + 1;
                 const uint8_t *m = mask ? mask + t * L : NULL;
-                float *sr = s + r * ss, mx = -INFINITY;
-                for (int64_t p = 0; p < n; p++) {
-                    if (p >= see || (m && !m[p])) sr[p] = -INFINITY;
-                    mx = sr[p] > mx ? sr[p] : mx;
-                }
+                float *sr = s + r * ss, mx = m ? masked_max(sr, m, n) : causal_max512(sr, see, n);
                 if (mx == -INFINITY) {                 /* no key: reported, left unwritten */
                     for (int64_t p = 0; p < n; p++) sr[p] = 0.f;
                     z[r] = 0.f;
