@@ -172,7 +172,7 @@ static inline __attribute__((always_inline)) T512 void blocked_values512(const v
     for (int64_t c0 = 0; c0 < D; c0 += 64) {
         const int C = D - c0 >= 64 ? 4 : (int)((D - c0) / 16);
         __m512 acc[4][4];
-#pragma GCC unroll 6
+#pragma GCC unroll 4
         for (int g = 0; g < GG; g++)
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) acc[g][c] = _mm512_setzero_ps();
@@ -181,11 +181,11 @@ static inline __attribute__((always_inline)) T512 void blocked_values512(const v
             for (int c = 0; c < 4; c++) {
                 if (c >= C) break;
                 const __m512 x = load16(v, p * vt + c0 + 16 * c, half);
-#pragma GCC unroll 6
+#pragma GCC unroll 4
                 for (int g = 0; g < GG; g++) acc[g][c] = _mm512_fmadd_ps(_mm512_set1_ps(s[g * ss + p]), x, acc[g][c]);
             }
         }
-#pragma GCC unroll 6
+#pragma GCC unroll 4
         for (int g = 0; g < GG; g++)
 #pragma GCC unroll 4
             for (int c = 0; c < C; c++)
@@ -213,7 +213,7 @@ static inline __attribute__((always_inline)) T512 void blocked_scores_rows512(co
     }
 }
 
-/* blocked_values512 over R rows, 6 at a time: o[r * D ..] = sum_p s[r * ss + p] v_p / z[r] */
+/* blocked_values512 over R rows, 4 at a time: o[r * D ..] = sum_p s[r * ss + p] v_p / z[r] */
 static inline __attribute__((always_inline)) T512 void blocked_values_rows512(const void *v, int64_t vt, int64_t D,
                                                                              int64_t R, int64_t n, const float *s,
                                                                              int64_t ss, const float *z, float *o,
