@@ -125,43 +125,40 @@ static inline __attribute__((always_inline)) T512 __m512 load16(const void *p, i
                 : _mm512_loadu_ps((const float *)p + i);
 }
 
-/* The blocked attention's scores for GG heads: 16 keys a block, one FMA chain per head along d (keys: floats,
-   or halves where `half`) */
+/* NB blocks of 16 keys from block b scored for GG heads: one FMA chain per head and key along d (keys: floats, or
+   halves where `half`); each broadcast of q feeds the NB blocks' FMAs */
+static inline __attribute__((always_inline)) T512 void scores_turn512(const void *kb, int64_t D, const float *q,
+                                                                     int64_t b, float *s, int64_t ss, const int GG,
+                                                                     const int half, const int NB) {
+    __m512 acc[2][8];
+#pragma GCC unroll 2
+    for (int k = 0; k < NB; k++)
+#pragma GCC unroll 8
+        for (int g = 0; g < GG; g++) acc[k][g] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d++) {
+        __m512 kv[2];
+#pragma GCC unroll 2
+        for (int k = 0; k < NB; k++) kv[k] = load16(kb, ((b + k) * D + d) * 16, half);
+#pragma GCC unroll 8
+        for (int g = 0; g < GG; g++) {
+            const __m512 qg = _mm512_set1_ps(q[g * D + d]);
+#pragma GCC unroll 2
+            for (int k = 0; k < NB; k++) acc[k][g] = _mm512_fmadd_ps(qg, kv[k], acc[k][g]);
+        }
+    }
+#pragma GCC unroll 2
+    for (int k = 0; k < NB; k++)
+#pragma GCC unroll 8
+        for (int g = 0; g < GG; g++) _mm512_storeu_ps(s + g * ss + (b + k) * 16, acc[k][g]);
+}
+
+/* The blocked attention's scores for GG heads over the first n keys (whole blocks of 16), two blocks a turn */
 static inline __attribute__((always_inline)) T512 void blocked_scores512(const void *kb, int64_t D, const float *q,
                                                                         int64_t n, float *s, int64_t ss, const int GG,
                                                                         const int half) {
     int64_t b = 0;
-    for (; (b + 1) * 16 < n; b += 2) {                 /* two blocks a turn: each broadcast of q feeds two FMAs */
-        __m512 acc[8], acc2[8];
-#pragma GCC unroll 8
-        for (int g = 0; g < GG; g++) acc[g] = acc2[g] = _mm512_setzero_ps();
-        for (int64_t d = 0; d < D; d++) {
-            const __m512 kv = load16(kb, (b * D + d) * 16, half), kv2 = load16(kb, ((b + 1) * D + d) * 16, half);
-#pragma GCC unroll 8
-            for (int g = 0; g < GG; g++) {
-                const __m512 qg = _mm512_set1_ps(q[g * D + d]);
-                acc[g] = _mm512_fmadd_ps(qg, kv, acc[g]);
-                acc2[g] = _mm512_fmadd_ps(qg, kv2, acc2[g]);
-            }
-        }
-#pragma GCC unroll 8
-        for (int g = 0; g < GG; g++) {
-            _mm512_storeu_ps(s + g * ss + b * 16, acc[g]);
-            _mm512_storeu_ps(s + g * ss + b * 16 + 16, acc2[g]);
-        }
-    }
-    for (; b * 16 < n; b++) {
-        __m512 acc[8];
-#pragma GCC unroll 8
-        for (int g = 0; g < GG; g++) acc[g] = _mm512_setzero_ps();
-        for (int64_t d = 0; d < D; d++) {
-            const __m512 kv = load16(kb, (b * D + d) * 16, half);
-#pragma GCC unroll 8
-            for (int g = 0; g < GG; g++) acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(q[g * D + d]), kv, acc[g]);
-        }
-#pragma GCC unroll 8
-        for (int g = 0; g < GG; g++) _mm512_storeu_ps(s + g * ss + b * 16, acc[g]);
-    }
+    for (; (b + 1) * 16 < n; b += 2) scores_turn512(kb, D, q, b, s, ss, GG, half, 2);
+    if (b * 16 < n) scores_turn512(kb, D, q, b, s, ss, GG, half, 1);
 }
 
 /* The blocked attention's values for GG heads: each value row read once for them, 4 lines at a time */
